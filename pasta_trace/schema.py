@@ -1,0 +1,757 @@
+"""The single source of truth for every record layout in pasta-trace.
+
+Each binary record is declared once here as a :class:`Record` (fields with a
+C type, a unit and a meaning).  Everything else is derived from it:
+
+* the C struct text that the BPF programs include (``bpf_c_header()``),
+* the C header of the device records (``device_c_header()``, checked in as
+  ``gpu_probes/include/gpu_probes/record.h`` and compared in a test),
+* the numpy structured dtypes used to decode ring-buffer spans and device files,
+* the Polars schemas of the capture directory's Parquet files.
+
+Tests compile the generated C and compare ``sizeof``/``offsetof`` with
+:meth:`Record.offsets`.  Change a layout here, bump the relevant version, and
+regenerate (``python -m pasta_trace.schema --write``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import polars as pl
+
+# --------------------------------------------------------------------------- versions
+
+#: Version of the capture directory layout (manifest.json + Parquet files).
+#: Readers refuse a newer major with a clear message.
+CAPTURE_FORMAT_VERSION = (1, 0)
+
+#: Version of the device record file (TLV) format, written in its file header.
+DEVICE_FORMAT_VERSION = (1, 0)
+
+#: Version of the merged timeline layout.
+TIMELINE_FORMAT_VERSION = (1, 0)
+
+DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
+
+# --------------------------------------------------------------------------- C types
+
+_CTYPES: dict[str, tuple[str, str, pl.DataType]] = {
+    # name: (numpy dtype, C type, Polars type)
+    "u8": ("<u1", "__u8", pl.UInt8),
+    "u16": ("<u2", "__u16", pl.UInt16),
+    "u32": ("<u4", "__u32", pl.UInt32),
+    "u64": ("<u8", "__u64", pl.UInt64),
+    "i32": ("<i4", "__s32", pl.Int32),
+    "i64": ("<i8", "__s64", pl.Int64),
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    ctype: str  # a key of _CTYPES, or "char[N]"
+    unit: str = ""
+    doc: str = ""
+
+    @property
+    def array_len(self) -> int | None:
+        if self.ctype.startswith("char["):
+            return int(self.ctype[5:-1])
+        return None
+
+    @property
+    def size(self) -> int:
+        n = self.array_len
+        if n is not None:
+            return n
+        return np.dtype(_CTYPES[self.ctype][0]).itemsize
+
+    @property
+    def align(self) -> int:
+        return 1 if self.array_len is not None else self.size
+
+    def c_decl(self) -> str:
+        n = self.array_len
+        if n is not None:
+            return f"char {self.name}[{n}];"
+        return f"{_CTYPES[self.ctype][1]} {self.name};"
+
+    def np_type(self):
+        n = self.array_len
+        return f"S{n}" if n is not None else _CTYPES[self.ctype][0]
+
+
+@dataclass(frozen=True)
+class Record:
+    """A fixed-layout C struct.  Fields must be declared naturally aligned
+    and the total size must be a multiple of 8, so that the C compiler, numpy
+    and the BPF verifier all agree without padding rules."""
+
+    name: str
+    fields: tuple[Field, ...]
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        off = 0
+        for f in self.fields:
+            if off % f.align:
+                raise ValueError(f"{self.name}.{f.name} at {off} is not {f.align}-aligned")
+            off += f.size
+        if off % 8:
+            raise ValueError(f"{self.name} size {off} is not a multiple of 8")
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.fields)
+
+    def offsets(self) -> dict[str, int]:
+        out, off = {}, 0
+        for f in self.fields:
+            out[f.name] = off
+            off += f.size
+        return out
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype([(f.name, f.np_type()) for f in self.fields])
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def c_struct(self, prefix: str = "") -> str:
+        lines = [f"/* {self.doc} */"] if self.doc else []
+        lines.append(f"struct {prefix}{self.name} {{")
+        for f in self.fields:
+            unit = f" /* {f.unit} */" if f.unit else ""
+            lines.append(f"    {f.c_decl()}{unit}")
+        lines.append("};")
+        return "\n".join(lines)
+
+
+def _fields(spec: Iterable[tuple]) -> tuple[Field, ...]:
+    return tuple(Field(*s) for s in spec)
+
+
+# --------------------------------------------------------------------------- host enums
+
+
+class Kind(enum.IntEnum):
+    """Category of a host API call (the `kind` column)."""
+
+    launch = 0
+    alloc = 1
+    free = 2
+    memcpy = 3
+    memset = 4
+    sync = 5
+    graph = 6
+    module = 7
+    other = 8
+
+
+KIND_NAMES = [k.name for k in Kind]
+
+
+class CopyKind(enum.IntEnum):
+    """Direction of a copy; numbering follows cudaMemcpyKind / hipMemcpyKind."""
+
+    h2h = 0
+    h2d = 1
+    d2h = 2
+    d2d = 3
+    default = 4  # unified addressing: direction decided by the driver
+    peer = 5
+    unknown = 6
+
+
+COPY_KIND_NAMES = [k.name for k in CopyKind]
+
+
+class NameSource(enum.IntEnum):
+    """Where a handle -> kernel name mapping came from (`source` column)."""
+
+    module_get_function = 0  # cuModuleGetFunction / hipModuleGetFunction
+    library_get_kernel = 1  # cuLibraryGetKernel / hipLibraryGetKernel
+    kernel_get_function = 2  # cuKernelGetFunction: CUfunction aliases a CUkernel
+    register_function = 3  # __hipRegisterFunction / __cudaRegisterFunction
+    get_proc_address = 4  # cuGetProcAddress: `handle` is the returned entry point
+    func_get_name = 5  # cuFuncGetName / cuKernelGetName
+    elf_stub = 6  # host stub's ELF symbol (runtime-API launches), found offline
+    fatbin = 7  # the name exists in the process's fatbins
+    unknown = 8
+
+
+NAME_SOURCE_NAMES = [s.name for s in NameSource]
+
+#: Event `flags` bits.
+FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
+FLAG_HAS_DUR = 1 << 1  # `dur_ns` is entry->return
+FLAG_OUTPTR_FAULT = 1 << 2  # the out-pointer could not be read at return
+
+#: Bit positions in the event's `valid` mask: which payload columns the probe
+#: set.  The decoder turns unset ones into nulls.
+PAYLOAD_BITS = {
+    "stream": 0,
+    "func": 1,
+    "ptr": 2,
+    "size": 3,
+    "dst": 4,
+    "src": 5,
+    "grid": 6,  # grid_x, grid_y, grid_z
+    "block": 7,  # block_x, block_y, block_z
+    "shmem": 8,
+    "copy_kind": 9,
+    "aux": 10,
+}
+
+COMM_LEN = 16
+NAME_LEN = 208
+
+# --------------------------------------------------------------------------- host records
+
+HOST_EVENT = Record(
+    "pt_event",
+    _fields(
+        [
+            ("ts_ns", "u64", "ns CLOCK_MONOTONIC", "entry time (bpf_ktime_get_ns)"),
+            ("dur_ns", "u64", "ns", "return - entry; valid if FLAG_HAS_DUR"),
+            ("pid", "u32", "", "host tgid"),
+            ("tid", "u32", "", "host thread id"),
+            ("api", "u16", "", "index into the capture's API table"),
+            ("kind", "u8", "", "Kind"),
+            ("flags", "u8", "", "FLAG_* bits"),
+            ("ret", "i32", "", "return code; valid if FLAG_HAS_RET"),
+            ("valid", "u32", "", "PAYLOAD_BITS mask"),
+            ("copy_kind", "u32", "", "CopyKind"),
+            ("stream", "u64", "", "stream handle"),
+            ("func", "u64", "", "CUfunction/CUkernel/host stub/graph exec/host fn"),
+            ("ptr", "u64", "", "allocated/freed/set address or handle"),
+            ("size", "u64", "bytes", ""),
+            ("dst", "u64", "", "copy destination"),
+            ("src", "u64", "", "copy source"),
+            ("grid_x", "u32", "", ""),
+            ("grid_y", "u32", "", ""),
+            ("grid_z", "u32", "", ""),
+            ("block_x", "u32", "", ""),
+            ("block_y", "u32", "", ""),
+            ("block_z", "u32", "", ""),
+            ("shmem", "u32", "bytes", "dynamic shared memory"),
+            ("aux", "u32", "", "API-specific: alloc flags, memset value, event/ctx low bits"),
+            ("comm", f"char[{COMM_LEN}]", "", "task comm"),
+        ]
+    ),
+    "one traced API call, as written into the events ring buffer",
+)
+
+HOST_NAME = Record(
+    "pt_name",
+    _fields(
+        [
+            ("ts_ns", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("pid", "u32", "", ""),
+            ("tid", "u32", "", ""),
+            ("handle", "u64", "", "CUfunction/CUkernel/host stub/entry point"),
+            ("alias", "u64", "", "for kernel_get_function: the CUkernel this handle aliases"),
+            ("api", "u16", "", "API that produced it"),
+            ("source", "u16", "", "NameSource"),
+            ("ret", "i32", "", "return code of the lookup (0 when entry-only)"),
+            ("name", f"char[{NAME_LEN}]", "", "NUL-terminated, truncated"),
+        ]
+    ),
+    "a handle -> name observation, written into the names ring buffer",
+)
+
+AGG_KEY = Record(
+    "pt_agg_key",
+    _fields(
+        [
+            ("pid", "u32", "", ""),
+            ("api", "u16", "", ""),
+            ("kind", "u16", "", ""),
+            ("func", "u64", "", ""),
+            ("grid_x", "u32", "", ""),
+            ("grid_y", "u32", "", ""),
+            ("grid_z", "u32", "", ""),
+            ("block_x", "u32", "", ""),
+            ("block_y", "u32", "", ""),
+            ("block_z", "u32", "", ""),
+        ]
+    ),
+    "--aggregate mode key: one row per (pid, api, kernel, shape)",
+)
+
+AGG_VAL = Record(
+    "pt_agg_val",
+    _fields(
+        [
+            ("count", "u64", "", "calls"),
+            ("bytes", "u64", "bytes", "sum of size for allocs/copies/memsets"),
+            ("first_ts", "u64", "ns", ""),
+            ("last_ts", "u64", "ns", ""),
+        ]
+    ),
+    "--aggregate mode value",
+)
+
+HOST_RECORDS = (HOST_EVENT, HOST_NAME, AGG_KEY, AGG_VAL)
+
+# --------------------------------------------------------------------------- device records (TLV)
+
+
+class DeviceRecordType(enum.IntEnum):
+    CLOCK_SYNC = 1
+    LAUNCH = 2
+    KERNEL_SUMMARY = 3
+    PAGE_HIST = 4
+    ALLOC_TOUCH = 5
+    WS_BITMAP = 6
+    ALLOC = 7
+    FREE = 8
+    OPCODE_HIST = 9
+    STRING = 10
+    DROPPED = 11
+    ACCESS_SAMPLES = 12
+    CUPTI_KERNEL = 13
+    CUPTI_MEMCPY = 14
+    CUPTI_MEMSET = 15
+
+
+class DeviceBackend(enum.IntEnum):
+    cupti = 1
+    sanitizer = 2
+    nvbit = 3
+    cupti_sass = 4
+    synthetic = 99  # written by tests and benchmarks
+
+
+DEV_FILE_HEADER = Record(
+    "gp_file_header",
+    _fields(
+        [
+            ("magic", "u32", "", "DEVICE_MAGIC"),
+            ("ver_major", "u16", "", ""),
+            ("ver_minor", "u16", "", ""),
+            ("header_size", "u32", "bytes", "readers skip unknown tails"),
+            ("flags", "u32", "", ""),
+            ("pid", "u64", "", ""),
+            ("mono_open", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("real_open", "u64", "ns CLOCK_REALTIME", ""),
+            ("mono_after", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("backend", "u32", "", "DeviceBackend"),
+            ("device_count", "u32", "", ""),
+            ("page_shift", "u32", "", "page size used by the aggregation"),
+            ("reserved", "u32", "", ""),
+        ]
+    ),
+    "device record file header",
+)
+
+DEV_RECORD_HEADER = Record(
+    "gp_record_header",
+    _fields(
+        [
+            ("type", "u16", "", "DeviceRecordType"),
+            ("flags", "u16", "", ""),
+            ("total_len", "u32", "bytes", "header + payload, padded to 8"),
+            ("launch_id", "u64", "", "per-process launch counter; 0 if not per launch"),
+        ]
+    ),
+    "16-byte header in front of every record",
+)
+
+DEV_CLOCK_SYNC = Record(
+    "gp_clock_sync",
+    _fields(
+        [
+            ("host_mono_before", "u64", "ns", ""),
+            ("gpu_globaltimer", "u64", "ns", "%globaltimer"),
+            ("host_mono_after", "u64", "ns", ""),
+            ("device", "u32", "", ""),
+            ("pad", "u32", "", ""),
+        ]
+    ),
+)
+
+DEV_LAUNCH = Record(
+    "gp_launch",
+    _fields(
+        [
+            ("host_mono_begin", "u64", "ns", "API enter"),
+            ("host_mono_end", "u64", "ns", "API exit"),
+            ("ctx", "u64", "", ""),
+            ("stream", "u64", "", ""),
+            ("func", "u64", "", "CUfunction"),
+            ("grid_id", "i64", "", "Sanitizer gridId / CUPTI grid_id"),
+            ("grid_x", "u32", "", ""),
+            ("grid_y", "u32", "", ""),
+            ("grid_z", "u32", "", ""),
+            ("block_x", "u32", "", ""),
+            ("block_y", "u32", "", ""),
+            ("block_z", "u32", "", ""),
+            ("device", "u32", "", ""),
+            ("correlation_id", "u32", "", "CUPTI correlation id, 0 if unknown"),
+            ("name_id", "u32", "", "-> STRING"),
+            ("tid", "u32", "", "host thread that launched"),
+        ]
+    ),
+)
+
+DEV_KERNEL_SUMMARY = Record(
+    "gp_kernel_summary",
+    _fields(
+        [
+            ("gpu_t_first", "u64", "ns %globaltimer", ""),
+            ("gpu_t_last", "u64", "ns %globaltimer", ""),
+            ("warp_instrs", "u64", "", "NVBit only"),
+            ("thread_instrs", "u64", "", "NVBit only"),
+            ("gld", "u64", "", "thread-level global loads"),
+            ("gst", "u64", "", "thread-level global stores"),
+            ("gatom", "u64", "", "thread-level global atomics"),
+            ("gld_warp", "u64", "", "warp-level global loads"),
+            ("gst_warp", "u64", "", "warp-level global stores"),
+            ("gatom_warp", "u64", "", "warp-level global atomics"),
+            ("bytes", "u64", "bytes", "sum of accessSize x active lanes"),
+            ("shared", "u64", "", "shared accesses (thread level)"),
+            ("local", "u64", "", "local accesses (thread level)"),
+            ("blocks_in", "u64", "", ""),
+            ("blocks_out", "u64", "", ""),
+            ("dropped", "u64", "", "page-hash overflow + raw-sample drops"),
+        ]
+    ),
+)
+
+DEV_PAGE_HIST_HEADER = Record(
+    "gp_page_hist_header",
+    _fields([("page_shift", "u32", "", ""), ("n", "u32", "", "entries that follow")]),
+)
+DEV_PAGE_HIST_ENTRY = Record(
+    "gp_page_hist_entry", _fields([("page", "u64", "", "address >> page_shift"), ("count", "u64", "", "")])
+)
+
+DEV_ALLOC_TOUCH_HEADER = Record(
+    "gp_alloc_touch_header", _fields([("n", "u32", "", ""), ("pad", "u32", "", "")])
+)
+DEV_ALLOC_TOUCH_ENTRY = Record(
+    "gp_alloc_touch_entry",
+    _fields(
+        [
+            ("alloc_base", "u64", "", ""),
+            ("touches", "u64", "", "thread-level accesses"),
+            ("bytes", "u64", "bytes", ""),
+            ("unique_pages", "u32", "", ""),
+            ("pad", "u32", "", ""),
+        ]
+    ),
+)
+
+DEV_WS_BITMAP_HEADER = Record(
+    "gp_ws_bitmap_header",
+    _fields(
+        [
+            ("alloc_base", "u64", "", ""),
+            ("page_shift", "u32", "", ""),
+            ("nbits", "u32", "", "pages in the allocation"),
+            ("encoding", "u32", "", "0 = raw little-endian u64 words"),
+            ("pad", "u32", "", ""),
+        ]
+    ),
+)
+
+DEV_ALLOC = Record(
+    "gp_alloc",
+    _fields(
+        [
+            ("host_mono", "u64", "ns", ""),
+            ("address", "u64", "", ""),
+            ("size", "u64", "bytes", ""),
+            ("ctx", "u64", "", ""),
+            ("stream", "u64", "", ""),
+            ("kind", "u32", "", "0 device, 1 managed, 2 host pinned, 3 async/pool, 4 virtual"),
+            ("pad", "u32", "", ""),
+        ]
+    ),
+    "ALLOC and FREE share this payload",
+)
+
+DEV_OPCODE_HIST_HEADER = Record(
+    "gp_opcode_hist_header", _fields([("n", "u32", "", ""), ("pad", "u32", "", "")])
+)
+DEV_OPCODE_HIST_ENTRY = Record(
+    "gp_opcode_hist_entry",
+    _fields([("opcode_id", "u32", "", "-> STRING id"), ("pad", "u32", "", ""), ("count", "u64", "", "")]),
+)
+
+DEV_STRING_HEADER = Record(
+    "gp_string_header", _fields([("id", "u32", "", ""), ("len", "u32", "bytes", "utf-8 bytes that follow")])
+)
+
+DEV_DROPPED = Record(
+    "gp_dropped",
+    _fields(
+        [
+            ("records", "u64", "", "records the writer could not queue"),
+            ("accesses", "u64", "", "raw access samples dropped on the device"),
+            ("page_overflow", "u64", "", "page-hash inserts that found no slot"),
+        ]
+    ),
+)
+
+DEV_ACCESS_SAMPLES_HEADER = Record(
+    "gp_access_samples_header",
+    _fields(
+        [
+            ("n", "u32", "", "entries that follow"),
+            ("sample_every", "u32", "", "1 in N warp instructions (or CTAs)"),
+            ("dropped", "u64", "", "samples lost because the buffer was full"),
+        ]
+    ),
+)
+DEV_ACCESS_SAMPLE = Record(
+    "gp_access_sample",
+    _fields(
+        [
+            ("address", "u64", "", ""),
+            ("gpu_time", "u64", "ns %globaltimer", ""),
+            ("block", "u32", "", "linear block index"),
+            ("warp", "u16", "", "warp in block"),
+            ("size", "u8", "bytes", "access size per lane"),
+            ("flags", "u8", "", "bit0 write, bit1 atomic, bit2 shared, bit3 local"),
+            ("lanes", "u32", "", "active lane mask"),
+            ("pad", "u32", "", ""),
+        ]
+    ),
+)
+
+DEV_CUPTI_KERNEL = Record(
+    "gp_cupti_kernel",
+    _fields(
+        [
+            ("start", "u64", "ns CLOCK_MONOTONIC", "via CUPTI timestamp callback"),
+            ("end", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("grid_id", "i64", "", ""),
+            ("stream_id", "u32", "", ""),
+            ("correlation_id", "u32", "", ""),
+            ("device", "u32", "", ""),
+            ("name_id", "u32", "", "-> STRING"),
+            ("grid_x", "u32", "", ""),
+            ("grid_y", "u32", "", ""),
+            ("grid_z", "u32", "", ""),
+            ("block_x", "u32", "", ""),
+            ("block_y", "u32", "", ""),
+            ("block_z", "u32", "", ""),
+        ]
+    ),
+)
+
+DEV_CUPTI_MEMOP = Record(
+    "gp_cupti_memop",
+    _fields(
+        [
+            ("start", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("end", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("bytes", "u64", "bytes", ""),
+            ("stream_id", "u32", "", ""),
+            ("correlation_id", "u32", "", ""),
+            ("device", "u32", "", ""),
+            ("copy_kind", "u32", "", "CUpti_ActivityMemcpyKind, or memset value"),
+        ]
+    ),
+    "CUPTI_MEMCPY and CUPTI_MEMSET share this payload",
+)
+
+#: Fixed payload (or payload header) of each device record type.
+DEVICE_PAYLOADS: dict[DeviceRecordType, Record] = {
+    DeviceRecordType.CLOCK_SYNC: DEV_CLOCK_SYNC,
+    DeviceRecordType.LAUNCH: DEV_LAUNCH,
+    DeviceRecordType.KERNEL_SUMMARY: DEV_KERNEL_SUMMARY,
+    DeviceRecordType.PAGE_HIST: DEV_PAGE_HIST_HEADER,
+    DeviceRecordType.ALLOC_TOUCH: DEV_ALLOC_TOUCH_HEADER,
+    DeviceRecordType.WS_BITMAP: DEV_WS_BITMAP_HEADER,
+    DeviceRecordType.ALLOC: DEV_ALLOC,
+    DeviceRecordType.FREE: DEV_ALLOC,
+    DeviceRecordType.OPCODE_HIST: DEV_OPCODE_HIST_HEADER,
+    DeviceRecordType.STRING: DEV_STRING_HEADER,
+    DeviceRecordType.DROPPED: DEV_DROPPED,
+    DeviceRecordType.ACCESS_SAMPLES: DEV_ACCESS_SAMPLES_HEADER,
+    DeviceRecordType.CUPTI_KERNEL: DEV_CUPTI_KERNEL,
+    DeviceRecordType.CUPTI_MEMCPY: DEV_CUPTI_MEMOP,
+    DeviceRecordType.CUPTI_MEMSET: DEV_CUPTI_MEMOP,
+}
+
+#: Variable-length arrays that follow a payload header: type -> entry record.
+DEVICE_ENTRIES: dict[DeviceRecordType, Record] = {
+    DeviceRecordType.PAGE_HIST: DEV_PAGE_HIST_ENTRY,
+    DeviceRecordType.ALLOC_TOUCH: DEV_ALLOC_TOUCH_ENTRY,
+    DeviceRecordType.OPCODE_HIST: DEV_OPCODE_HIST_ENTRY,
+    DeviceRecordType.ACCESS_SAMPLES: DEV_ACCESS_SAMPLE,
+}
+
+DEVICE_RECORDS = tuple(
+    dict.fromkeys(
+        [DEV_FILE_HEADER, DEV_RECORD_HEADER, *DEVICE_PAYLOADS.values(), *DEVICE_ENTRIES.values()]
+    )
+)
+
+# --------------------------------------------------------------------------- Arrow / Polars schemas
+
+#: events*.parquet.  Payload columns are null where the API does not set them.
+EVENTS_SCHEMA: dict[str, pl.DataType] = {
+    "ts_ns": pl.Int64,
+    "dur_ns": pl.Int64,
+    "pid": pl.UInt32,
+    "tid": pl.UInt32,
+    "comm": pl.Categorical,
+    "api": pl.Categorical,
+    "kind": pl.Enum(KIND_NAMES),
+    "ret": pl.Int32,
+    "stream": pl.UInt64,
+    "func": pl.UInt64,
+    "grid_x": pl.UInt32,
+    "grid_y": pl.UInt32,
+    "grid_z": pl.UInt32,
+    "block_x": pl.UInt32,
+    "block_y": pl.UInt32,
+    "block_z": pl.UInt32,
+    "shmem": pl.UInt32,
+    "ptr": pl.UInt64,
+    "size": pl.UInt64,
+    "dst": pl.UInt64,
+    "src": pl.UInt64,
+    "copy_kind": pl.Enum(COPY_KIND_NAMES),
+    "aux": pl.UInt32,
+}
+
+NAMES_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.UInt32,
+    "handle": pl.UInt64,
+    "name": pl.String,
+    "source": pl.Enum(NAME_SOURCE_NAMES),
+    "ts_ns": pl.Int64,
+    "api": pl.Categorical,
+}
+
+PROCESSES_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.UInt32,
+    "ppid": pl.UInt32,
+    "comm": pl.String,
+    "cmdline": pl.String,
+    "cgroup": pl.String,
+    "container_id": pl.String,  # null outside containers
+    "mnt_ns": pl.UInt64,
+    "start_ns": pl.Int64,  # CLOCK_MONOTONIC (from /proc/PID/stat starttime)
+    "exit_ns": pl.Int64,  # null while alive at the end of the capture
+}
+
+LIBRARIES_SCHEMA: dict[str, pl.DataType] = {
+    "path": pl.String,  # as seen inside the process (maps)
+    "attach_path": pl.String,  # /proc/PID/root/... used to attach
+    "dev": pl.UInt64,
+    "inode": pl.UInt64,
+    "build_id": pl.String,
+    "family": pl.Categorical,  # cuda | hip
+    "symbols_attached": pl.UInt32,
+    "symbols_missing": pl.UInt32,
+}
+
+#: --aggregate mode output (aggregate.parquet).
+AGGREGATE_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.UInt32,
+    "api": pl.Categorical,
+    "kind": pl.Enum(KIND_NAMES),
+    "func": pl.UInt64,
+    "grid_x": pl.UInt32,
+    "grid_y": pl.UInt32,
+    "grid_z": pl.UInt32,
+    "block_x": pl.UInt32,
+    "block_y": pl.UInt32,
+    "block_z": pl.UInt32,
+    "count": pl.UInt64,
+    "bytes": pl.UInt64,
+    "first_ts_ns": pl.Int64,
+    "last_ts_ns": pl.Int64,
+}
+
+# --------------------------------------------------------------------------- C header generation
+
+
+def bpf_c_header() -> str:
+    """C text prepended to the BPF programs: structs, enums and bits."""
+    out = ["/* Generated from pasta_trace/schema.py: do not edit. */"]
+    for k in Kind:
+        out.append(f"#define PT_KIND_{k.name.upper()} {int(k)}")
+    for k in CopyKind:
+        out.append(f"#define PT_COPY_{k.name.upper()} {int(k)}")
+    for s in NameSource:
+        out.append(f"#define PT_NAME_{s.name.upper()} {int(s)}")
+    for name, bit in PAYLOAD_BITS.items():
+        out.append(f"#define PT_V_{name.upper()} (1u << {bit})")
+    out += [
+        f"#define PT_FLAG_HAS_RET {FLAG_HAS_RET}",
+        f"#define PT_FLAG_HAS_DUR {FLAG_HAS_DUR}",
+        f"#define PT_FLAG_OUTPTR_FAULT {FLAG_OUTPTR_FAULT}",
+        f"#define PT_COMM_LEN {COMM_LEN}",
+        f"#define PT_NAME_LEN {NAME_LEN}",
+    ]
+    for r in HOST_RECORDS:
+        out.append(r.c_struct())
+    return "\n".join(out) + "\n"
+
+
+def device_c_header() -> str:
+    """C/C++ header for gpu_probes (checked in as include/gpu_probes/record.h)."""
+    out = [
+        "/* Generated from pasta_trace/schema.py by `python -m pasta_trace.schema --write`: do not edit. */",
+        "#pragma once",
+        "#include <stdint.h>",
+        "typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef uint64_t __u64;",
+        "typedef int32_t __s32; typedef int64_t __s64;",
+        f"#define GP_MAGIC 0x{DEVICE_MAGIC:08X}u",
+        f"#define GP_VER_MAJOR {DEVICE_FORMAT_VERSION[0]}",
+        f"#define GP_VER_MINOR {DEVICE_FORMAT_VERSION[1]}",
+    ]
+    for t in DeviceRecordType:
+        out.append(f"#define GP_REC_{t.name} {int(t)}")
+    for b in DeviceBackend:
+        out.append(f"#define GP_BACKEND_{b.name.upper()} {int(b)}")
+    for r in DEVICE_RECORDS:
+        out.append(r.c_struct())
+        out.append(
+            f"#ifdef __cplusplus\nstatic_assert(sizeof(struct {r.name}) == {r.size}, \"{r.name} size\");\n#endif"
+        )
+    return "\n".join(out) + "\n"
+
+
+DEVICE_HEADER_PATH = "gpu_probes/include/gpu_probes/record.h"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import pathlib
+
+    ap = argparse.ArgumentParser(prog="python -m pasta_trace.schema", description=__doc__.splitlines()[0])
+    ap.add_argument("--bpf", action="store_true", help="print the BPF C header")
+    ap.add_argument("--device", action="store_true", help="print the device C header")
+    ap.add_argument("--write", action="store_true", help=f"regenerate {DEVICE_HEADER_PATH}")
+    a = ap.parse_args(argv)
+    if a.write:
+        root = pathlib.Path(__file__).resolve().parent.parent
+        p = root / DEVICE_HEADER_PATH
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(device_c_header())
+        print(f"Wrote {p}")
+    if a.bpf:
+        print(bpf_c_header())
+    if a.device:
+        print(device_c_header())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: set up (idempotent), then run the whole suite as root.
+# Live eBPF tests need root: run as a user, this re-runs itself under sudo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
+scripts/setup.sh
+exec .venv/bin/python -m pytest -q -ra "$@"
