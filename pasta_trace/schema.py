@@ -678,6 +678,48 @@ AGGREGATE_SCHEMA: dict[str, pl.DataType] = {
     "last_ts_ns": pl.Int64,
 }
 
+
+def _record_columns(r: Record, skip: tuple[str, ...] = ("pad",)) -> dict[str, pl.DataType]:
+    cols: dict[str, pl.DataType] = {}
+    for f in r.fields:
+        if f.name in skip:
+            continue
+        cols[f.name] = pl.Binary if f.array_len is not None else _CTYPES[f.ctype][2]
+    return cols
+
+
+_PER_PROCESS = {"pid": pl.UInt32}
+_PER_LAUNCH = {"pid": pl.UInt32, "launch_id": pl.UInt64}
+
+#: Frames produced by pasta_trace.device (the reader of device record files and
+#: CUPTI records) and consumed by merge and the tools.  This is the seam between
+#: the device side and the offline side: both are tested against these schemas.
+DEVICE_FRAMES: dict[str, dict[str, pl.DataType]] = {
+    "clock_sync": {**_PER_PROCESS, **_record_columns(DEV_CLOCK_SYNC)},
+    "launches": {**_PER_LAUNCH, **_record_columns(DEV_LAUNCH), "name": pl.String},
+    "kernel_summaries": {**_PER_LAUNCH, **_record_columns(DEV_KERNEL_SUMMARY)},
+    "page_hist": {**_PER_LAUNCH, "page_shift": pl.UInt32, **_record_columns(DEV_PAGE_HIST_ENTRY)},
+    "alloc_touch": {**_PER_LAUNCH, **_record_columns(DEV_ALLOC_TOUCH_ENTRY)},
+    "ws_bitmaps": {
+        **_PER_LAUNCH,
+        **_record_columns(DEV_WS_BITMAP_HEADER),
+        "bits": pl.Binary,  # decoded to raw little-endian u64 words
+    },
+    "allocs": {**_PER_PROCESS, **_record_columns(DEV_ALLOC)},
+    "frees": {**_PER_PROCESS, **_record_columns(DEV_ALLOC)},
+    "opcode_hist": {**_PER_LAUNCH, **_record_columns(DEV_OPCODE_HIST_ENTRY), "opcode": pl.String},
+    "access_samples": {**_PER_LAUNCH, **_record_columns(DEV_ACCESS_SAMPLE)},
+    "dropped": {**_PER_LAUNCH, **_record_columns(DEV_DROPPED)},
+    "cupti_kernels": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_KERNEL), "name": pl.String},
+    "cupti_memcpy": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_MEMOP)},
+    "cupti_memset": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_MEMOP)},
+}
+
+
+def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
 # --------------------------------------------------------------------------- C header generation
 
 
