@@ -1,0 +1,19 @@
+"""One module per CLI verb.  Each exposes:
+
+    HELP: str                       one-line summary for `pasta-trace -h`
+    EXAMPLES: str                   appended to the verb's --help
+    add_arguments(parser) -> None
+    run(args) -> int                exit code; raise errors.PastaError for user errors
+
+`cli.py` only parses and dispatches; no logic lives there.
+"""
+
+#: verb -> module name under pasta_trace.commands; `record` is the default verb.
+VERBS = {
+    "record": "record",
+    "top": "top",
+    "doctor": "doctor",
+    "merge": "merge",
+    "report": "report",
+    "export": "export",
+}

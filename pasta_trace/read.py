@@ -1,0 +1,127 @@
+"""Read stage: open a capture directory (or a merged timeline) as lazy Polars frames.
+
+This is the seam between capture (which writes the directory) and everything
+offline (merge, tools, report, export): those never parse files themselves.
+
+Capture directory (DESIGN.md §4, docs/formats.md):
+    manifest.json           written last, atomically; "complete": true
+    events*.parquet         schema.EVENTS_SCHEMA (one or more files, row groups every <= 1 s)
+    names.parquet           schema.NAMES_SCHEMA
+    processes.parquet       schema.PROCESSES_SCHEMA
+    libraries.parquet       schema.LIBRARIES_SCHEMA
+    aggregate.parquet       schema.AGGREGATE_SCHEMA (only with --aggregate)
+    device/*.bin            device record files (TLV), read by pasta_trace.device
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from . import schema
+from .errors import FormatError
+
+
+@dataclass
+class Capture:
+    path: Path
+    manifest: dict
+    events: pl.LazyFrame
+    names: pl.LazyFrame
+    processes: pl.LazyFrame
+    libraries: pl.LazyFrame
+    aggregate: pl.LazyFrame | None
+    #: schema.DEVICE_FRAMES name -> frame; empty frames where there is no device data
+    device: dict[str, pl.LazyFrame] = field(default_factory=dict)
+    #: problems met while reading (damaged device files, an incomplete capture, ...)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    @property
+    def lost_events(self) -> int:
+        c = self.manifest.get("counts", {})
+        return int(c.get("lost_events", 0)) + int(c.get("lost_names", 0))
+
+    @property
+    def has_device_data(self) -> bool:
+        return any(
+            f.select(pl.len()).collect().item() > 0
+            for name, f in self.device.items()
+            if name in ("kernel_summaries", "cupti_kernels", "launches")
+        )
+
+
+def check_version(found: str | None, supported: tuple[int, int], what: str) -> None:
+    if not found:
+        raise FormatError(f"{what}: no format_version; not a pasta-trace file")
+    try:
+        major = int(str(found).split(".")[0])
+    except ValueError:
+        raise FormatError(f"{what}: unreadable format_version {found!r}") from None
+    if major > supported[0]:
+        raise FormatError(
+            f"{what}: format {found} is newer than this pasta-trace supports ({supported[0]}.x)",
+            hint="upgrade pasta-trace",
+        )
+
+
+def _scan(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+    if not paths:
+        return pl.DataFrame(schema=sch).lazy()
+    return pl.scan_parquet([str(p) for p in paths]).cast(
+        {k: v for k, v in sch.items()}, strict=False
+    )
+
+
+def open_capture(path: str | Path) -> Capture:
+    """Open a capture directory.  Raises FormatError with a one-line reason."""
+    p = Path(path)
+    if not p.exists():
+        raise FormatError(f"{p}: no such file or directory")
+    if not p.is_dir():
+        raise FormatError(f"{p}: not a capture directory")
+    mpath = p / "manifest.json"
+    problems: list[str] = []
+    if not mpath.exists():
+        # a tracer killed with SIGKILL leaves Parquet files but no manifest: still readable
+        if not list(p.glob("events*.parquet")):
+            raise FormatError(f"{p}: not a pasta-trace capture (no manifest.json, no events*.parquet)")
+        manifest: dict = {"complete": False, "format_version": "1.0"}
+        problems.append("no manifest.json: the tracer did not finish; the last interval may be missing")
+    else:
+        try:
+            manifest = json.loads(mpath.read_text())
+        except json.JSONDecodeError as e:
+            raise FormatError(f"{mpath}: damaged manifest ({e.msg} at line {e.lineno})") from None
+        check_version(manifest.get("format_version"), schema.CAPTURE_FORMAT_VERSION, str(mpath))
+        if not manifest.get("complete"):
+            problems.append("manifest says the capture is incomplete")
+    events = sorted(p.glob("events*.parquet"))
+    one = lambda n: [p / n] if (p / n).exists() else []  # noqa: E731
+    device: dict[str, pl.LazyFrame] = {
+        k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()
+    }
+    dev_files = sorted((p / "device").glob("*.bin")) if (p / "device").is_dir() else []
+    if dev_files:
+        from .device import read_device_files  # provided by the device side
+
+        data = read_device_files(dev_files)
+        device.update({k: v.lazy() for k, v in data.frames.items()})
+        problems.extend(data.problems)
+    return Capture(
+        path=p,
+        manifest=manifest,
+        events=_scan(events, schema.EVENTS_SCHEMA),
+        names=_scan(one("names.parquet"), schema.NAMES_SCHEMA),
+        processes=_scan(one("processes.parquet"), schema.PROCESSES_SCHEMA),
+        libraries=_scan(one("libraries.parquet"), schema.LIBRARIES_SCHEMA),
+        aggregate=_scan(one("aggregate.parquet"), schema.AGGREGATE_SCHEMA) if one("aggregate.parquet") else None,
+        device=device,
+        problems=problems,
+    )

@@ -1,0 +1,31 @@
+"""The one table of analyses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import polars as pl
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str  # short id, used in CSV file names and --tool filters
+    title: str  # heading in reports
+    #: (inputs) -> frame.  `inputs` is a pasta_trace.merge.Inputs (capture frames
+    #: plus device frames and the merged timeline when available).
+    compute: Callable[..., pl.DataFrame]
+    needs_device: bool = False  # True: empty result (and a note) without device data
+    #: optional custom text renderer; default is a table of the frame
+    render_text: Callable[[pl.DataFrame], str] | None = None
+    description: str = ""
+
+
+REGISTRY: dict[str, Tool] = {}
+
+
+def register(tool: Tool) -> Tool:
+    if tool.name in REGISTRY:
+        raise ValueError(f"tool {tool.name!r} registered twice")
+    REGISTRY[tool.name] = tool
+    return tool
