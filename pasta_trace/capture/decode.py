@@ -1,0 +1,167 @@
+"""Ring-buffer records (numpy structured arrays) -> Polars frames of schema.py.
+
+All work is columnar: numpy views of the record fields, Polars expressions for
+the null masks, gathers from small lookup Series for the names.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+
+from .. import schema
+
+_PAYLOAD_COLUMNS = {
+    "stream": "stream",
+    "func": "func",
+    "ptr": "ptr",
+    "size": "size",
+    "dst": "dst",
+    "src": "src",
+    "grid_x": "grid",
+    "grid_y": "grid",
+    "grid_z": "grid",
+    "block_x": "block",
+    "block_y": "block",
+    "block_z": "block",
+    "shmem": "shmem",
+    "aux": "aux",
+}
+
+
+def api_table(api_names: Sequence[str], needed: int) -> list[str]:
+    """The catalog's names, padded with `api#N` for ids the catalog lacks
+    (a BPF program built from a newer catalog than the decoder's)."""
+    names = list(api_names)
+    return names + [f"api#{i}" for i in range(len(names), needed)]
+
+
+def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: str) -> pl.Series:
+    idx = pl.Series(values.astype(np.uint32, copy=False))
+    return pl.Series(name, table, dtype=dtype).gather(idx)
+
+
+def _strings(raw: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
+    """Fixed-width NUL-padded C strings -> Series; decodes each distinct value once."""
+    uniq, inverse = np.unique(raw, return_inverse=True)
+    # bytes after the first NUL are whatever the probe left there: cut them
+    text = [u.split(b"\0", 1)[0].decode("utf-8", "replace") for u in uniq.tolist()]
+    return pl.Series(name, text, dtype=dtype).gather(pl.Series(inverse.astype(np.uint32)))
+
+
+def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
+    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA."""
+    if recs.size == 0:
+        return schema.empty_frame(schema.EVENTS_SCHEMA)
+    table = api_table(api_names, int(recs["api"].max()) + 1)
+    kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)  # unknown -> other
+    copy_kinds = np.minimum(recs["copy_kind"], int(schema.CopyKind.unknown))
+    raw = pl.DataFrame(
+        {
+            "ts_ns": recs["ts_ns"].view(np.int64),
+            "dur_ns": recs["dur_ns"].view(np.int64),
+            "pid": recs["pid"],
+            "tid": recs["tid"],
+            "ret": recs["ret"],
+            "flags": recs["flags"],
+            "valid": recs["valid"],
+            **{c: recs[c] for c in _PAYLOAD_COLUMNS},
+        }
+    ).with_columns(
+        _strings(recs["comm"], "comm", pl.Categorical),
+        _lookup(recs["api"], table, pl.Categorical, "api"),
+        _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
+        _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
+    )
+
+    def has(bit_name: str) -> pl.Expr:
+        return (pl.col("valid") & (1 << schema.PAYLOAD_BITS[bit_name])) != 0
+
+    def flag(bit: int) -> pl.Expr:
+        return (pl.col("flags") & bit) != 0
+
+    exprs = {
+        "ts_ns": pl.col("ts_ns"),
+        "dur_ns": pl.when(flag(schema.FLAG_HAS_DUR)).then(pl.col("dur_ns")),
+        "pid": pl.col("pid"),
+        "tid": pl.col("tid"),
+        "comm": pl.col("comm"),
+        "api": pl.col("api"),
+        "kind": pl.col("kind"),
+        "ret": pl.when(flag(schema.FLAG_HAS_RET)).then(pl.col("ret")),
+        **{c: pl.when(has(bit)).then(pl.col(c)) for c, bit in _PAYLOAD_COLUMNS.items()},
+        "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
+    }
+    return raw.select(
+        [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]
+    )
+
+
+def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
+    """Decode HOST_NAME records into schema.NAMES_SCHEMA rows.
+
+    A `kernel_get_function` record says "CUfunction `handle` aliases CUkernel
+    `alias`"; it carries no text of its own, so its name is the alias's name
+    from another record (resolved here, and again over the whole capture by
+    :func:`resolve_aliases`)."""
+    if recs.size == 0:
+        return schema.empty_frame(schema.NAMES_SCHEMA)
+    table = api_table(api_names, int(recs["api"].max()) + 1)
+    sources = np.minimum(recs["source"], int(schema.NameSource.unknown))
+    frame = pl.DataFrame(
+        {
+            "pid": recs["pid"],
+            "handle": recs["handle"],
+            "alias": recs["alias"],
+            "ts_ns": recs["ts_ns"].view(np.int64),
+        }
+    ).with_columns(
+        _strings(recs["name"], "name", pl.String),
+        _lookup(sources, schema.NAME_SOURCE_NAMES, schema.NAMES_SCHEMA["source"], "source"),
+        _lookup(recs["api"], table, pl.Categorical, "api"),
+    )
+    return resolve_aliases(frame)
+
+
+def resolve_aliases(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fill the names of kernel_get_function rows from the handle they alias,
+    drop exact duplicates, and return schema.NAMES_SCHEMA columns.
+
+    ``frame`` has the NAMES_SCHEMA columns plus ``alias`` (0 when none)."""
+    named = (
+        frame.filter(pl.col("name") != "")
+        .group_by("pid", "handle")
+        .agg(pl.col("name").sort_by("ts_ns").last().alias("_alias_name"))
+        .rename({"handle": "alias"})
+    )
+    filled = frame.join(named, on=["pid", "alias"], how="left").with_columns(
+        pl.when(pl.col("name") == "").then(pl.col("_alias_name")).otherwise(pl.col("name")).alias("name")
+    )
+    return (
+        filled.filter(pl.col("name").is_not_null() & (pl.col("name") != ""))
+        .unique(subset=["pid", "handle", "name", "source"], keep="first", maintain_order=True)
+        .select([pl.col(c).cast(dt) for c, dt in schema.NAMES_SCHEMA.items()])
+    )
+
+
+def aggregate_frame(keys: np.ndarray, vals: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
+    """The --aggregate BPF hash (AGG_KEY -> AGG_VAL arrays) as schema.AGGREGATE_SCHEMA."""
+    if keys.size == 0:
+        return schema.empty_frame(schema.AGGREGATE_SCHEMA)
+    table = api_table(api_names, int(keys["api"].max()) + 1)
+    kinds = np.minimum(keys["kind"], len(schema.KIND_NAMES) - 1)
+    return pl.DataFrame(
+        {
+            "pid": keys["pid"],
+            **{c: keys[c] for c in ("func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")},
+            "count": vals["count"],
+            "bytes": vals["bytes"],
+            "first_ts_ns": vals["first_ts"].view(np.int64),
+            "last_ts_ns": vals["last_ts"].view(np.int64),
+        }
+    ).with_columns(
+        _lookup(keys["api"], table, pl.Categorical, "api"),
+        _lookup(kinds, schema.KIND_NAMES, schema.AGGREGATE_SCHEMA["kind"], "kind"),
+    ).select([pl.col(c).cast(dt) for c, dt in schema.AGGREGATE_SCHEMA.items()])
