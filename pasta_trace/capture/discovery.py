@@ -1,0 +1,138 @@
+"""Find the CUDA driver and HIP libraries that processes have mapped.
+
+/proc/PID/maps shows each mapping's path as seen inside the process's mount
+namespace; /proc/PID/map_files/<start>-<end> gives the file actually mapped
+(its real dev and inode, even across namespaces or after the file was
+replaced), and /proc/PID/root/<path> reaches that file from the host, which is
+what the uprobe attach needs.  Libraries are de-duplicated on (dev, inode):
+one attach covers every process that maps the same file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Libraries we attach to, by file name (maps shows the resolved name,
+#: e.g. libcuda.so.535.261.03, not the libcuda.so.1 symlink).
+TRACED = {
+    "cuda": re.compile(r"^libcuda\.so(\.[0-9.]+)?$"),
+    "hip": re.compile(r"^libamdhip64\.so(\.[0-9.]+)?$"),
+}
+
+#: Other GPU libraries worth naming when a process has not loaded a traced one yet.
+OTHER_GPU = re.compile(
+    r"^(libcudart|libnvrtc|libcupti|libcublas(Lt)?|libcufft|libcurand|libcusparse|libcusolver|libcudnn\w*"
+    r"|libnccl|libnvidia-ml|libnvJitLink|libtorch_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
+    r"|libhiprtc|libamd_comgr|libroctracer64|librocprofiler\w*)\.so(\.[0-9.]+)?$"
+)
+
+DELETED = " (deleted)"
+
+
+def family_of(path: str) -> str | None:
+    base = os.path.basename(path.removesuffix(DELETED))
+    for fam, rx in TRACED.items():
+        if rx.match(base):
+            return fam
+    return None
+
+
+@dataclass(frozen=True)
+class Library:
+    """One traced library file, as found in one process."""
+
+    family: str
+    path: str  # inside the process's mount namespace
+    attach_path: str  # reachable from here
+    dev: int
+    inode: int
+    pid: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.dev, self.inode)
+
+
+@dataclass
+class ProcessLibraries:
+    pid: int
+    traced: list[Library] = field(default_factory=list)
+    other_gpu: list[str] = field(default_factory=list)
+
+
+def _maps_lines(pid: int, proc: Path) -> list[str]:
+    return (proc / str(pid) / "maps").read_text().splitlines()
+
+
+def scan_pid(pid: int, proc: Path = Path("/proc")) -> ProcessLibraries:
+    """Traced and other GPU libraries mapped by ``pid``.  Raises OSError
+    (FileNotFoundError / ProcessLookupError) when the process is gone."""
+    out = ProcessLibraries(pid)
+    seen: set[tuple[int, int]] = set()
+    others: dict[str, None] = {}
+    for line in _maps_lines(pid, proc):
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5]
+        fam = family_of(path)
+        if fam is None:
+            base = os.path.basename(path.removesuffix(DELETED))
+            if OTHER_GPU.match(base):
+                others[path.removesuffix(DELETED)] = None
+            continue
+        mapped = proc / str(pid) / "map_files" / parts[0]
+        try:
+            st = os.stat(mapped)
+        except OSError:
+            continue  # the mapping went away between the two reads
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        # a replaced file has no path any more: attach through the mapping itself
+        attach = str(mapped) if path.endswith(DELETED) else f"{proc}/{pid}/root{path}"
+        out.traced.append(Library(fam, path.removesuffix(DELETED), attach, st.st_dev, st.st_ino, pid))
+    out.other_gpu = list(others)
+    return out
+
+
+def all_pids(proc: Path = Path("/proc")) -> list[int]:
+    return sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
+
+
+def scan_all(proc: Path = Path("/proc"), skip: set[int] | None = None) -> list[ProcessLibraries]:
+    """Every process that maps a traced library (processes that vanish mid-scan are skipped)."""
+    out = []
+    for pid in all_pids(proc):
+        if skip and pid in skip:
+            continue
+        try:
+            found = scan_pid(pid, proc)
+        except OSError:
+            continue
+        if found.traced:
+            out.append(found)
+    return out
+
+
+def unique_libraries(found: list[ProcessLibraries]) -> list[Library]:
+    """One Library per (dev, inode), first process wins."""
+    by_key: dict[tuple[int, int], Library] = {}
+    for p in found:
+        for lib in p.traced:
+            by_key.setdefault(lib.key, lib)
+    return list(by_key.values())
+
+
+def resolve_library_file(path: str) -> Library | None:
+    """A library file given by path on this host (launch mode: before the
+    command maps anything)."""
+    fam = family_of(path)
+    if fam is None:
+        return None
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return Library(fam, real, real, st.st_dev, st.st_ino, 0)

@@ -1,0 +1,119 @@
+"""manifest.json of a capture directory (DESIGN.md §4, docs/formats.md).
+
+Written twice: once at the start with ``complete: false`` (so a killed tracer
+still leaves a description of what it traced), and once at the end with the
+counts and ``complete: true``.  Each write goes to a temporary name and is
+renamed into place, so a reader never sees half a manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import __version__, schema
+
+
+@dataclass
+class ClockSample:
+    """CLOCK_REALTIME bracketed by two CLOCK_MONOTONIC reads: wall time of a
+    monotonic instant to within (mono_after - mono_before)."""
+
+    mono_before_ns: int
+    realtime_ns: int
+    mono_after_ns: int
+
+    @classmethod
+    def now(cls) -> "ClockSample":
+        a = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        r = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        b = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        return cls(a, r, b)
+
+
+@dataclass
+class LibraryEntry:
+    path: str
+    attach_path: str
+    dev: int
+    inode: int
+    build_id: str | None
+    family: str
+    symbols_attached: list[str] = field(default_factory=list)
+    symbols_missing: list[str] = field(default_factory=list)
+    #: symbol -> offset from the symbol where the probe sits (0 = at the symbol)
+    placements: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    command_line: list[str]
+    mode: str  # pid | system | launch
+    start: ClockSample
+    pids: list[int] = field(default_factory=list)
+    libraries: list[LibraryEntry] = field(default_factory=list)
+    launched: dict | None = None  # {"argv": [...], "pid": N, "exit_code": N}
+    aggregate: bool = False
+    buffer_pages: int = 0
+    end: ClockSample | None = None
+    counts: dict = field(default_factory=dict)
+    device_files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self, complete: bool) -> dict:
+        uname = platform.uname()
+        return {
+            "format_version": ".".join(map(str, schema.CAPTURE_FORMAT_VERSION)),
+            "tool": "pasta-trace",
+            "tool_version": __version__,
+            "command_line": self.command_line,
+            "host": socket.gethostname(),
+            "kernel_release": uname.release,
+            "machine": uname.machine,
+            "mode": self.mode,
+            "clock": {
+                "domain": "CLOCK_MONOTONIC",
+                "start_ns": self.start.mono_before_ns,
+                "end_ns": self.end.mono_after_ns if self.end else None,
+                "start_sample": asdict(self.start),
+                "end_sample": asdict(self.end) if self.end else None,
+            },
+            "pids": self.pids,
+            "launched": self.launched,
+            "aggregate": self.aggregate,
+            "buffer_pages": self.buffer_pages,
+            "libraries": [asdict(lib) for lib in self.libraries],
+            "counts": self.counts,
+            "device_files": self.device_files,
+            "notes": self.notes,
+            "complete": complete,
+        }
+
+    def write(self, out_dir: Path, *, complete: bool, owner: tuple[int, int] | None = None) -> Path:
+        path = Path(out_dir) / "manifest.json"
+        tmp = path.with_name(".manifest.json.tmp")
+        tmp.write_text(json.dumps(self.to_json(complete), indent=2) + "\n")
+        if owner is not None:
+            os.chown(tmp, *owner)
+        os.replace(tmp, path)
+        return path
+
+
+def counts(
+    *, events: int, names: int, lost: tuple[int, int, int], by_kind: dict[str, int]
+) -> dict:
+    """The manifest's `counts` object; read.py reads lost_events and lost_names."""
+    return {
+        "events": events,
+        "names": names,
+        "lost_events": lost[0],
+        "lost_names": lost[1],
+        "lost_inflight": lost[2],
+        "by_kind": by_kind,
+    }

@@ -1,0 +1,95 @@
+"""Rows of processes.parquet: who each traced PID is and where it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import polars as pl
+
+from .. import schema
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+#: A container runtime's 64-hex id in a cgroup path: docker-<id>.scope,
+#: cri-containerd-<id>.scope, libpod-<id>.scope, /docker/<id>, /kubepods/.../<id>.
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+
+
+def container_id(cgroup: str) -> str | None:
+    m = _CONTAINER_ID.search(cgroup)
+    return m.group(1) if m else None
+
+
+def _boot_offset_ns() -> int:
+    """CLOCK_MONOTONIC - CLOCK_BOOTTIME: /proc/PID/stat start times count from
+    boot including suspend; the events' clock does not."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def process_row(pid: int, proc: Path = Path("/proc")) -> dict | None:
+    """One processes.parquet row, or None if the process is gone."""
+    base = proc / str(pid)
+    try:
+        stat = (base / "stat").read_text()
+        cmdline = (base / "cmdline").read_bytes()
+        cgroup_lines = (base / "cgroup").read_text().splitlines()
+        mnt_ns = os.stat(base / "ns" / "mnt").st_ino
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: it ends at the last ')'
+    comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+    rest = stat[stat.rindex(")") + 2 :].split()
+    ppid = int(rest[1])
+    start_ticks = int(rest[19])
+    # cgroup v2 has one "0::/path" line; v1 several: prefer the unified one
+    cgroup = next((ln.split(":", 2)[2] for ln in cgroup_lines if ln.startswith("0::")), None)
+    if cgroup is None and cgroup_lines:
+        cgroup = cgroup_lines[0].split(":", 2)[2]
+    return {
+        "pid": pid,
+        "ppid": ppid,
+        "comm": comm,
+        "cmdline": cmdline.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace"),
+        "cgroup": cgroup,
+        "container_id": container_id(cgroup or ""),
+        "mnt_ns": mnt_ns,
+        "start_ns": start_ticks * 1_000_000_000 // _CLK_TCK + _boot_offset_ns(),
+        "exit_ns": None,
+    }
+
+
+class ProcessTable:
+    """Processes seen during a capture, with their exit times."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, dict] = {}
+        self.changed = False
+
+    def __contains__(self, pid: int) -> bool:
+        return pid in self._rows
+
+    def add(self, pid: int, proc: Path = Path("/proc")) -> bool:
+        """Record ``pid`` if it is new and alive; True if added."""
+        if pid in self._rows:
+            return False
+        row = process_row(pid, proc)
+        if row is None:
+            return False
+        self._rows[pid] = row
+        self.changed = True
+        return True
+
+    def exited(self, pid: int, ts_ns: int) -> None:
+        row = self._rows.get(pid)
+        if row is not None and row["exit_ns"] is None:
+            row["exit_ns"] = ts_ns
+            self.changed = True
+
+    def exited_pids(self) -> list[int]:
+        return [p for p, r in self._rows.items() if r["exit_ns"] is not None]
+
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame(list(self._rows.values()), schema=schema.PROCESSES_SCHEMA, orient="row")
