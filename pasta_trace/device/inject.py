@@ -1,0 +1,143 @@
+"""Set up a device backend for a launched command, and collect its device files afterwards.
+
+    s = DeviceSession("sanitizer", capture_dir)   # raises PastaError if the backend cannot run
+    env = {**os.environ, **s.env()}                # launch the command with this environment
+    ...
+    files = s.finish()                             # now in capture_dir/device/
+
+Every traced process writes ``gpu_probes.<pid>.<backend>.bin`` into a staging
+folder (``GPU_PROBES_DIR``) that the launched user can write to; ``finish``
+moves the files into ``capture_dir/device/``, where :func:`pasta_trace.read.open_capture`
+finds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from ..errors import PastaError, UsageError
+
+BACKENDS = ("sanitizer", "nvbit", "cupti")
+
+_PKG_ROOT = Path(__file__).resolve().parents[2]  # the folder holding pasta_trace/
+#: written by scripts/build_gpu_probes.sh: absolute paths of the built artefacts
+DEFAULT_MANIFEST = _PKG_ROOT / "gpu_probes" / "build" / "manifest.json"
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "cupti_bootstrap"
+STAGING = "device.staging"
+_SAMPLE = re.compile(r"^(off|warp:[1-9][0-9]*|cta:[1-9][0-9]*)$")
+
+
+def built_artefacts(manifest: Path) -> dict:
+    """The manifest's artefacts, or {} when nothing was built."""
+    try:
+        data = json.loads(manifest.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise PastaError(f"{manifest}: unreadable build manifest ({e})", hint="run scripts/build_gpu_probes.sh") from None
+    return data.get("artifacts", data) if isinstance(data, dict) else {}
+
+
+def _artefact_path(artefacts: dict, key: str) -> Path | None:
+    v = artefacts.get(key)
+    if isinstance(v, dict):
+        v = v.get("path")
+    if not v:
+        return None
+    p = Path(v)
+    return p if p.is_file() else None
+
+
+class DeviceSession:
+    """One device backend for one launched command."""
+
+    def __init__(
+        self,
+        backend: str,
+        capture_dir: str | os.PathLike,
+        *,
+        page_shift: int | None = None,
+        sample: str | None = None,
+        hash_slots: int | None = None,
+        manifest: str | os.PathLike | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown device backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        if page_shift is not None and not 8 <= page_shift <= 30:
+            raise UsageError(f"page shift {page_shift} is out of range (8..30, 16 = 64 KiB pages)")
+        if sample is not None and not _SAMPLE.match(sample):
+            raise UsageError(f"bad sampling {sample!r} (off, warp:N or cta:K)")
+        if hash_slots is not None and hash_slots < 8:
+            raise UsageError(f"page-hash slots {hash_slots} is too small (at least 8)")
+        self.backend = backend
+        self.capture_dir = Path(capture_dir)
+        self.staging = self.capture_dir / STAGING
+        self._options = {
+            "GPU_PROBES_PAGE_SHIFT": page_shift,
+            "GPU_PROBES_SAMPLE": sample,
+            "GPU_PROBES_HASH_SLOTS": hash_slots,
+        }
+        self._env = self._backend_env(Path(manifest) if manifest else DEFAULT_MANIFEST)
+        self._make_staging()
+
+    def _backend_env(self, manifest: Path) -> dict[str, str]:
+        if self.backend == "cupti":
+            import importlib.util
+
+            if importlib.util.find_spec("cupti") is None:
+                raise PastaError(
+                    "CUPTI backend needs cupti-python", hint="pip install 'pasta-trace[cupti]' (cupti-python 13.0)"
+                )
+            return {
+                "PYTHONPATH": os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), os.environ.get("PYTHONPATH")) if p),
+                "PASTA_TRACE_PYTHONPATH": str(_PKG_ROOT),
+            }
+        artefacts = built_artefacts(manifest)
+        if self.backend == "nvbit":
+            lib = _artefact_path(artefacts, "nvbit")
+            if lib is None:
+                raise PastaError("NVBit tool not built: set NVBIT_HOME and run scripts/build_gpu_probes.sh")
+            preload = os.environ.get("LD_PRELOAD")
+            env = {"LD_PRELOAD": f"{lib}:{preload}" if preload else str(lib)}
+        else:
+            lib = _artefact_path(artefacts, "sanitizer")
+            if lib is None:
+                raise PastaError("Sanitizer backend not built: run scripts/build_gpu_probes.sh")
+            env = {"CUDA_INJECTION64_PATH": str(lib)}
+        env.update({k: str(v) for k, v in self._options.items() if v is not None})
+        return env
+
+    def _make_staging(self) -> None:
+        self.staging.mkdir(parents=True, exist_ok=True)
+        # under sudo the command runs as the invoking user, who must be able to write here
+        uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+        if os.geteuid() == 0 and uid and gid:
+            os.chown(self.staging, int(uid), int(gid))
+
+    def env(self) -> dict[str, str]:
+        """Variables to merge into the launched command's environment."""
+        return {**self._env, "GPU_PROBES_DIR": str(self.staging)}
+
+    def finish(self) -> list[Path]:
+        """Move the device files written so far into ``capture_dir/device/`` and return them."""
+        if not self.staging.is_dir():
+            return []
+        dest = self.capture_dir / "device"
+        dest.mkdir(exist_ok=True)
+        out = []
+        for f in sorted(self.staging.glob("gpu_probes.*.bin")):
+            target = dest / f.name
+            n = 1
+            while target.exists():  # a pid reused within one capture: keep both
+                target = dest / f"{f.stem}.{n}{f.suffix}"
+                n += 1
+            os.replace(f, target)
+            out.append(target)
+        try:
+            self.staging.rmdir()
+        except OSError:
+            pass  # something else was written there: leave it for the user to see
+        return out
