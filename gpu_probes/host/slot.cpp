@@ -6,10 +6,17 @@
 namespace gp {
 
 AllocTable AllocTable::build(std::vector<std::pair<uint64_t, uint64_t>> base_size, uint32_t page_shift) {
-    std::sort(base_size.begin(), base_size.end());
+    /* Same base: the larger range first, so that it is the one kept. */
+    std::sort(base_size.begin(), base_size.end(), [](const auto &a, const auto &b) {
+        return a.first != b.first ? a.first < b.first : a.second > b.second;
+    });
     AllocTable t;
+    uint64_t end = 0;
     for (const auto &bs : base_size) {
-        if (bs.second == 0) continue;
+        /* Binary search needs disjoint ranges: a range inside one already kept
+         * (a mapping inside a virtual reservation) is attributed to the outer one. */
+        if (bs.second == 0 || bs.first < end) continue;
+        end = bs.first + bs.second;
         gp_alloc_desc d{};
         d.base = bs.first;
         d.size = bs.second;

@@ -122,7 +122,7 @@ Writer::Writer(FILE *f, std::string path, size_t capacity) : f_(f), path_(std::m
 
 Writer::~Writer() { close(); }
 
-bool Writer::submit(Rec &&rec) { return submit(rec.finish()); }
+bool Writer::submit(Rec &rec) { return submit(rec.finish()); }
 
 bool Writer::submit(std::vector<uint8_t> &&rec) {
     auto *r = new std::vector<uint8_t>(std::move(rec));

@@ -78,7 +78,7 @@ class Writer {
     ~Writer();
 
     /* Never blocks.  Returns false when the queue was full (the record is counted as dropped). */
-    bool submit(Rec &&rec);
+    bool submit(Rec &rec); /* consumes rec */
     bool submit(std::vector<uint8_t> &&rec);
 
     /* Drains the queue, writes a final DROPPED record if anything was lost, closes the file. */

@@ -287,7 +287,7 @@ GP_HD void gp_global_group(struct gp_slot *s, uint64_t addr, uint32_t size, uint
 
 /* ------------------------------------------------------------------ device side */
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 __device__ __forceinline__ uint64_t gp_globaltimer() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

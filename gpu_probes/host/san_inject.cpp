@@ -1,0 +1,398 @@
+/* Compute Sanitizer injection library: libgpu_probes_sanitizer.so.
+ *
+ * Load with CUDA_INJECTION64_PATH=<lib> (the driver calls InitializeInjection)
+ * or LD_PRELOAD=<lib> (the constructor does).  Per launch it binds one slot of
+ * device memory (agg.cuh's gp_slot) to the launch, lets the patch functions in
+ * device/san_patches.cu aggregate into it, and at LAUNCH_END copies it back
+ * and queues KERNEL_SUMMARY, PAGE_HIST, ALLOC_TOUCH, WS_BITMAP, LAUNCH and
+ * CLOCK_SYNC records for the writer thread.  Callbacks never touch the file.
+ *
+ * Mode: strict.  LAUNCH_END synchronises the launch's stream before reading
+ * the slot, so launches are serialised per stream (the overhead class of
+ * compute-sanitizer itself).  Slots come from a per-context pool and return to
+ * it after the copy-back.
+ *
+ * Environment:
+ *   GPU_PROBES_DIR          output directory (default: the working directory)
+ *   GPU_PROBES_PAGE_SHIFT   log2 of the page size of histogram and bitmaps (default 16 = 64 KiB)
+ *   GPU_PROBES_HASH_SLOTS   page-hash slots per launch, rounded up to a power of two (default 4096)
+ *   GPU_PROBES_SAMPLE       off | warp:N | cta:K   raw access samples (default off)
+ *   GPU_PROBES_SAMPLE_CAP   samples kept per launch (default 4096)
+ */
+#include <sanitizer.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "slot.h"
+#include "writer.h"
+
+extern "C" const unsigned char gp_san_patches_fatbin[];
+
+namespace {
+
+struct DeviceSlot {
+    void *dev = nullptr;
+    size_t capacity = 0;
+    uint64_t alloc_version = ~0ull;
+    std::unique_ptr<gp::SlotImage> img;
+};
+
+struct Inflight {
+    DeviceSlot *slot;
+    CUcontext ctx;
+    uint64_t launch_id;
+    gp_launch rec;
+};
+
+struct Allocation {
+    uint64_t size;
+    uint32_t kind;
+};
+
+/* All state of the injection library.  One per process, by nature of the
+ * driver's injection hook. */
+struct Tool {
+    gp::SlotConfig cfg;
+    std::unique_ptr<gp::Writer> writer;
+    Sanitizer_SubscriberHandle sub = nullptr;
+    std::atomic<uint64_t> next_launch{1};
+
+    std::mutex mu; /* guards everything below; held for map updates only, never across I/O */
+    std::map<uint64_t, Allocation> live;
+    uint64_t alloc_version = 0;
+    gp::AllocTable table;
+    uint64_t table_version = ~0ull;
+    std::unordered_map<CUcontext, bool> patches_loaded;
+    std::unordered_map<CUcontext, std::vector<DeviceSlot *>> free_slots;
+    std::unordered_map<CUcontext, std::vector<DeviceSlot *>> all_slots;
+    std::unordered_map<Sanitizer_LaunchHandle, Inflight> inflight;
+    std::unordered_map<std::string, uint32_t> strings;
+};
+
+Tool *g_tool = nullptr;
+
+void warn(const char *what, SanitizerResult r) {
+    const char *s = "?";
+    sanitizerGetResultString(r, &s);
+    std::fprintf(stderr, "gpu_probes: %s failed: %s\n", what, s);
+}
+
+#define GP_TRY(call)                                                                                                   \
+    ([&] {                                                                                                             \
+        SanitizerResult r_ = (call);                                                                                   \
+        if (r_ != SANITIZER_SUCCESS) warn(#call, r_);                                                                  \
+        return r_ == SANITIZER_SUCCESS;                                                                                \
+    }())
+
+uint32_t env_u32(const char *name, uint32_t dflt) {
+    const char *v = std::getenv(name);
+    if (!v || !*v) return dflt;
+    char *end = nullptr;
+    unsigned long x = std::strtoul(v, &end, 0);
+    if (*end) {
+        std::fprintf(stderr, "gpu_probes: ignoring %s=%s (not a number)\n", name, v);
+        return dflt;
+    }
+    return (uint32_t)x;
+}
+
+gp::SlotConfig config_from_env() {
+    gp::SlotConfig c;
+    c.page_shift = env_u32("GPU_PROBES_PAGE_SHIFT", GP_DEFAULT_PAGE_SHIFT);
+    if (c.page_shift < 8 || c.page_shift > 30) c.page_shift = GP_DEFAULT_PAGE_SHIFT;
+    uint32_t slots = env_u32("GPU_PROBES_HASH_SLOTS", 4096);
+    c.hash_capacity = 8;
+    while (c.hash_capacity < slots && c.hash_capacity < (1u << 24)) c.hash_capacity <<= 1;
+    const char *s = std::getenv("GPU_PROBES_SAMPLE");
+    if (s && !std::strncmp(s, "warp:", 5)) {
+        c.sample_mode = GP_SAMPLE_WARP_INSTR;
+        c.sample_every = (uint32_t)std::strtoul(s + 5, nullptr, 10);
+    } else if (s && !std::strncmp(s, "cta:", 4)) {
+        c.sample_mode = GP_SAMPLE_CTA;
+        c.sample_every = (uint32_t)std::strtoul(s + 4, nullptr, 10);
+    }
+    if (c.sample_every == 0) c.sample_mode = GP_SAMPLE_OFF;
+    c.sample_cap = c.sample_mode == GP_SAMPLE_OFF ? 0 : env_u32("GPU_PROBES_SAMPLE_CAP", 4096);
+    return c;
+}
+
+uint32_t intern(Tool &t, const char *name, uint64_t launch_id) {
+    if (!name) name = "";
+    std::string key(name);
+    uint32_t id;
+    {
+        std::lock_guard<std::mutex> g(t.mu);
+        auto it = t.strings.find(key);
+        if (it != t.strings.end()) return it->second;
+        id = (uint32_t)t.strings.size() + 1;
+        t.strings.emplace(key, id);
+    }
+    gp_string_header h{id, (uint32_t)key.size()};
+    t.writer->submit(gp::Rec(GP_REC_STRING, launch_id).put(h).bytes(key.data(), key.size()));
+    return id;
+}
+
+void load_patches(Tool &t, CUcontext ctx, CUmodule module) {
+    std::lock_guard<std::mutex> g(t.mu); /* the patching API must be serialised */
+    if (!t.patches_loaded[ctx]) {
+        if (!GP_TRY(sanitizerAddPatches(gp_san_patches_fatbin, ctx))) return;
+        t.patches_loaded[ctx] = true;
+    }
+    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, module, "gp_san_global_access"));
+    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, module, "gp_san_shared_access"));
+    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, module, "gp_san_local_access"));
+    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, module, "gp_san_block_enter"));
+    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, module, "gp_san_block_exit"));
+    GP_TRY(sanitizerPatchModule(module));
+}
+
+void on_alloc(Tool &t, int type, uint64_t addr, uint64_t size, uint32_t kind, CUcontext ctx, CUstream stream) {
+    {
+        std::lock_guard<std::mutex> g(t.mu);
+        if (type == GP_REC_ALLOC)
+            t.live[addr] = Allocation{size, kind};
+        else {
+            auto it = t.live.find(addr);
+            if (it == t.live.end()) return;
+            size = it->second.size;
+            kind = it->second.kind;
+            t.live.erase(it);
+        }
+        ++t.alloc_version;
+    }
+    gp_alloc a{gp::mono_ns(), addr, size, (uint64_t)(uintptr_t)ctx, (uint64_t)(uintptr_t)stream, kind, 0};
+    t.writer->submit(gp::Rec((uint16_t)type, 0).put(a));
+}
+
+uint32_t alloc_kind(uint32_t cbid, uint32_t flags) {
+    if (cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC) return 3;
+    if (cbid == SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC) return 2;
+    if (flags & SANITIZER_MEMORY_FLAG_MANAGED) return 1;
+    if (flags & (SANITIZER_MEMORY_FLAG_HOST_PINNED | SANITIZER_MEMORY_FLAG_HOST_MAPPED)) return 2;
+    return 0;
+}
+
+/* A slot sized for the current allocation table, with its image reset and
+ * pointing at its device memory.  Called with t.mu held. */
+DeviceSlot *take_slot(Tool &t, CUcontext ctx) {
+    if (t.table_version != t.alloc_version) {
+        std::vector<std::pair<uint64_t, uint64_t>> v;
+        v.reserve(t.live.size());
+        for (const auto &kv : t.live) v.push_back({kv.first, kv.second.size});
+        t.table = gp::AllocTable::build(std::move(v), t.cfg.page_shift);
+        t.table_version = t.alloc_version;
+    }
+    std::vector<DeviceSlot *> &pool = t.free_slots[ctx];
+    DeviceSlot *s;
+    if (pool.empty()) {
+        s = new DeviceSlot();
+        t.all_slots[ctx].push_back(s);
+    } else {
+        s = pool.back();
+        pool.pop_back();
+    }
+    if (s->alloc_version != t.table_version) {
+        s->img.reset(new gp::SlotImage(t.cfg, t.table));
+        s->alloc_version = t.table_version;
+    }
+    const size_t need = s->img->layout().total;
+    if (need > s->capacity) {
+        if (s->dev) sanitizerFree(ctx, s->dev);
+        s->dev = nullptr;
+        s->capacity = 0;
+        if (!GP_TRY(sanitizerAlloc(ctx, &s->dev, need))) {
+            pool.push_back(s);
+            return nullptr;
+        }
+        s->capacity = need;
+    }
+    s->img->reset((uint64_t)(uintptr_t)s->dev);
+    return s;
+}
+
+void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
+    const uint64_t now = gp::mono_ns();
+    const uint64_t id = t.next_launch.fetch_add(1);
+    DeviceSlot *slot;
+    {
+        std::lock_guard<std::mutex> g(t.mu);
+        slot = take_slot(t, d->context);
+    }
+    if (!slot) return;
+    /* The whole image (header, zeroed hash and counters, allocation table) in one copy. */
+    if (!GP_TRY(sanitizerMemcpyHostToDeviceAsync(slot->dev, slot->img->bytes().data(), slot->img->layout().total,
+                                                 d->hStream)) ||
+        !GP_TRY(sanitizerSetLaunchCallbackData(d->hLaunch, d->function, d->hStream, slot->dev))) {
+        std::lock_guard<std::mutex> g(t.mu);
+        t.free_slots[d->context].push_back(slot);
+        return;
+    }
+    Inflight f{slot, d->context, id, {}};
+    gp_launch &r = f.rec;
+    r.host_mono_begin = now;
+    r.ctx = (uint64_t)(uintptr_t)d->context;
+    r.stream = (uint64_t)(uintptr_t)d->stream;
+    r.func = (uint64_t)(uintptr_t)d->function;
+    r.grid_id = (int64_t)d->gridId;
+    r.grid_x = d->gridDim_x;
+    r.grid_y = d->gridDim_y;
+    r.grid_z = d->gridDim_z;
+    r.block_x = d->blockDim_x;
+    r.block_y = d->blockDim_y;
+    r.block_z = d->blockDim_z;
+    r.device = (uint32_t)d->device;
+    r.name_id = intern(t, d->functionName, id);
+    r.tid = (uint32_t)gettid();
+    std::lock_guard<std::mutex> g(t.mu);
+    t.inflight[d->hLaunch] = f;
+}
+
+void on_launch_end(Tool &t, const Sanitizer_LaunchData *d) {
+    Inflight f;
+    {
+        std::lock_guard<std::mutex> g(t.mu);
+        auto it = t.inflight.find(d->hLaunch);
+        if (it == t.inflight.end()) return;
+        f = it->second;
+        t.inflight.erase(it);
+    }
+    f.rec.host_mono_end = gp::mono_ns();
+    gp::SlotImage &img = *f.slot->img;
+    const bool ok = GP_TRY(sanitizerStreamSynchronize(d->hStream)) &&
+                    GP_TRY(sanitizerMemcpyDeviceToHost(img.bytes().data(), f.slot->dev, img.layout().total, d->hStream));
+    const uint64_t after = gp::mono_ns();
+    {
+        std::lock_guard<std::mutex> g(t.mu);
+        t.free_slots[f.ctx].push_back(f.slot);
+    }
+    t.writer->submit(gp::Rec(GP_REC_LAUNCH, f.launch_id).put(f.rec));
+    if (!ok) return;
+    /* The kernel ran between the launch call and the end of the sync: a loose
+     * but honest clock bracket around its first %globaltimer reading. */
+    if (img.header()->sum.blocks_in) {
+        gp_clock_sync cs{f.rec.host_mono_begin, img.header()->sum.gpu_t_first, after, f.rec.device, 0};
+        t.writer->submit(gp::Rec(GP_REC_CLOCK_SYNC, f.launch_id).put(cs));
+    }
+    for (auto &r : img.records(f.launch_id)) t.writer->submit(std::move(r));
+}
+
+void on_context_destroy(Tool &t, CUcontext ctx) {
+    std::lock_guard<std::mutex> g(t.mu);
+    for (DeviceSlot *s : t.all_slots[ctx]) {
+        if (s->dev) sanitizerFree(ctx, s->dev);
+        delete s;
+    }
+    t.all_slots.erase(ctx);
+    t.free_slots.erase(ctx);
+    t.patches_loaded.erase(ctx);
+}
+
+void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
+                           const void *cbdata) {
+    Tool &t = *static_cast<Tool *>(userdata);
+    if (domain == SANITIZER_CB_DOMAIN_LAUNCH) {
+        const auto *d = static_cast<const Sanitizer_LaunchData *>(cbdata);
+        if (cbid == SANITIZER_CBID_LAUNCH_BEGIN) on_launch_begin(t, d);
+        if (cbid == SANITIZER_CBID_LAUNCH_END) on_launch_end(t, d);
+        return;
+    }
+    if (domain != SANITIZER_CB_DOMAIN_RESOURCE) return;
+    switch (cbid) {
+    case SANITIZER_CBID_RESOURCE_MODULE_LOADED: {
+        const auto *m = static_cast<const Sanitizer_ResourceModuleData *>(cbdata);
+        load_patches(t, m->context, m->module);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED: {
+        /* Lazy loading brings functions in after MODULE_LOADED: patch them too. */
+        const auto *m = static_cast<const Sanitizer_ResourceFunctionsLazyLoadedData *>(cbdata);
+        load_patches(t, m->context, m->module);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_CONTEXT_DESTROY_STARTING:
+        on_context_destroy(t, static_cast<const Sanitizer_ResourceContextData *>(cbdata)->context);
+        break;
+    case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_ALLOC:
+    case SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC:
+    case SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC: {
+        const auto *m = static_cast<const Sanitizer_ResourceMemoryData *>(cbdata);
+        on_alloc(t, GP_REC_ALLOC, m->address, m->size, alloc_kind(cbid, m->flags), m->context, m->stream);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_DEVICE_MEMORY_FREE:
+    case SANITIZER_CBID_RESOURCE_HOST_MEMORY_FREE:
+    case SANITIZER_CBID_RESOURCE_MEMORY_FREE_ASYNC: {
+        const auto *m = static_cast<const Sanitizer_ResourceMemoryData *>(cbdata);
+        on_alloc(t, GP_REC_FREE, m->address, 0, 0, m->context, m->stream);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_VIRTUAL_RESERVE: {
+        const auto *v = static_cast<const Sanitizer_ResourceVirtualRange *>(cbdata);
+        on_alloc(t, GP_REC_ALLOC, v->address, v->size, 4, nullptr, nullptr);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_VIRTUAL_RELEASE: {
+        const auto *v = static_cast<const Sanitizer_ResourceVirtualRange *>(cbdata);
+        on_alloc(t, GP_REC_FREE, v->address, 0, 0, nullptr, nullptr);
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void finish() {
+    if (!g_tool) return;
+    if (g_tool->sub) sanitizerUnsubscribe(g_tool->sub);
+    g_tool->writer->close();
+}
+
+int init() {
+    Tool *t = new Tool();
+    t->cfg = config_from_env();
+    gp::Writer::Options o;
+    o.backend = GP_BACKEND_SANITIZER;
+    o.page_shift = t->cfg.page_shift;
+    o.pid = (uint64_t)getpid();
+    std::string err;
+    t->writer = gp::Writer::open(gp::default_path(o.pid, "sanitizer"), o, gp::Clocks::now(), &err);
+    if (!t->writer) {
+        std::fprintf(stderr, "gpu_probes: cannot write the device record file: %s\n", err.c_str());
+        delete t;
+        return 1;
+    }
+    if (!GP_TRY(sanitizerSubscribe(&t->sub, callback, t))) {
+        t->writer->close();
+        delete t;
+        return 1;
+    }
+    sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_RESOURCE);
+    sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_LAUNCH);
+    g_tool = t;
+    std::atexit(finish);
+    return 0;
+}
+
+int init_once() {
+    static std::once_flag once;
+    static int rc = 0;
+    std::call_once(once, [] { rc = init(); });
+    return rc;
+}
+
+/* LD_PRELOAD has no InitializeInjection call: start from the constructor. */
+__attribute__((constructor)) void preload_init() { init_once(); }
+
+} // namespace
+
+extern "C" __attribute__((visibility("default"))) int InitializeInjection() { return init_once(); }
