@@ -1,0 +1,185 @@
+"""Chrome trace-event JSON writer, named the way PyTorch's profiler names things,
+so chrome://tracing, ui.perfetto.dev and trace-analysis tools built for PyTorch
+traces (HTA and others) read it.
+
+  API calls        ph X, cat cuda_driver (CUDA) / cuda_runtime (HIP), on the calling thread
+  kernels          ph X, cat kernel, on a "GPU stream 0x..." thread of the process
+  copies, memsets  ph X, cat gpu_memcpy / gpu_memset (CUPTI records only)
+  launch -> kernel ph s / f, cat and name ac2g, id = args.correlation on both ends
+  live memory      ph C, one counter per process (and device)
+  names            ph M process_name / thread_name
+
+Timestamps and durations are µs written with exactly three decimals (ns
+precision).  The lines are formatted column-wise by Polars and written in chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TextIO
+
+import polars as pl
+
+from .trace_model import TraceModel, hex_labels
+
+#: Above this many events chrome://tracing becomes slow or runs out of memory.
+LARGE_EVENTS = 1_000_000
+#: Stream tracks are threads of their process; numbered above any real tid
+#: (Linux pid_max is at most 2^22).
+STREAM_TID_BASE = 1 << 30
+CHUNK_ROWS = 200_000
+
+def json_strings(s: pl.Series) -> pl.Series:
+    """Each string as a JSON string literal; escaped once per distinct value."""
+    uniq = s.unique().drop_nulls()
+    table = pl.DataFrame({"v": uniq, "j": [json.dumps(v) for v in uniq.to_list()]},
+                         schema={"v": pl.String, "j": pl.String})
+    return s.to_frame("v").join(table, on="v", how="left", maintain_order="left")["j"]
+
+
+def _us(ns: pl.Expr) -> pl.Expr:
+    """ns -> µs as a JSON number with three decimals, without float rounding."""
+    return pl.format("{}.{}", ns // 1000, (ns % 1000).cast(pl.String).str.zfill(3))
+
+
+def _arg(name: str, value: pl.Expr) -> pl.Expr:
+    """`"name":value`, null where value is null."""
+    return pl.concat_str(pl.lit(f'"{name}":'), value)
+
+
+def _num(col: str) -> pl.Expr:
+    return _arg(col, pl.col(col).cast(pl.String))
+
+
+def _hexarg(col: str) -> pl.Expr:
+    return _arg(col, pl.concat_str(pl.lit('"'), pl.col(f"{col}_hex"), pl.lit('"')))
+
+
+def _dim3(name: str) -> pl.Expr:
+    return _arg(name, pl.format("[{},{},{}]", pl.col(f"{name}_x"), pl.col(f"{name}_y"), pl.col(f"{name}_z")))
+
+
+def _object(*pieces: pl.Expr) -> pl.Expr:
+    """A JSON object of `"key":value` pieces; null pieces are left out."""
+    return pl.concat_str([pl.lit("{"), pl.concat_str(list(pieces), separator=",", ignore_nulls=True), pl.lit("}")])
+
+
+def _event(ph: str, extra: list[pl.Expr]) -> pl.Expr:
+    return _object(pl.lit(f'"ph":"{ph}"'), *extra)
+
+
+def _name_object(col: str) -> pl.Expr:
+    return _arg("args", _object(_arg("name", pl.col(col))))
+
+
+def _with_hex(frame: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
+    return frame.with_columns(hex_labels(frame[c], "0x").alias(f"{c}_hex") for c in cols if c in frame.columns)
+
+
+def _common(pid: str = "pid", tid: str = "tid") -> list[pl.Expr]:
+    return [_arg("pid", pl.col(pid).cast(pl.String)), _arg("tid", pl.col(tid).cast(pl.String))]
+
+
+def _metadata(model: TraceModel, streams: pl.DataFrame) -> pl.Series:
+    procs = model.processes.with_columns(j=json_strings(model.processes["name"])).select(
+        _event("M", [pl.lit('"name":"process_name"'), _arg("pid", pl.col("pid").cast(pl.String)),
+                     _name_object("j")]).alias("line"))
+    threads = pl.concat([
+        model.threads.select("pid", pl.col("tid").cast(pl.Int64), "name"),
+        streams.select("pid", "tid", name="label"),
+    ])
+    threads = threads.with_columns(j=json_strings(threads["name"])).select(
+        _event("M", [pl.lit('"name":"thread_name"'), *_common(), _name_object("j")])
+        .alias("line"))
+    return pl.concat([procs, threads])["line"]
+
+
+def _api(model: TraceModel) -> pl.DataFrame:
+    api = _with_hex(model.api, ("func", "ptr", "dst", "src"))
+    api = api.with_columns(jname=json_strings(api["api"]))
+    dur = pl.col("dur_ns").fill_null(0)
+    line = _event("X", [
+        pl.format('"cat":"{}","name":{}', pl.col("cat"), pl.col("jname")), *_common(),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(dur)),
+        _arg("args", _object(
+            _arg("kind", pl.format('"{}"', pl.col("kind"))), _num("ret"),
+            _num("stream"), _hexarg("func"), _hexarg("ptr"), _num("size"), _hexarg("dst"), _hexarg("src"),
+            _arg("copy_kind", pl.format('"{}"', pl.col("copy_kind"))), _num("shmem"),
+            pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
+            pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
+            _num("aux"), _arg("correlation", pl.col("corr").cast(pl.String)),
+            pl.when(pl.col("dur_ns").is_null()).then(pl.lit('"entry_only":true')),
+        )),
+    ])
+    flow = _event("s", [pl.lit('"cat":"ac2g","name":"ac2g"'), _arg("id", pl.col("corr").cast(pl.String)),
+                        *_common(), _arg("ts", _us(pl.col("ts_ns")))])
+    return api.select(line.alias("line"), pl.when(pl.col("corr").is_not_null()).then(flow).alias("flow"))
+
+
+def _gpu(model: TraceModel, streams: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left")
+    kernels = kernels.with_columns(jname=json_strings(kernels["name"]))
+    kline = _event("X", [
+        pl.format('"cat":"kernel","name":{}', pl.col("jname")), *_common(),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns").fill_null(0))),
+        _arg("args", _object(
+            _arg("correlation", pl.col("corr").cast(pl.String)), _num("stream"),
+            pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
+            pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
+            _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
+            _arg("device_timing", pl.when(pl.col("dur_ns").is_not_null()).then(pl.lit("true")).otherwise(pl.lit("false"))),
+        )),
+    ])
+    flow = _event("f", [pl.lit('"cat":"ac2g","name":"ac2g","bp":"e"'), _arg("id", pl.col("corr").cast(pl.String)),
+                        *_common(), _arg("ts", _us(pl.col("ts_ns")))])
+    kernels = kernels.select(kline.alias("line"), flow.alias("flow"))
+
+    ops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left")
+    oline = _event("X", [
+        pl.format('"cat":"{}","name":"{}"', pl.col("cat"), pl.col("name")), *_common(),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns"))),
+        _arg("args", _object(_num("bytes"), _num("stream"), _num("stream_id"), _num("device"),
+                           _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
+                           pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))))),
+    ])
+    return kernels, ops.select(oline.alias("line"))
+
+
+def _counters(model: TraceModel) -> pl.Series:
+    mem = model.memory.with_columns(jname=json_strings(model.memory["label"]))
+    return mem.select(_event("C", [
+        pl.format('"name":{}', pl.col("jname")), _arg("pid", pl.col("pid").cast(pl.String)),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("args", _object(_num("live_bytes"))),
+    ]).alias("line"))["line"]
+
+
+def stream_tids(model: TraceModel) -> pl.DataFrame:
+    """pid, label, tid: the thread id each GPU stream track gets."""
+    return model.streams.with_row_index("tid").select(
+        "pid", "label", tid=pl.col("tid").cast(pl.Int64) + STREAM_TID_BASE)
+
+
+def write(model: TraceModel, out: TextIO, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Write the trace to `out`; returns the number of trace events written."""
+    streams = stream_tids(model)
+    api = _api(model)
+    kernels, ops = _gpu(model, streams)
+    parts = [
+        _metadata(model, streams), api["line"], api["flow"].drop_nulls(), kernels["line"],
+        kernels["flow"].drop_nulls(), ops["line"], _counters(model),
+    ]
+    out.write('{"displayTimeUnit":"ns","traceEvents":[\n')
+    n = 0
+    for part in parts:
+        for start in range(0, part.len(), chunk_rows):
+            chunk = part.slice(start, chunk_rows)
+            out.write((",\n" if n else "") + ",\n".join(chunk.to_list()))
+            n += chunk.len()
+    out.write("\n]}\n")
+    return n
+
+
+def write_file(model: TraceModel, path: Path) -> int:
+    with open(path, "w", encoding="utf-8") as f:
+        return write(model, f)

@@ -1,0 +1,225 @@
+"""Perfetto `.pftrace` writer: TracePacket protobufs encoded here, no perfetto
+dependency at run time (the `perfetto` package only checks our output in tests).
+
+Layout of the file (field numbers from perfetto/protos/perfetto/trace):
+  1. a clock snapshot declaring CLOCK_MONOTONIC the trace's primary clock;
+  2. the first packet of sequence 1: incremental state cleared, packet
+     defaults (timestamps in BUILTIN_CLOCK_MONOTONIC) and every interned string
+     (event names, categories, argument names, string argument values);
+  3. one TrackDescriptor per process, thread, GPU stream (child of its process)
+     and live-memory counter (child of its process);
+  4. the events, sorted by time, encoded column-wise in chunks and streamed to
+     the file: slice begin/end pairs (API calls on thread tracks, kernels and
+     memcpy/memset on stream tracks), instants for calls without a duration and
+     launches without device timing, counter values, and flows from each
+     launch to its kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import polars as pl
+
+from . import protowire as pw
+from .trace_model import API_ARGS, TraceModel
+
+CHUNK_ROWS = 200_000
+SEQUENCE_ID = 1
+
+# TracePacket
+_P_TIMESTAMP, _P_TRACK_EVENT, _P_SEQ_ID, _P_INTERNED, _P_SEQ_FLAGS = 8, 11, 10, 12, 13
+_P_CLOCK_SNAPSHOT, _P_DEFAULTS, _P_TRACK_DESCRIPTOR = 6, 59, 60
+_SEQ_INCREMENTAL_STATE_CLEARED, _SEQ_NEEDS_INCREMENTAL_STATE = 1, 2
+BUILTIN_CLOCK_MONOTONIC = 3
+# TrackEvent
+_E_CATEGORY_IIDS, _E_ANNOTATIONS, _E_TYPE, _E_NAME_IID, _E_TRACK_UUID = 3, 4, 9, 10, 11
+_E_COUNTER_VALUE, _E_FLOW_IDS, _E_TERMINATING_FLOW_IDS = 30, 47, 48
+SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
+# DebugAnnotation value fields, by the kind of value
+_A_NAME_IID = 1
+_A_VALUE_FIELD = {"bool": 2, "uint": 3, "int": 4, "ptr": 7, "str": 17}
+# CounterDescriptor.Unit
+_UNIT_SIZE_BYTES = 3
+
+#: Arguments shown on events: (name, kind of value).  Columns of the same name
+#: feed them; "str" columns are interned.
+ARGS: tuple[tuple[str, str], ...] = (
+    ("kind", "str"), ("ret", "int"),
+    *((c, "ptr" if c in ("stream", "func", "ptr", "dst", "src") else "str" if c == "copy_kind" else "uint")
+      for c in API_ARGS),
+    ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"),
+    ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
+)
+
+def _interned(field: int, strings: list[str]) -> bytes:
+    """InternedData entries (iid = position + 1); every kind uses (iid=1, name=2)."""
+    return b"".join(pw.field_bytes(field, pw.field_varint(1, i + 1) + pw.field_bytes(2, s))
+                    for i, s in enumerate(strings))
+
+
+def _packet(body: bytes) -> bytes:
+    return pw.field_bytes(1, body + pw.field_varint(_P_SEQ_ID, SEQUENCE_ID))
+
+
+def _tracks(model: TraceModel) -> tuple[list[bytes], pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Track descriptor packets, and the uuid of each thread, stream and counter track."""
+    packets: list[bytes] = []
+    uuid = 0
+
+    def descriptor(body: bytes) -> int:
+        nonlocal uuid
+        uuid += 1
+        packets.append(_packet(pw.field_bytes(_P_TRACK_DESCRIPTOR, pw.field_varint(1, uuid) + body)))
+        return uuid
+
+    proc_uuid: dict[int, int] = {}
+    for pid, name, cmdline in model.processes.select("pid", "name", "cmdline").iter_rows():
+        body = pw.field_varint(1, pid) + pw.field_bytes(6, name)
+        if cmdline:
+            body += pw.field_bytes(2, cmdline)
+        proc_uuid[pid] = descriptor(pw.field_bytes(3, body))
+
+    def children(frame: pl.DataFrame, make) -> pl.DataFrame:
+        uuids = [make(*row) for row in frame.iter_rows()]
+        return frame.with_columns(track=pl.Series(uuids, dtype=pl.UInt64))
+
+    threads = children(model.threads.select("pid", "tid", "name"), lambda pid, tid, name: descriptor(
+        pw.field_bytes(4, pw.field_varint(1, pid) + pw.field_varint(2, tid) + pw.field_bytes(5, name))))
+    streams = children(model.streams.select("pid", "label"), lambda pid, label: descriptor(
+        pw.field_varint(5, proc_uuid[pid]) + pw.field_bytes(2, label)))
+    counters = children(model.memory.select("pid", "label").unique(maintain_order=True), lambda pid, label: descriptor(
+        pw.field_varint(5, proc_uuid[pid]) + pw.field_bytes(2, label)
+        + pw.field_bytes(8, pw.field_varint(3, _UNIT_SIZE_BYTES))))
+    return packets, threads, streams, counters
+
+
+def _event_rows(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
+                counters: pl.DataFrame) -> pl.DataFrame:
+    """One row per TrackEvent, sorted so that nesting replays correctly: at one
+    instant ends come first (the inner slice's first), then begins (the outer
+    slice's first), then instants and counters."""
+    api = model.api.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
+                         maintain_order="left")
+    api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.col("corr"))
+    kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
+        cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
+        device_timing=pl.col("dur_ns").is_not_null())
+    memops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
+        cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind")),
+    ).drop("copy_kind")
+    slices = pl.concat([api, kernels, memops], how="diagonal_relaxed")
+    has_dur = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
+    begins = slices.with_columns(
+        ph=pl.when(has_dur).then(pl.lit(SLICE_BEGIN)).otherwise(pl.lit(INSTANT)),
+        order=pl.when(has_dur).then(pl.lit(1)).otherwise(pl.lit(2)),
+        sub=-pl.col("dur_ns").fill_null(0),
+    )
+    ends = slices.filter(has_dur).select(
+        "track", ts_ns=pl.col("ts_ns") + pl.col("dur_ns"), ph=pl.lit(SLICE_END), order=pl.lit(0),
+        sub=-pl.col("ts_ns"))
+    counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
+        "track", "ts_ns", counter_value="live_bytes", ph=pl.lit(COUNTER), order=pl.lit(3), sub=pl.lit(0))
+    return pl.concat([begins, ends, counts], how="diagonal_relaxed").sort(
+        "ts_ns", "order", "sub", maintain_order=True)
+
+
+def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
+    """1-based position of each string in `table` (0 for null)."""
+    return (col.cast(pl.Enum(table)).to_physical().cast(pl.UInt64) + 1).fill_null(0).to_numpy()
+
+
+def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
+    n = rows.height
+    every = np.ones(n, dtype=bool)
+
+    def col(name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name not in rows.columns:
+            return np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
+        s = rows[name]
+        present = s.is_not_null().to_numpy()
+        if s.dtype == pl.Boolean:
+            return s.fill_null(False).cast(pl.UInt64).to_numpy(), present
+        if s.dtype in (pl.String, pl.Categorical) or isinstance(s.dtype, pl.Enum):
+            return _iids(s.cast(pl.String), strings["values"]), present
+        # signed values keep their two's complement bits; the varint encoder writes them as int64 does
+        return s.fill_null(0).cast(pl.Int64).to_numpy().view(np.uint64), present
+
+    event: list[pw.Segment] = []
+    ph, _ = col("ph")
+    event += pw.scalar_field(_E_TYPE, ph, every)
+    track, _ = col("track")
+    event += pw.scalar_field(_E_TRACK_UUID, track, every)
+    named = (ph == SLICE_BEGIN) | (ph == INSTANT)
+    if "name" in rows.columns:
+        event += pw.scalar_field(_E_NAME_IID, _iids(rows["name"], strings["names"]), named)
+        event += pw.scalar_field(_E_CATEGORY_IIDS, _iids(rows["cat"], strings["categories"]), named)
+    for i, (name, kind) in enumerate(ARGS):
+        values, present = col(name)
+        present &= named
+        if not present.any():
+            continue
+        body = [*pw.scalar_field(_A_NAME_IID, np.full(n, i + 1, dtype=np.uint64), present),
+                *pw.scalar_field(_A_VALUE_FIELD[kind], values, present)]
+        event += pw.message_field(_E_ANNOTATIONS, body, present)
+    values, present = col("counter_value")
+    event += pw.scalar_field(_E_COUNTER_VALUE, values, present)
+    values, present = col("flow_out")
+    event += pw.fixed64_field(_E_FLOW_IDS, values, present & named)
+    values, present = col("flow_in")
+    event += pw.fixed64_field(_E_TERMINATING_FLOW_IDS, values, present & named)
+
+    ts, _ = col("ts_ns")
+    packet = [
+        *pw.scalar_field(_P_TIMESTAMP, ts, every),
+        *pw.message_field(_P_TRACK_EVENT, event, every),
+        *pw.scalar_field(_P_SEQ_ID, np.full(n, SEQUENCE_ID, dtype=np.uint64), every),
+        *pw.scalar_field(_P_SEQ_FLAGS, np.full(n, _SEQ_NEEDS_INCREMENTAL_STATE, dtype=np.uint64), every),
+    ]
+    return pw.assemble(pw.message_field(1, packet, every))
+
+
+def _strings(model: TraceModel, rows: pl.DataFrame) -> dict[str, list[str]]:
+    def uniq(*cols: pl.Series) -> list[str]:
+        return sorted(set().union(*(c.drop_nulls().unique().cast(pl.String).to_list() for c in cols)))
+
+    str_args = [name for name, kind in ARGS if kind == "str" and name in rows.columns]
+    return {
+        "names": uniq(rows["name"]) if "name" in rows.columns else [],
+        "categories": uniq(rows["cat"]) if "cat" in rows.columns else [],
+        "values": uniq(*(rows[c] for c in str_args)),
+    }
+
+
+def _header(model: TraceModel, strings: dict[str, list[str]], first_ts: int) -> bytes:
+    clock = pw.field_bytes(1, pw.field_varint(1, BUILTIN_CLOCK_MONOTONIC) + pw.field_varint(2, first_ts))
+    snapshot = _packet(pw.field_varint(_P_TIMESTAMP, first_ts)
+                       + pw.field_bytes(_P_CLOCK_SNAPSHOT, clock + pw.field_varint(2, BUILTIN_CLOCK_MONOTONIC)))
+    interned = (_interned(1, strings["categories"]) + _interned(2, strings["names"])
+                + _interned(3, [name for name, _ in ARGS]) + _interned(29, strings["values"]))
+    first = _packet(
+        pw.field_varint(_P_SEQ_FLAGS, _SEQ_INCREMENTAL_STATE_CLEARED)
+        + pw.field_bytes(_P_DEFAULTS, pw.field_varint(58, BUILTIN_CLOCK_MONOTONIC))
+        + pw.field_bytes(_P_INTERNED, interned)
+    )
+    return snapshot + first
+
+
+def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Write the trace to `out`; returns the number of TrackEvents written."""
+    descriptors, threads, streams, counters = _tracks(model)
+    rows = _event_rows(model, threads, streams, counters)
+    strings = _strings(model, rows)
+    first_ts = int(rows["ts_ns"].min() or 0) if rows.height else 0
+    out.write(_header(model, strings, first_ts))
+    out.write(b"".join(descriptors))
+    for start in range(0, rows.height, chunk_rows):
+        out.write(_encode(rows.slice(start, chunk_rows), strings).tobytes())
+    return rows.height
+
+
+def write_file(model: TraceModel, path: Path) -> int:
+    with open(path, "wb") as f:
+        return write(model, f)

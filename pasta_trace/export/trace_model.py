@@ -1,0 +1,222 @@
+"""What every trace exporter draws, prepared once as Polars frames.
+
+Perfetto and Chrome JSON show the same things (docs/export.md): API calls on
+thread tracks, kernel executions (and CUPTI memcpy/memset) on GPU-stream tracks
+under their process, one arrow per launch from the API call to its execution,
+and a live-device-memory counter per process.  This module computes those
+frames column-wise; the writers only encode them.
+
+`corr` ties a launch to its execution (the Chrome `correlation` arg and the
+flow id in both formats).  It is numbered here, across processes, because CUPTI
+correlation ids restart in every process; the device's own id is kept as
+`cupti_correlation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from .. import merge
+from ..read import Capture
+from ..tools.memory import memory_timeline
+
+#: Categories of API calls, as PyTorch's profiler names them.
+CAT_CUDA = "cuda_driver"
+CAT_HIP = "cuda_runtime"  # PyTorch on ROCm files HIP runtime calls under this name
+
+#: CUpti_ActivityMemcpyKind -> the name PyTorch traces give the copy
+CUPTI_COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Memcpy AtoH", 5: "Memcpy AtoA",
+                    6: "Memcpy AtoD", 7: "Memcpy DtoA", 8: "Memcpy DtoD", 9: "Memcpy HtoH", 10: "Memcpy PtoP"}
+
+#: Payload columns shown as arguments of an API call, in this order.
+API_ARGS = ("stream", "func", "ptr", "size", "dst", "src", "copy_kind", "shmem",
+            "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "aux")
+
+
+@dataclass
+class TraceModel:
+    #: pid, name, cmdline
+    processes: pl.DataFrame
+    #: pid, tid, name
+    threads: pl.DataFrame
+    #: pid, label ("GPU stream 0x..."): one row per GPU track
+    streams: pl.DataFrame
+    #: ts_ns, dur_ns (null: entry-only call), pid, tid, api, kind, cat, ret,
+    #: API_ARGS columns, corr (launches only)
+    api: pl.DataFrame
+    #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
+    #: cupti_correlation, grid_*/block_*
+    kernels: pl.DataFrame
+    #: pid, label, stream (host handle, when CUPTI's stream id maps to one),
+    #: stream_id (CUPTI's), cat (gpu_memcpy | gpu_memset), name ("Memcpy HtoD",
+    #: "Memset"...), ts_ns, dur_ns, bytes, copy_kind (CUPTI's), cupti_correlation, device
+    memops: pl.DataFrame
+    #: pid, label ("GPU memory"...), ts_ns, live_bytes: live device bytes
+    #: after everything that happened at ts_ns
+    memory: pl.DataFrame
+
+    @property
+    def n_events(self) -> int:
+        return self.api.height + self.kernels.height + self.memops.height + self.memory.height
+
+
+def hex_labels(s: pl.Series, prefix: str) -> pl.Series:
+    """`prefix` + lower-case hex of each value; formatted once per distinct value
+    (handles repeat: a few streams serve millions of launches)."""
+    uniq = s.unique().drop_nulls()
+    table = pl.DataFrame(
+        {"v": uniq, "h": [prefix + format(int(v), "x") for v in uniq.to_list()]},
+        schema={"v": s.dtype, "h": pl.String},
+    )
+    return s.to_frame("v").join(table, on="v", how="left", maintain_order="left")["h"]
+
+
+def _api_calls(cap: Capture) -> pl.DataFrame:
+    return (
+        cap.events.select(
+            "ts_ns", "dur_ns", "pid", "tid",
+            pl.col("api").cast(pl.String),
+            pl.col("kind").cast(pl.String),
+            "ret", *API_ARGS,
+        )
+        .with_columns(
+            cat=pl.when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
+            copy_kind=pl.col("copy_kind").cast(pl.String),
+        )
+        .sort("ts_ns", "pid", "tid", maintain_order=True)
+        .collect()
+    )
+
+
+def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Kernel executions with a `corr` shared with their launch; returns
+    (api with corr, kernels)."""
+    launches = (
+        api.lazy()
+        .with_row_index("_row")
+        .filter(pl.col("kind") == "launch")
+        .select("_row", "pid", "tid", "ts_ns")
+    )
+    # (pid, tid, ts_ns) identifies a host call: one thread enters one call per ns at most
+    ex = (
+        ex.join(launches, on=["pid", "tid", "ts_ns"], how="left")
+        .sort("_row", "ts_ns", nulls_last=True)
+        .with_row_index("corr", offset=1)
+        .collect()
+    )
+    corr_of_row = ex.filter(pl.col("_row").is_not_null()).select("_row", "corr")
+    api = (
+        api.with_row_index("_row")
+        .join(corr_of_row, on="_row", how="left", maintain_order="left")
+        .drop("_row")
+    )
+    has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
+    kernels = ex.with_columns(label=hex_labels(ex["stream"], "GPU stream 0x")).select(
+        "pid",
+        label=pl.col("label").fill_null(pl.lit("GPU stream (unknown)")),
+        stream="stream",
+        name="name",
+        ts_ns=pl.when(has_gpu).then(pl.col("gpu_start_ns")).otherwise(pl.col("ts_ns")),
+        dur_ns=pl.when(has_gpu).then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns")),
+        corr="corr",
+        cupti_correlation="correlation_id",
+        grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
+        block_x="block_x", block_y="block_y", block_z="block_z",
+    )
+    return api, kernels
+
+
+def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:
+    """CUPTI memcpy/memset records, on the track of the host stream whose kernels
+    carry the same CUPTI stream id (else a track named after that id)."""
+    stream_of = (
+        ex.filter(pl.col("correlation_id").is_not_null())
+        .join(cap.device["cupti_kernels"].select("pid", "correlation_id", "stream_id"),
+              on=["pid", "correlation_id"])
+        .group_by("pid", "stream_id")
+        .agg(pl.col("stream").first())
+    )
+    parts = [
+        cap.device[frame].with_columns(cat=pl.lit(cat))
+        for frame, cat in (("cupti_memcpy", "gpu_memcpy"), ("cupti_memset", "gpu_memset"))
+    ]
+    ops = (
+        pl.concat(parts)
+        .join(stream_of, on=["pid", "stream_id"], how="left")
+        .sort("start", "pid")
+        .collect()
+    )
+    return ops.with_columns(label=hex_labels(ops["stream"], "GPU stream 0x")).select(
+        "pid",
+        label=pl.col("label").fill_null(pl.format("GPU stream #{}", pl.col("stream_id"))),
+        stream="stream",
+        stream_id="stream_id",
+        cat="cat",
+        name=pl.when(pl.col("cat") == "gpu_memset").then(pl.lit("Memset")).otherwise(
+            pl.col("copy_kind").replace_strict(CUPTI_COPY_NAMES, default="Memcpy", return_dtype=pl.String)),
+        ts_ns=pl.col("start").cast(pl.Int64),
+        dur_ns=(pl.col("end").cast(pl.Int64) - pl.col("start").cast(pl.Int64)),
+        bytes="bytes",
+        copy_kind="copy_kind",
+        cupti_correlation="correlation_id",
+        device="device",
+    )
+
+
+def _memory(cap: Capture) -> pl.DataFrame:
+    """Live device bytes after each allocation and free, one counter track per
+    process (and device, when the merge knows it)."""
+    tl = memory_timeline(cap)
+    label = (pl.format("GPU memory (device {})", "device") if "device" in tl.columns
+             else pl.lit("GPU memory"))
+    return (
+        tl.select("pid", label=label, ts_ns="ts_ns", live_bytes="live_bytes")
+        .unique(["pid", "label", "ts_ns"], keep="last", maintain_order=True)
+    )
+
+
+def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
+    from_events = cap.events.group_by("pid").agg(comm=pl.col("comm").cast(pl.String).first())
+    pids = pl.concat([api.lazy().select("pid"), cap.processes.select("pid")]).unique()
+    return (
+        pids.join(cap.processes.unique("pid", keep="last").select("pid", "comm", "cmdline"),
+                  on="pid", how="left")
+        .join(from_events, on="pid", how="left", suffix="_ev")
+        .select("pid", name=pl.coalesce("comm", "comm_ev", pl.format("pid {}", "pid")),
+                cmdline=pl.col("cmdline"))
+        .sort("pid")
+        .collect()
+    )
+
+
+def _threads(cap: Capture) -> pl.DataFrame:
+    return (
+        cap.events.group_by("pid", "tid")
+        .agg(name=pl.col("comm").cast(pl.String).first())
+        .with_columns(pl.col("name").fill_null(pl.format("tid {}", "tid")))
+        .sort("pid", "tid")
+        .collect()
+    )
+
+
+def build(cap: Capture) -> TraceModel:
+    api = _api_calls(cap)
+    ex = merge.kernel_executions(cap)
+    api, kernels = _kernels(api, ex)
+    memops = _memops(cap, ex)
+    streams = (
+        pl.concat([kernels.select("pid", "label"), memops.select("pid", "label")])
+        .unique(maintain_order=True)
+        .sort("pid", "label")
+    )
+    return TraceModel(
+        processes=_processes(cap, api),
+        threads=_threads(cap),
+        streams=streams,
+        api=api,
+        kernels=kernels,
+        memops=memops,
+        memory=_memory(cap),
+    )
