@@ -1,0 +1,82 @@
+"""Launch gaps and GPU idle time, from device timing (CUPTI or device-module
+launch records, already on the host clock after the merge).
+
+Busy time is the union of kernel intervals: kernels that overlap (concurrent
+streams) are not counted twice.  A gap opens when a kernel starts after every
+earlier kernel in the group has ended."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import merge
+from ..read import Capture
+from .registry import Tool, register
+
+
+def _timed(cap: Capture) -> pl.LazyFrame:
+    return merge.kernel_executions(cap).filter(
+        pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
+    )
+
+
+def _gaps(timed: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
+    """Per group: span, busy (union), idle (sum of gaps), largest gap."""
+    ordered = timed.sort([*keys, "gpu_start_ns", "gpu_end_ns"]).with_columns(
+        pl.col("gpu_end_ns").cum_max().shift(1).over(keys).alias("busy_until")
+    )
+    gap = (pl.col("gpu_start_ns") - pl.col("busy_until")).clip(lower_bound=0).fill_null(0)
+    return ordered.with_columns(gap.alias("gap_ns")).group_by(keys).agg(
+        pl.len().alias("kernels"),
+        pl.col("gpu_start_ns").min().alias("first_ts_ns"),
+        pl.col("gpu_end_ns").max().alias("last_ts_ns"),
+        pl.col("gap_ns").sum().alias("idle_ns"),
+        pl.col("gap_ns").max().alias("max_gap_ns"),
+        (pl.col("gpu_start_ns") - pl.col("ts_ns")).mean().alias("launch_to_start_mean_ns"),
+        (pl.col("gpu_start_ns") - pl.col("ts_ns")).max().alias("launch_to_start_max_ns"),
+    ).with_columns(
+        (pl.col("last_ts_ns") - pl.col("first_ts_ns")).alias("span_ns"),
+    ).with_columns(
+        (pl.col("span_ns") - pl.col("idle_ns")).alias("busy_ns"),
+        pl.when(pl.col("span_ns") > 0).then(pl.col("idle_ns") / pl.col("span_ns")).alias("idle_share"),
+    )
+
+
+_COLUMNS = [
+    "kernels", "first_ts_ns", "last_ts_ns", "span_ns", "busy_ns", "idle_ns", "idle_share",
+    "max_gap_ns", "launch_to_start_mean_ns", "launch_to_start_max_ns",
+]
+
+
+def launch_gaps(cap: Capture) -> pl.DataFrame:
+    """Per process and stream: gaps between consecutive kernels on that stream."""
+    keys = ["pid", "stream"]
+    return _gaps(_timed(cap), keys).select(*keys, *_COLUMNS).sort(keys).collect()
+
+
+def gpu_idle(cap: Capture) -> pl.DataFrame:
+    """Per GPU (all processes and streams on it) when the merge knows the device,
+    else per process: how much of the kernels' span the GPU did no work."""
+    timed = _timed(cap)
+    keys = ["device"] if "device" in timed.collect_schema().names() else ["pid"]
+    return _gaps(timed, keys).select(*keys, *_COLUMNS).sort(keys).collect()
+
+
+register(
+    Tool(
+        name="launch_gaps",
+        title="Launch gaps per stream",
+        compute=launch_gaps,
+        needs_device=True,
+        description="per process and stream: kernels, busy and idle time, largest gap, launch-to-start latency",
+    )
+)
+register(
+    Tool(
+        name="gpu_idle",
+        title="GPU idle time",
+        compute=gpu_idle,
+        needs_device=True,
+        description="per GPU (or process): span of kernel activity, busy time (union over streams) and idle time",
+    )
+)

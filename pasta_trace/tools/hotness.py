@@ -1,0 +1,125 @@
+"""Working set per kernel execution and hotness per allocation and per page,
+from the device's page histograms attributed to allocation instances by the
+merge (`merge.attributed_pages`).
+
+`page` is address >> page_shift; `count` is thread-level accesses and `bytes`
+the bytes accessed (null where the device source does not report bytes)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import merge
+from ..read import Capture
+from .registry import Tool, register
+
+PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
+
+
+def _bytes_sum() -> pl.Expr:
+    # all-null stays null: "not reported" must not read as "zero bytes"
+    return pl.when(pl.col("bytes").count() > 0).then(pl.col("bytes").sum())
+
+
+def working_set(cap: Capture) -> pl.DataFrame:
+    return (
+        merge.attributed_pages(cap)
+        .group_by("pid", "launch_id", "name")
+        .agg(
+            pl.col("page").n_unique().alias("pages"),
+            (pl.col("page").n_unique() * PAGE_BYTES.first()).alias("ws_bytes"),
+            pl.col("count").sum().alias("accesses"),
+            _bytes_sum().alias("accessed_bytes"),
+            pl.col("alloc_id").drop_nulls().n_unique().alias("allocations"),
+            pl.col("page").filter(pl.col("alloc_id").is_null()).n_unique().alias("unattributed_pages"),
+        )
+        .sort(["pid", "launch_id"])
+        .collect()
+    )
+
+
+def alloc_hotness(cap: Capture) -> pl.DataFrame:
+    first_page = pl.col("alloc_base") // PAGE_BYTES
+    last_page = (pl.col("alloc_base") + pl.col("alloc_size") - 1) // PAGE_BYTES
+    return (
+        merge.attributed_pages(cap)
+        .filter(pl.col("alloc_id").is_not_null())
+        .with_columns((last_page - first_page + 1).alias("pages_spanned"))
+        .group_by("pid", "alloc_id", "alloc_base", "alloc_size", pl.col("alloc_api").cast(pl.String))
+        .agg(
+            pl.col("count").sum().alias("accesses"),
+            _bytes_sum().alias("accessed_bytes"),
+            pl.col("page").n_unique().alias("pages_touched"),
+            pl.col("pages_spanned").first(),
+            pl.col("launch_id").n_unique().alias("launches"),
+        )
+        .with_columns((pl.col("pages_touched") / pl.col("pages_spanned")).alias("touched_share"))
+        .select("pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "accessed_bytes",
+                "pages_touched", "pages_spanned", "touched_share", "launches")
+        .sort(["accesses", "pid", "alloc_base"], descending=[True, False, False])
+        .collect()
+    )
+
+
+def page_hotness(cap: Capture) -> pl.DataFrame:
+    return (
+        merge.attributed_pages(cap)
+        .group_by("pid", "page", "alloc_base")
+        .agg(
+            pl.col("count").sum().alias("accesses"),
+            _bytes_sum().alias("accessed_bytes"),
+            pl.col("launch_id").n_unique().alias("launches"),
+            pl.col("launch_id").min().alias("first_launch_id"),
+        )
+        .sort(["accesses", "pid", "page"], descending=[True, False, False])
+        .collect()
+    )
+
+
+register(
+    Tool(
+        name="working_set",
+        title="Working set per kernel execution",
+        compute=working_set,
+        needs_device=True,
+        description="per launch: distinct pages touched, their bytes, accesses, allocations touched",
+    )
+)
+register(
+    Tool(
+        name="alloc_hotness",
+        title="Hotness per allocation",
+        compute=alloc_hotness,
+        needs_device=True,
+        description="per allocation: accesses, pages touched out of pages spanned, launches that touched it",
+    )
+)
+register(
+    Tool(
+        name="page_hotness",
+        title="Hotness per page",
+        compute=page_hotness,
+        needs_device=True,
+        description="per page: accesses, launches that touched it, first launch, owning allocation",
+    )
+)
+
+
+def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64) -> pl.DataFrame:
+    """Accesses per (page, kernel execution) for the `max_pages` hottest pages
+    and the first `max_launches` launches: the cells of the HTML heat map."""
+    counts = merge.attributed_pages(cap).group_by("pid", "page", "page_shift", "launch_id").agg(
+        pl.col("name").first(), pl.col("count").sum()
+    )
+    hot = (
+        counts.group_by("pid", "page").agg(pl.col("count").sum().alias("total"))
+        .sort(["total", "pid", "page"], descending=[True, False, False])
+        .head(max_pages)
+    )
+    first = counts.select("pid", "launch_id").unique().sort(["pid", "launch_id"]).head(max_launches)
+    return (
+        counts.join(hot, on=["pid", "page"], how="semi")
+        .join(first, on=["pid", "launch_id"], how="semi")
+        .sort(["pid", "page", "launch_id"])
+        .collect()
+    )

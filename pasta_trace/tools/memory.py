@@ -1,0 +1,128 @@
+"""Memory timeline: live device bytes per process over time (a step series built
+with cumulative sums over the sorted alloc/free events), and its peaks.
+
+Pinned host allocations (kind "host") are not device memory and are left out
+here; the leaks tool still lists them."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import merge
+from ..read import Capture
+from . import render
+from .registry import Tool, register
+
+
+def _keys(frame: pl.LazyFrame) -> list[str]:
+    # per device as well when the merge knows the device of each allocation
+    return ["pid", "device"] if "device" in frame.collect_schema().names() else ["pid"]
+
+
+def memory_timeline(cap: Capture) -> pl.DataFrame:
+    allocs = merge.allocations(cap).filter(pl.col("kind") != "host")
+    keys = _keys(allocs)
+    cols = [*keys, pl.col("api").cast(pl.String)]
+    steps = pl.concat(
+        [
+            allocs.select(*cols, pl.col("alloc_ts_ns").alias("ts_ns"), pl.col("size").cast(pl.Int64).alias("delta_bytes")),
+            allocs.filter(pl.col("free_ts_ns").is_not_null()).select(
+                *cols, pl.col("free_ts_ns").alias("ts_ns"), -pl.col("size").cast(pl.Int64).alias("delta_bytes")
+            ),
+        ]
+    )
+    # frees sort before allocations at the same instant: a peak is only
+    # reported when both blocks really coexisted
+    return (
+        steps.sort([*keys, "ts_ns", "delta_bytes"])
+        .with_columns(
+            pl.col("delta_bytes").cum_sum().over(keys).alias("live_bytes"),
+            pl.col("delta_bytes").cum_sum().over([*keys, "api"]).alias("api_live_bytes"),
+        )
+        .select(*keys, "ts_ns", "api", "delta_bytes", "live_bytes", "api_live_bytes")
+        .collect()
+    )
+
+
+def memory_peaks(cap: Capture) -> pl.DataFrame:
+    """Per process: the peak of live device bytes and when it was first reached,
+    overall (api = "all") and for each allocation API alone."""
+    tl = memory_timeline(cap).lazy()
+    keys = [c for c in ("pid", "device") if c in tl.collect_schema().names()]
+
+    def peaks(by: list[str], live: str) -> pl.LazyFrame:
+        return tl.group_by(by).agg(
+            pl.col(live).max().alias("peak_bytes"),
+            pl.col("ts_ns").get(pl.col(live).arg_max()).alias("peak_ts_ns"),
+            pl.col(live).last().alias("end_bytes"),
+            (pl.col("delta_bytes") > 0).sum().alias("allocations"),
+            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("allocated_bytes"),
+        )
+
+    overall = peaks(keys, "live_bytes").with_columns(pl.lit("all").alias("api"))
+    by_api = peaks([*keys, "api"], "api_live_bytes")
+    cols = [*keys, "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    return (
+        pl.concat([overall.select(cols), by_api.select(cols)])
+        .sort([*keys, pl.col("api") != "all", "api"])
+        .collect()
+    )
+
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(ts: pl.Series, live: pl.Series, width: int = 60) -> str:
+    """Live bytes as a one-line step plot: the maximum in each of `width` time bins,
+    carrying the last level through bins without events."""
+    if ts.len() == 0:
+        return ""
+    t0, t1 = ts.min(), ts.max()
+    span = max(t1 - t0, 1)
+    bins = (
+        pl.DataFrame({"b": ((ts - t0) * (width - 1) // span).cast(pl.Int64), "v": live})
+        .group_by("b")
+        .agg(pl.col("v").max())
+    )
+    full = (
+        pl.DataFrame({"b": pl.int_range(0, width, eager=True)})
+        .join(bins, on="b", how="left")
+        .sort("b")
+        .with_columns(pl.col("v").forward_fill().fill_null(0))
+    )
+    top = max(int(full["v"].max()), 1)
+    return "".join(_SPARK[min(len(_SPARK) - 1, v * len(_SPARK) // (top + 1))] for v in full["v"])
+
+
+def render_timeline(df: pl.DataFrame) -> str:
+    if df.height == 0:
+        return "no device allocations\n"
+    keys = [c for c in ("pid", "device") if c in df.columns]
+    out = []
+    for key, part in df.group_by(keys, maintain_order=True):
+        label = " ".join(f"{k} {v}" for k, v in zip(keys, key))
+        peak = part["live_bytes"].max()
+        out.append(
+            f"{label}: peak {render.human_bytes(peak)}, end {render.human_bytes(part['live_bytes'][-1])}, "
+            f"{part.height} steps\n  {sparkline(part['ts_ns'], part['live_bytes'])}"
+        )
+    return "\n".join(out) + "\n"
+
+
+register(
+    Tool(
+        name="memory",
+        title="Memory timeline (live device bytes)",
+        compute=memory_timeline,
+        render_text=render_timeline,
+        description="one row per allocation or free: live device bytes per process after it, overall and per API",
+    )
+)
+register(
+    Tool(
+        name="memory_peaks",
+        title="Memory peaks",
+        compute=memory_peaks,
+        description="peak live device bytes per process and when, overall and per allocation API",
+    )
+)

@@ -1,0 +1,82 @@
+"""Run the registered tools over one capture, and the facts every report heads with."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+import polars as pl
+
+from ..read import Capture
+from .registry import REGISTRY, Tool
+from .span import bounds
+
+
+@dataclass
+class ToolResult:
+    tool: Tool
+    frame: pl.DataFrame
+    #: why the frame is empty when that is not a finding (no device data)
+    note: str | None = None
+
+
+def run_tools(
+    cap: Capture,
+    names: list[str] | None = None,
+    on_done: Callable[[Tool], None] | None = None,
+) -> list[ToolResult]:
+    """Each selected tool (all by default, in registry order) on `cap`.  Tools
+    that need device data still run without it, so their (empty) frames keep
+    their columns for JSON and CSV, and carry a note saying why."""
+    device = cap.has_device_data
+    out = []
+    for name in names or list(REGISTRY):
+        tool = REGISTRY[name]
+        frame = tool.compute(cap)
+        note = None
+        if tool.needs_device and not device:
+            note = "needs device data (gpu_probes or CUPTI); this capture has none"
+        out.append(ToolResult(tool, frame, note))
+        if on_done:
+            on_done(tool)
+    return out
+
+
+def _utc(realtime_ns: int) -> str:
+    return datetime.fromtimestamp(realtime_ns / 1e9, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def capture_facts(cap: Capture) -> dict:
+    """Header facts: what was traced, where, for how long, and what was lost."""
+    m = cap.manifest
+    start, end = bounds(cap)
+    started = ((m.get("clock") or {}).get("start_sample") or {}).get("realtime_ns")
+    pids = cap.events.select(pl.col("pid").unique().sort()).collect()["pid"]
+    return {
+        "path": str(cap.path),
+        "command": shlex.join(m["command_line"]) if m.get("command_line") else None,
+        "mode": m.get("mode"),
+        "host": m.get("host"),
+        "kernel": m.get("kernel_release"),
+        "started_utc": None if started is None else _utc(started),
+        "start_ts_ns": start,
+        "end_ts_ns": end,
+        "duration_ns": None if start is None or end is None else end - start,
+        "pids": pids.to_list(),
+        "events": cap.events.select(pl.len()).collect().item(),
+        "lost_events": cap.lost_events,
+        "complete": cap.complete,
+        "problems": list(cap.problems),
+        "device_data": cap.has_device_data,
+    }
+
+
+def incomplete_banner(facts: dict) -> str | None:
+    """The one line every report shows when anything was lost or cut short."""
+    if facts["lost_events"] == 0 and facts["complete"] and not facts["problems"]:
+        return None
+    reasons = facts["problems"] or ([] if facts["complete"] else ["the capture did not finish"])
+    tail = f" ({'; '.join(reasons)})" if reasons else ""
+    return f"INCOMPLETE: {facts['lost_events']} events lost{tail}"
