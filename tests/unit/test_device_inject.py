@@ -1,0 +1,150 @@
+"""DeviceSession: the environment each backend gets, its errors, and collecting the files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.device import read_device_files
+from pasta_trace.device.inject import BOOTSTRAP_DIR, STAGING, DeviceSession
+from pasta_trace.device.writer import DeviceFileWriter, device_file_name
+from pasta_trace.errors import EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
+
+
+@pytest.fixture
+def built(tmp_path):
+    """A build manifest naming two real files, as scripts/build_gpu_probes.sh writes it."""
+    libs = tmp_path / "build"
+    libs.mkdir()
+    (libs / "libgpu_probes_sanitizer.so").write_bytes(b"\x7fELF")
+    (libs / "libgpu_probes_nvbit.so").write_bytes(b"\x7fELF")
+    m = libs / "manifest.json"
+    m.write_text(json.dumps({"sanitizer": str(libs / "libgpu_probes_sanitizer.so"), "nvbit": str(libs / "libgpu_probes_nvbit.so")}))
+    return m
+
+
+def test_sanitizer_env(tmp_path, built):
+    s = DeviceSession("sanitizer", tmp_path / "cap", page_shift=12, sample="warp:32", hash_slots=8192, manifest=built)
+    assert s.env() == {
+        "CUDA_INJECTION64_PATH": str(built.parent / "libgpu_probes_sanitizer.so"),
+        "GPU_PROBES_DIR": str(tmp_path / "cap" / STAGING),
+        "GPU_PROBES_PAGE_SHIFT": "12",
+        "GPU_PROBES_SAMPLE": "warp:32",
+        "GPU_PROBES_HASH_SLOTS": "8192",
+    }
+    assert (tmp_path / "cap" / STAGING).is_dir()
+
+
+def test_options_left_out_are_not_set(tmp_path, built):
+    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    assert set(s.env()) == {"CUDA_INJECTION64_PATH", "GPU_PROBES_DIR"}
+
+
+def test_nested_artifacts_manifest(tmp_path, built):
+    data = json.loads(built.read_text())
+    built.write_text(json.dumps({"artifacts": {"sanitizer": {"path": data["sanitizer"]}}}))
+    assert DeviceSession("sanitizer", tmp_path / "c", manifest=built).env()["CUDA_INJECTION64_PATH"] == data["sanitizer"]
+
+
+def test_nvbit_env_keeps_an_existing_preload(tmp_path, built, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    lib = str(built.parent / "libgpu_probes_nvbit.so")
+    s = DeviceSession("nvbit", tmp_path / "cap", page_shift=16, manifest=built)
+    assert s.env() == {"LD_PRELOAD": lib, "GPU_PROBES_DIR": str(tmp_path / "cap" / STAGING), "GPU_PROBES_PAGE_SHIFT": "16"}
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
+    assert DeviceSession("nvbit", tmp_path / "cap2", manifest=built).env()["LD_PRELOAD"] == f"{lib}:/usr/lib/libjemalloc.so.2"
+
+
+def test_cupti_env_puts_the_bootstrap_first(tmp_path, monkeypatch):
+    pytest.importorskip("cupti", reason="cupti-python is not installed")
+    monkeypatch.setenv("PYTHONPATH", "/opt/mine")
+    env = DeviceSession("cupti", tmp_path / "cap").env()
+    assert env["PYTHONPATH"] == f"{BOOTSTRAP_DIR}{os.pathsep}/opt/mine"
+    assert (BOOTSTRAP_DIR / "sitecustomize.py").is_file()
+    assert (os.path.isdir(os.path.join(env["PASTA_TRACE_PYTHONPATH"], "pasta_trace")), env["GPU_PROBES_DIR"]) == (
+        True, str(tmp_path / "cap" / STAGING),
+    )
+
+
+@pytest.mark.parametrize(
+    "backend, message",
+    [
+        ("sanitizer", "Sanitizer backend not built: run scripts/build_gpu_probes.sh"),
+        ("nvbit", "NVBit tool not built: set NVBIT_HOME and run scripts/build_gpu_probes.sh"),
+    ],
+)
+def test_backend_not_built(tmp_path, backend, message):
+    with pytest.raises(PastaError) as e:
+        DeviceSession(backend, tmp_path / "cap", manifest=tmp_path / "no-manifest.json")
+    assert (e.value.one_line(), e.value.exit_code) == (message, EXIT_RUNTIME)
+    assert not (tmp_path / "cap").exists()  # nothing created for a backend that cannot run
+
+
+def test_manifest_naming_a_missing_file_means_not_built(tmp_path, built):
+    built.write_text(json.dumps({"sanitizer": str(tmp_path / "gone.so")}))
+    with pytest.raises(PastaError, match="^Sanitizer backend not built"):
+        DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+
+
+def test_damaged_manifest(tmp_path):
+    m = tmp_path / "manifest.json"
+    m.write_text("{")
+    with pytest.raises(PastaError) as e:
+        DeviceSession("nvbit", tmp_path / "cap", manifest=m)
+    assert e.value.one_line() == (
+        f"{m}: unreadable build manifest (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+        " (run scripts/build_gpu_probes.sh)"
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backend": "ptx"}, "unknown device backend 'ptx' (choose from sanitizer, nvbit, cupti)"),
+        ({"page_shift": 40}, "page shift 40 is out of range (8..30, 16 = 64 KiB pages)"),
+        ({"sample": "warp:0"}, "bad sampling 'warp:0' (off, warp:N or cta:K)"),
+        ({"hash_slots": 4}, "page-hash slots 4 is too small (at least 8)"),
+    ],
+)
+def test_usage_errors(tmp_path, built, kwargs, message):
+    args = {"backend": "sanitizer", **kwargs}
+    with pytest.raises(UsageError) as e:
+        DeviceSession(args.pop("backend"), tmp_path / "cap", manifest=built, **args)
+    assert (str(e.value), e.value.exit_code) == (message, EXIT_USAGE)
+
+
+def test_finish_moves_every_process_file_into_device(tmp_path, built):
+    cap = tmp_path / "cap"
+    s = DeviceSession("sanitizer", cap, manifest=built)
+    staging = cap / STAGING
+    for pid in (300, 1200):
+        with DeviceFileWriter(staging / device_file_name(pid, "sanitizer"), pid=pid, backend=schema.DeviceBackend.sanitizer) as w:
+            w.string(1, f"kernel_of_{pid}")
+    (cap / "device").mkdir()
+    (cap / "device" / "gpu_probes.300.sanitizer.bin").write_bytes(b"from an earlier session")
+    files = s.finish()
+    assert files == [cap / "device" / "gpu_probes.1200.sanitizer.bin", cap / "device" / "gpu_probes.300.sanitizer.1.bin"]
+    assert not staging.exists()
+    assert (cap / "device" / "gpu_probes.300.sanitizer.bin").read_bytes() == b"from an earlier session"
+    d = read_device_files(files)
+    assert (d.problems, d.files["pid"].to_list()) == ([], [1200, 300])
+    assert s.finish() == []
+
+
+def test_finish_leaves_unexpected_files_in_staging(tmp_path, built):
+    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    (s.staging / "core.1234").write_bytes(b"x")
+    assert s.finish() == []
+    assert sorted(p.name for p in s.staging.iterdir()) == ["core.1234"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_staging_belongs_to_the_sudo_user(tmp_path, built, monkeypatch):
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65534")
+    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    st = s.staging.stat()
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
