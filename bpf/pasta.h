@@ -1,0 +1,567 @@
+/* Shared maps, helpers and argument shapes of pasta-trace's host probes.
+ *
+ * pasta_trace/probes/program.py concatenates: the generated schema header
+ * (struct pt_event, pt_name, pt_agg_*), the configuration and struct-offset
+ * #defines, this file, cuda.bpf.c, hip.bpf.c, then one PT_H_<SHAPE>(symbol, id,
+ * kind, arg) line per probed API generated from pasta_trace/probes/catalog.py.
+ *
+ * Map calls live only in the static helpers below: BCC rewrites
+ * `map.method()` by source location and does not see through macros.
+ *
+ * Argument registers at entry (x86-64 SysV): PARM1..6 = rdi, rsi, rdx, rcx,
+ * r8, r9; argument 7+ at [sp+8], [sp+16], ...  The probe may sit after a
+ * leading cmp/test (see placement.py), which leaves all of these intact.
+ */
+#include <uapi/linux/ptrace.h>
+
+#define PT_LOST_EVENTS 0
+#define PT_LOST_NAMES 1
+#define PT_LOST_INFLIGHT 2
+#define PT_LOST_AGG 3
+
+BPF_RINGBUF_OUTPUT(events, PT_RING_PAGES);
+BPF_RINGBUF_OUTPUT(names, PT_NAMES_PAGES);
+BPF_PERCPU_ARRAY(lost, u64, 4);
+BPF_HASH(pid_filter, u32, u8, PT_PID_FILTER_MAX);
+
+/* entry -> return state of the calls a uretprobe completes */
+struct pt_key {
+    u64 pid_tgid;
+    u64 api;
+};
+struct pt_inflight {
+    u64 ts;
+    u64 a[4];
+};
+BPF_HASH(inflight, struct pt_key, struct pt_inflight, PT_INFLIGHT_MAX);
+
+#ifdef PT_AGGREGATE
+BPF_HASH(agg, struct pt_agg_key, struct pt_agg_val, PT_AGG_MAX);
+BPF_PERCPU_ARRAY(scratch, struct pt_event, 1);
+#endif
+
+static __always_inline void pt_lost(u32 idx)
+{
+    u64 *v = lost.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+static __always_inline int pt_skip(void)
+{
+#ifdef PT_FILTER_PIDS
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    return pid_filter.lookup(&tgid) == 0;
+#else
+    return 0;
+#endif
+}
+
+static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts)
+{
+#ifdef PT_AGGREGATE
+    u32 zero = 0;
+    struct pt_event *e = scratch.lookup(&zero);
+    if (!e)
+        return 0;
+#else
+    struct pt_event *e = events.ringbuf_reserve(sizeof(struct pt_event));
+    if (!e) {
+        pt_lost(PT_LOST_EVENTS);
+        return 0;
+    }
+#endif
+    __builtin_memset(e, 0, sizeof(*e));
+    u64 id = bpf_get_current_pid_tgid();
+    e->ts_ns = ts;
+    e->pid = id >> 32;
+    e->tid = (u32)id;
+    e->api = api;
+    e->kind = kind;
+#ifndef PT_AGGREGATE
+    bpf_get_current_comm(e->comm, sizeof(e->comm));
+#endif
+    return e;
+}
+
+#ifdef PT_AGGREGATE
+static __always_inline void pt_aggregate(struct pt_event *e)
+{
+    struct pt_agg_key k = {};
+    k.pid = e->pid;
+    k.api = e->api;
+    k.kind = e->kind;
+    k.func = e->func;
+    k.grid_x = e->grid_x;
+    k.grid_y = e->grid_y;
+    k.grid_z = e->grid_z;
+    k.block_x = e->block_x;
+    k.block_y = e->block_y;
+    k.block_z = e->block_z;
+    struct pt_agg_val init = {};
+    init.first_ts = e->ts_ns;
+    struct pt_agg_val *v = agg.lookup_or_try_init(&k, &init);
+    if (!v) {
+        pt_lost(PT_LOST_AGG);
+        return;
+    }
+    __sync_fetch_and_add(&v->count, 1);
+    if (e->valid & PT_V_SIZE)
+        __sync_fetch_and_add(&v->bytes, e->size);
+    v->last_ts = e->ts_ns;
+}
+#endif
+
+static __always_inline void pt_close(struct pt_event *e)
+{
+#ifdef PT_AGGREGATE
+    pt_aggregate(e);
+#else
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+#endif
+}
+
+static __always_inline void pt_save(u32 api, u64 a0, u64 a1, u64 a2, u64 a3)
+{
+    struct pt_key k = {.pid_tgid = bpf_get_current_pid_tgid(), .api = api};
+    struct pt_inflight v = {.ts = bpf_ktime_get_ns(), .a = {a0, a1, a2, a3}};
+    if (inflight.update(&k, &v))
+        pt_lost(PT_LOST_INFLIGHT);
+}
+
+/* The entry saved by pt_save, removed from the table; -1 if the entry was not
+ * seen (probes attached while the call was in flight, or filtered out). */
+static __always_inline int pt_take(u32 api, struct pt_inflight *out)
+{
+    struct pt_key k = {.pid_tgid = bpf_get_current_pid_tgid(), .api = api};
+    struct pt_inflight *v = inflight.lookup(&k);
+    if (!v)
+        return -1;
+    *out = *v;
+    inflight.delete(&k);
+    return 0;
+}
+
+static __always_inline struct pt_event *pt_open_ret(struct pt_regs *ctx, u16 api, u8 kind,
+                                                    struct pt_inflight *in)
+{
+    struct pt_event *e = pt_open(api, kind, in->ts);
+    if (!e)
+        return 0;
+    e->dur_ns = bpf_ktime_get_ns() - in->ts;
+    e->ret = (int)PT_REGS_RC(ctx);
+    e->flags = PT_FLAG_HAS_RET | PT_FLAG_HAS_DUR;
+    return e;
+}
+
+/* *out of a successful call; on failure the out-parameter holds nothing. */
+static __always_inline int pt_read_out(struct pt_event *e, u64 out, u64 *val)
+{
+    if (e->ret != 0)
+        return -1;
+    if (bpf_probe_read_user(val, sizeof(*val), (void *)out)) {
+        e->flags |= PT_FLAG_OUTPTR_FAULT;
+        return -1;
+    }
+    return 0;
+}
+
+static __always_inline void pt_name_emit(u16 api, u16 source, int ret, u64 handle, u64 alias,
+                                         u64 str)
+{
+    struct pt_name *n = names.ringbuf_reserve(sizeof(struct pt_name));
+    if (!n) {
+        pt_lost(PT_LOST_NAMES);
+        return;
+    }
+    __builtin_memset(n, 0, sizeof(*n));
+    u64 id = bpf_get_current_pid_tgid();
+    n->ts_ns = bpf_ktime_get_ns();
+    n->pid = id >> 32;
+    n->tid = (u32)id;
+    n->handle = handle;
+    n->alias = alias;
+    n->api = api;
+    n->source = source;
+    n->ret = ret;
+    if (str)
+        bpf_probe_read_user_str(n->name, sizeof(n->name), (void *)str);
+    names.ringbuf_submit(n, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
+{
+    return bpf_probe_read_user(dst, size, (void *)(PT_REGS_SP(ctx) + 8));
+}
+
+#define PT_P1 PT_REGS_PARM1(ctx)
+#define PT_P2 PT_REGS_PARM2(ctx)
+#define PT_P3 PT_REGS_PARM3(ctx)
+#define PT_P4 PT_REGS_PARM4(ctx)
+#define PT_P5 PT_REGS_PARM5(ctx)
+#define PT_P6 PT_REGS_PARM6(ctx)
+
+#define PT_LAUNCH_V (PT_V_FUNC | PT_V_GRID | PT_V_BLOCK | PT_V_SHMEM | PT_V_STREAM)
+
+/* Entry-only handler: E is the event, already stamped. */
+#define PT_ENTRY(name, id, kind, ...)                                          \
+    int pt_e_##name(struct pt_regs *ctx)                                       \
+    {                                                                          \
+        if (pt_skip())                                                         \
+            return 0;                                                          \
+        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns());            \
+        if (!E)                                                                \
+            return 0;                                                          \
+        __VA_ARGS__;                                                           \
+        pt_close(E);                                                           \
+        return 0;                                                              \
+    }
+
+/* Entry saves up to four values; the return handler builds the event from
+ * them (IN.a[0..3]) with duration and return code. */
+#define PT_PAIR(name, id, kind, a0, a1, a2, a3, ...)                           \
+    int pt_e_##name(struct pt_regs *ctx)                                       \
+    {                                                                          \
+        if (pt_skip())                                                         \
+            return 0;                                                          \
+        pt_save(id, a0, a1, a2, a3);                                           \
+        return 0;                                                              \
+    }                                                                          \
+    int pt_r_##name(struct pt_regs *ctx)                                       \
+    {                                                                          \
+        struct pt_inflight IN;                                                 \
+        if (pt_take(id, &IN))                                                  \
+            return 0;                                                          \
+        struct pt_event *E = pt_open_ret(ctx, id, kind, &IN);                  \
+        if (!E)                                                                \
+            return 0;                                                          \
+        __VA_ARGS__;                                                           \
+        pt_close(E);                                                           \
+        return 0;                                                              \
+    }
+
+/* ---------------------------------------------------------------- launches */
+
+/* cuLaunchKernel layout: (f, gx, gy, gz, bx, by, [bz, shmem, stream]) */
+#define PT_H_LAUNCH_CU(name, id, kind, arg)                                      \
+    PT_ENTRY(name, id, kind, {                                                 \
+        u64 st[3] = {};                                                        \
+        E->valid = PT_V_FUNC | PT_V_GRID;                                      \
+        if (!pt_stack(ctx, st, sizeof(st)))                                    \
+            E->valid = PT_LAUNCH_V;                                            \
+        E->func = PT_P1;                                                       \
+        E->grid_x = PT_P2;                                                     \
+        E->grid_y = PT_P3;                                                     \
+        E->grid_z = PT_P4;                                                     \
+        E->block_x = PT_P5;                                                    \
+        E->block_y = PT_P6;                                                    \
+        E->block_z = st[0];                                                    \
+        E->shmem = st[1];                                                      \
+        E->stream = st[2];                                                     \
+    })
+
+/* runtime layout, dim3 by value: (f, grid x|y<<32, grid z, block x|y<<32,
+ * block z, args, [shmem, stream]) */
+#define PT_H_LAUNCH_RT(name, id, kind, arg)                                      \
+    PT_ENTRY(name, id, kind, {                                                 \
+        u64 st[2] = {};                                                        \
+        E->valid = PT_V_FUNC | PT_V_GRID | PT_V_BLOCK;                         \
+        if (!pt_stack(ctx, st, sizeof(st)))                                    \
+            E->valid = PT_LAUNCH_V;                                            \
+        u64 g = PT_P2, b = PT_P4;                                              \
+        E->func = PT_P1;                                                       \
+        E->grid_x = (u32)g;                                                    \
+        E->grid_y = g >> 32;                                                   \
+        E->grid_z = PT_P3;                                                     \
+        E->block_x = (u32)b;                                                   \
+        E->block_y = b >> 32;                                                  \
+        E->block_z = PT_P5;                                                    \
+        E->shmem = (u32)st[0];                                                 \
+        E->stream = st[1];                                                     \
+    })
+
+/* CUlaunchConfig / HIP_LAUNCH_CONFIG at PARM1, function at PARM2 */
+#define PT_H_LAUNCH_CFG_CU(name, id, kind, arg)                                  \
+    PT_ENTRY(name, id, kind, {                                                 \
+        u64 c[5] = {};                                                         \
+        E->func = PT_P2;                                                       \
+        E->valid = PT_V_FUNC;                                                  \
+        if (!bpf_probe_read_user(c, sizeof(c), (void *)PT_P1)) {               \
+            u8 *b = (u8 *)c;                                                   \
+            E->grid_x = *(u32 *)(b + PT_OFF_CFGCU_GRIDDIMX);                   \
+            E->grid_y = *(u32 *)(b + PT_OFF_CFGCU_GRIDDIMY);                   \
+            E->grid_z = *(u32 *)(b + PT_OFF_CFGCU_GRIDDIMZ);                   \
+            E->block_x = *(u32 *)(b + PT_OFF_CFGCU_BLOCKDIMX);                 \
+            E->block_y = *(u32 *)(b + PT_OFF_CFGCU_BLOCKDIMY);                 \
+            E->block_z = *(u32 *)(b + PT_OFF_CFGCU_BLOCKDIMZ);                 \
+            E->shmem = *(u32 *)(b + PT_OFF_CFGCU_SHAREDMEMBYTES);              \
+            E->stream = *(u64 *)(b + PT_OFF_CFGCU_HSTREAM);                    \
+            E->valid = PT_LAUNCH_V;                                            \
+        }                                                                      \
+    })
+
+/* cudaLaunchConfig_t / hipLaunchConfig_t at PARM1, function at PARM2 */
+#define PT_H_LAUNCH_CFG_RT(name, id, kind, arg)                                  \
+    PT_ENTRY(name, id, kind, {                                                 \
+        u64 c[5] = {};                                                         \
+        E->func = PT_P2;                                                       \
+        E->valid = PT_V_FUNC;                                                  \
+        if (!bpf_probe_read_user(c, sizeof(c), (void *)PT_P1)) {               \
+            u8 *b = (u8 *)c;                                                   \
+            E->grid_x = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM);                    \
+            E->grid_y = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 4);                \
+            E->grid_z = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 8);                \
+            E->block_x = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM);                  \
+            E->block_y = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 4);              \
+            E->block_z = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 8);              \
+            E->shmem = *(u32 *)(b + PT_OFF_CFGRT_DYNAMICSMEMBYTES);            \
+            E->stream = *(u64 *)(b + PT_OFF_CFGRT_STREAM);                     \
+            E->valid = PT_LAUNCH_V;                                            \
+        }                                                                      \
+    })
+
+/* (graphExec, stream): the kernels inside are not seen one by one */
+#define PT_H_GRAPH_LAUNCH(name, id, kind, arg)                                   \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->func = PT_P1;                                                       \
+        E->stream = PT_P2;                                                     \
+        E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
+    })
+
+/* (stream, fn, userData) */
+#define PT_H_HOST_FUNC(name, id, kind, arg)                                      \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->stream = PT_P1;                                                     \
+        E->func = PT_P2;                                                       \
+        E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
+    })
+
+/* ------------------------------------------------------------- allocations */
+
+/* (T **out, size_t size, ...): ptr = *out at return */
+#define PT_ALLOC_BODY(...)                                                     \
+    {                                                                          \
+        u64 p;                                                                 \
+        E->size = IN.a[1];                                                     \
+        E->valid = PT_V_SIZE;                                                  \
+        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
+            E->ptr = p;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+        __VA_ARGS__;                                                           \
+    }
+
+#define PT_H_ALLOC(name, id, kind, arg)                                          \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, PT_ALLOC_BODY({}))
+
+/* (out, size, unsigned flags): aux = flags */
+#define PT_H_ALLOC_FLAGS(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
+        E->aux = IN.a[2];                                                      \
+        E->valid |= PT_V_AUX;                                                  \
+    }))
+
+/* (out, size, stream) */
+#define PT_H_ALLOC_STREAM(name, id, kind, arg)                                   \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
+        E->stream = IN.a[2];                                                   \
+        E->valid |= PT_V_STREAM;                                               \
+    }))
+
+/* (out, size, pool, stream) */
+#define PT_H_ALLOC_POOL(name, id, kind, arg)                                     \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, PT_ALLOC_BODY({            \
+        E->stream = IN.a[2];                                                   \
+        E->valid |= PT_V_STREAM;                                               \
+    }))
+
+/* (out, size_t *pitch, width, height[, elemsize]): size = *pitch x height */
+#define PT_H_ALLOC_PITCH(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, {                          \
+        u64 p, pitch;                                                          \
+        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
+            E->ptr = p;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+        if (!pt_read_out(E, IN.a[1], &pitch)) {                                \
+            E->size = pitch * IN.a[2];                                         \
+            E->valid |= PT_V_SIZE;                                             \
+        }                                                                      \
+    })
+
+/* VMM address ranges: (ptr, size, ...) */
+#define PT_H_RANGE(name, id, kind, arg)                                          \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->size = PT_P2;                                                       \
+        E->valid = PT_V_PTR | PT_V_SIZE;                                       \
+    })
+
+/* (ptr, size, offset, handle, flags): src = the physical handle mapped */
+#define PT_H_VMM_MAP(name, id, kind, arg)                                        \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->size = PT_P2;                                                       \
+        E->src = PT_P4;                                                        \
+        E->valid = PT_V_PTR | PT_V_SIZE | PT_V_SRC;                            \
+    })
+
+#define PT_H_FREE(name, id, kind, arg)                                           \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->valid = PT_V_PTR;                                                   \
+    })
+
+#define PT_H_FREE_STREAM(name, id, kind, arg)                                    \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->stream = PT_P2;                                                     \
+        E->valid = PT_V_PTR | PT_V_STREAM;                                     \
+    })
+
+/* ------------------------------------------------------------------ copies */
+
+/* (dst, src, size[, stream]); arg = CopyKind from the API name */
+#define PT_H_COPY(name, id, kind, arg)                                           \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->dst = PT_P1;                                                        \
+        E->src = PT_P2;                                                        \
+        E->size = PT_P3;                                                       \
+        E->copy_kind = arg;                                                    \
+        E->valid = PT_V_DST | PT_V_SRC | PT_V_SIZE | PT_V_COPY_KIND;           \
+    })
+
+#define PT_H_COPY_ASYNC(name, id, kind, arg)                                     \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->dst = PT_P1;                                                        \
+        E->src = PT_P2;                                                        \
+        E->size = PT_P3;                                                       \
+        E->stream = PT_P4;                                                     \
+        E->copy_kind = arg;                                                    \
+        E->valid = PT_V_DST | PT_V_SRC | PT_V_SIZE | PT_V_COPY_KIND | PT_V_STREAM; \
+    })
+
+/* (dst, dstCtx, src, srcCtx, size[, stream]) */
+#define PT_H_COPY_PEER(name, id, kind, arg)                                      \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->dst = PT_P1;                                                        \
+        E->src = PT_P3;                                                        \
+        E->size = PT_P5;                                                       \
+        E->copy_kind = arg;                                                    \
+        E->valid = PT_V_DST | PT_V_SRC | PT_V_SIZE | PT_V_COPY_KIND;           \
+    })
+
+#define PT_H_COPY_PEER_ASYNC(name, id, kind, arg)                                \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->dst = PT_P1;                                                        \
+        E->src = PT_P3;                                                        \
+        E->size = PT_P5;                                                       \
+        E->stream = PT_P6;                                                     \
+        E->copy_kind = arg;                                                    \
+        E->valid = PT_V_DST | PT_V_SRC | PT_V_SIZE | PT_V_COPY_KIND | PT_V_STREAM; \
+    })
+
+/* ----------------------------------------------------------------- memsets */
+
+/* (dst, value, count[, stream]); arg = element size, size in bytes */
+#define PT_H_MEMSET(name, id, kind, arg)                                         \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->aux = PT_P2;                                                        \
+        E->size = PT_P3 * arg;                                                 \
+        E->valid = PT_V_PTR | PT_V_AUX | PT_V_SIZE;                            \
+    })
+
+#define PT_H_MEMSET_ASYNC(name, id, kind, arg)                                   \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->aux = PT_P2;                                                        \
+        E->size = PT_P3 * arg;                                                 \
+        E->stream = PT_P4;                                                     \
+        E->valid = PT_V_PTR | PT_V_AUX | PT_V_SIZE | PT_V_STREAM;              \
+    })
+
+/* (dst, pitch, value, width, height[, stream]) */
+#define PT_H_MEMSET2D(name, id, kind, arg)                                       \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->aux = PT_P3;                                                        \
+        E->size = PT_P4 * PT_P5 * arg;                                         \
+        E->valid = PT_V_PTR | PT_V_AUX | PT_V_SIZE;                            \
+    })
+
+#define PT_H_MEMSET2D_ASYNC(name, id, kind, arg)                                 \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->aux = PT_P3;                                                        \
+        E->size = PT_P4 * PT_P5 * arg;                                         \
+        E->stream = PT_P6;                                                     \
+        E->valid = PT_V_PTR | PT_V_AUX | PT_V_SIZE | PT_V_STREAM;              \
+    })
+
+/* ------------------------------------------------------------------- syncs */
+
+#define PT_H_SYNC_STREAM(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        E->stream = IN.a[0];                                                   \
+        E->valid = PT_V_STREAM;                                                \
+    })
+
+/* (event or context): ptr = the handle waited on */
+#define PT_H_SYNC_HANDLE(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        E->ptr = IN.a[0];                                                      \
+        E->valid = PT_V_PTR;                                                   \
+    })
+
+#define PT_H_SYNC_NONE(name, id, kind, arg) PT_PAIR(name, id, kind, 0, 0, 0, 0, {})
+
+/* ---------------------------------------------------- names and modules */
+
+/* (T *out, module, const char *name): func = *out; a name record */
+#define PT_H_NAME_LOOKUP(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, {                          \
+        u64 h = 0;                                                             \
+        if (!pt_read_out(E, IN.a[0], &h)) {                                    \
+            E->func = h;                                                       \
+            E->valid = PT_V_FUNC;                                              \
+        }                                                                      \
+        E->src = IN.a[1];                                                      \
+        E->valid |= PT_V_SRC;                                                  \
+        pt_name_emit(id, arg, E->ret, h, 0, IN.a[2]);                          \
+    })
+
+/* (T *out, kernel or host symbol): the returned handle aliases PARM2 */
+#define PT_H_KERNEL_GET_FUNCTION(name, id, kind, arg)                            \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        u64 h = 0;                                                             \
+        if (!pt_read_out(E, IN.a[0], &h)) {                                    \
+            E->func = h;                                                       \
+            E->valid = PT_V_FUNC;                                              \
+        }                                                                      \
+        E->src = IN.a[1];                                                      \
+        E->valid |= PT_V_SRC;                                                  \
+        pt_name_emit(id, arg, E->ret, h, IN.a[1], 0);                          \
+    })
+
+/* (const char **name, handle) */
+#define PT_H_FUNC_GET_NAME(name, id, kind, arg)                                  \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        u64 s = 0;                                                             \
+        E->func = IN.a[1];                                                     \
+        E->valid = PT_V_FUNC;                                                  \
+        pt_read_out(E, IN.a[0], &s);                                           \
+        pt_name_emit(id, arg, E->ret, IN.a[1], 0, s);                          \
+    })
+
+/* (T *out, image or path, ...): ptr = the module/library handle, src = image */
+#define PT_H_MODULE_LOAD(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        u64 h;                                                                 \
+        E->src = IN.a[1];                                                      \
+        E->valid = PT_V_SRC;                                                   \
+        if (!pt_read_out(E, IN.a[0], &h)) {                                    \
+            E->ptr = h;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+    })

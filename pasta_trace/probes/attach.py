@@ -1,0 +1,76 @@
+"""Attach the catalog's handlers to one library file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from elftools.common.exceptions import ELFError
+
+from pasta_trace.probes import catalog, elf, placement, program
+
+
+@dataclass
+class AttachResult:
+    path: str
+    attached: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    placements: dict[str, int] = field(default_factory=dict)  # symbol -> offset past it
+    errors: list[str] = field(default_factory=list)
+    #: symbols not attached because another probed symbol has the same
+    #: address (its events carry that symbol's api): alias -> attached symbol
+    aliases: dict[str, str] = field(default_factory=dict)
+    probes: int = 0  # uprobes + uretprobes created
+
+
+def attach_library(bpf, path: str, family: str, apis: tuple[catalog.Api, ...] = catalog.APIS) -> AttachResult:
+    """Attach every probed ``family`` symbol that ``path`` exports (pid=-1,
+    so processes that map the file later are covered).  ``path`` may go
+    through ``/proc/PID/root`` to reach a container's file.  Missing symbols
+    and failed attaches are reported, never raised."""
+    result = AttachResult(path)
+    try:
+        exports = elf.exported_symbols(path)
+    except (OSError, ELFError) as e:
+        result.errors.append(f"{path}: cannot read its ELF symbols: {e}")
+        return result
+    by_address: dict[int, str] = {}
+    for api in catalog.for_family(family, apis):
+        sym = exports.get(api.symbol)
+        if sym is None:
+            result.missing.append(api.symbol)
+            continue
+        first = by_address.setdefault(sym.vaddr, api.symbol)
+        if first != api.symbol:
+            result.aliases[api.symbol] = first
+            continue
+        place = placement.choose_probe_offset(path, sym)
+        entry_fn, return_fn = program.handler_names(api)
+        addr = sym.vaddr + place.offset
+        try:
+            bpf.attach_uprobe(name=path, addr=addr, fn_name=entry_fn, pid=-1)
+            result.probes += 1
+            if return_fn:
+                bpf.attach_uretprobe(name=path, addr=addr, fn_name=return_fn, pid=-1)
+                result.probes += 1
+        except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
+            result.errors.append(f"{api.symbol}: {e}")
+            continue
+        result.attached.append(api.symbol)
+        result.placements[api.symbol] = place.offset
+    return result
+
+
+def describe_missing(result: AttachResult, version: str | None) -> str:
+    """One paragraph for ``-v`` and the manifest: what this library lacks."""
+    ver = f" (version {version})" if version else ""
+    lines = [f"{result.path}{ver}: {len(result.attached)} probed symbols attached, {len(result.missing)} missing"]
+    if result.missing:
+        lines.append("  missing (not exported by this version): " + ", ".join(sorted(result.missing)))
+    if result.aliases:
+        lines.append(
+            "  aliases (same address, reported under the first): "
+            + ", ".join(f"{a}={b}" for a, b in sorted(result.aliases.items()))
+        )
+    for err in result.errors:
+        lines.append(f"  error: {err}")
+    return "\n".join(lines)

@@ -1,0 +1,279 @@
+"""Every probed CUDA driver and HIP entry point, in one table.
+
+The index of an :class:`Api` in :data:`APIS` is the ``api`` id the BPF programs
+write into events and names, so the table is append-only in spirit: the capture
+stores the names next to the ids, but keeping the order stable keeps captures
+comparable.  ``symbol`` is the exact exported name (for HIP 5.x's C++-mangled
+``hipExtModuleLaunchKernel`` the mangled name is its own entry).
+
+``shape`` names the BPF macro that decodes the arguments (``PT_H_<SHAPE>`` in
+``bpf/*.bpf.c``); ``arg`` is that macro's shape-specific parameter (a CopyKind
+for copies, the element size for memsets, a NameSource for name lookups).
+Argument registers and struct offsets come from
+``reference/probe-points.md`` and are checked by the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pasta_trace.schema import CopyKind, Kind, NameSource
+
+#: ``arg`` of the struct-decoding copy shapes when the direction comes from the
+#: struct's memory types rather than from the API name.
+COPY_FROM_STRUCT = 255
+
+#: Shapes whose handler pairs the entry with a uretprobe.
+RETURN_SHAPES = frozenset(
+    {
+        "alloc",
+        "alloc_flags",
+        "alloc_stream",
+        "alloc_pool",
+        "alloc_pitch",
+        "sync_stream",
+        "sync_handle",
+        "sync_none",
+        "name_lookup",
+        "kernel_get_function",
+        "func_get_name",
+        "module_load",
+        "get_proc_address",
+    }
+)
+
+#: Every shape the BPF sources define, with the family whose file holds it
+#: ("common" = bpf/pasta.h).
+SHAPES: dict[str, str] = {
+    "launch_cu": "common",
+    "launch_rt": "common",
+    "launch_cfg_cu": "common",
+    "launch_cfg_rt": "common",
+    "launch_hcc": "hip",
+    "graph_launch": "common",
+    "host_func": "common",
+    "alloc": "common",
+    "alloc_flags": "common",
+    "alloc_stream": "common",
+    "alloc_pool": "common",
+    "alloc_pitch": "common",
+    "range": "common",
+    "vmm_map": "common",
+    "free": "common",
+    "free_stream": "common",
+    "copy": "common",
+    "copy_async": "common",
+    "copy_peer": "common",
+    "copy_peer_async": "common",
+    "copy_hip": "hip",
+    "copy_hip_async": "hip",
+    "copy_2d_cu": "cuda",
+    "copy_2d_cu_async": "cuda",
+    "copy_3d_cu": "cuda",
+    "copy_3d_cu_async": "cuda",
+    "copy_2d_hip": "hip",
+    "copy_2d_hip_async": "hip",
+    "copy_3d_hip": "hip",
+    "copy_3d_hip_async": "hip",
+    "memset": "common",
+    "memset_async": "common",
+    "memset2d": "common",
+    "memset2d_async": "common",
+    "sync_stream": "common",
+    "sync_handle": "common",
+    "sync_none": "common",
+    "name_lookup": "common",
+    "kernel_get_function": "common",
+    "func_get_name": "common",
+    "module_load": "common",
+    "register_function": "hip",
+    "get_proc_address": "cuda",
+}
+
+
+@dataclass(frozen=True)
+class Api:
+    symbol: str
+    family: str  # 'cuda' | 'hip'
+    kind: Kind
+    shape: str
+    ret: bool  # needs a uretprobe
+    category: str  # row of the coverage table in docs/probes.md
+    arg: int = 0  # shape-specific: CopyKind, element size or NameSource
+
+    @property
+    def macro(self) -> str:
+        return "PT_H_" + self.shape.upper()
+
+
+def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0) -> Api:
+    if shape not in SHAPES:
+        raise ValueError(f"{symbol}: unknown shape {shape}")
+    return Api(symbol, family, kind, shape, shape in RETURN_SHAPES, category, int(arg))
+
+
+def _cuda() -> list[Api]:
+    L, A, F, C, M, S = Kind.launch, Kind.alloc, Kind.free, Kind.memcpy, Kind.memset, Kind.sync
+    out: list[Api] = []
+
+    def add(symbols, kind, shape, category, arg=0):
+        out.extend(_api(s, "cuda", kind, shape, category, arg) for s in symbols)
+
+    add(["cuLaunchKernel", "cuLaunchKernel_ptsz"], L, "launch_cu", "launch")
+    add(["cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"], L, "launch_cfg_cu", "launch")
+    add(["cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"], L, "launch_cu", "launch")
+    add(["cuLaunchHostFunc", "cuLaunchHostFunc_ptsz"], L, "host_func", "launch")
+    add(["cuGraphLaunch", "cuGraphLaunch_ptsz"], Kind.graph, "graph_launch", "launch")
+
+    add(["cuMemAlloc_v2"], A, "alloc", "alloc")
+    add(["cuMemAllocPitch_v2"], A, "alloc_pitch", "alloc")
+    add(["cuMemAllocManaged"], A, "alloc_flags", "alloc")
+    add(["cuMemAllocAsync", "cuMemAllocAsync_ptsz"], A, "alloc_stream", "alloc")
+    add(["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"], A, "alloc_pool", "alloc")
+    add(["cuMemAllocHost_v2"], A, "alloc", "alloc")
+    add(["cuMemHostAlloc"], A, "alloc_flags", "alloc")
+    # VMM: physical memory is created/released; address ranges are reserved,
+    # mapped, given access and freed (kind other, ptr/size = the range).
+    add(["cuMemCreate"], A, "alloc", "vmm")
+    add(["cuMemRelease"], F, "free", "vmm")
+    add(["cuMemAddressReserve"], Kind.other, "alloc", "vmm")
+    add(["cuMemMap"], Kind.other, "vmm_map", "vmm")
+    add(["cuMemUnmap", "cuMemSetAccess", "cuMemAddressFree"], Kind.other, "range", "vmm")
+
+    add(["cuMemFree_v2", "cuMemFreeHost"], F, "free", "free")
+    add(["cuMemFreeAsync", "cuMemFreeAsync_ptsz"], F, "free_stream", "free")
+
+    add(["cuMemcpy", "cuMemcpy_ptds"], C, "copy", "copy", CopyKind.default)
+    add(["cuMemcpyAsync", "cuMemcpyAsync_ptsz"], C, "copy_async", "copy", CopyKind.default)
+    for d, ck in (("HtoD", CopyKind.h2d), ("DtoH", CopyKind.d2h), ("DtoD", CopyKind.d2d)):
+        add([f"cuMemcpy{d}_v2", f"cuMemcpy{d}_v2_ptds"], C, "copy", "copy", ck)
+        add([f"cuMemcpy{d}Async_v2", f"cuMemcpy{d}Async_v2_ptsz"], C, "copy_async", "copy", ck)
+    add(["cuMemcpyPeer", "cuMemcpyPeer_ptds"], C, "copy_peer", "copy", CopyKind.peer)
+    add(["cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz"], C, "copy_peer_async", "copy", CopyKind.peer)
+    add(
+        ["cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds"],
+        C,
+        "copy_2d_cu",
+        "copy 2D/3D",
+        COPY_FROM_STRUCT,
+    )
+    add(["cuMemcpy2DAsync_v2", "cuMemcpy2DAsync_v2_ptsz"], C, "copy_2d_cu_async", "copy 2D/3D", COPY_FROM_STRUCT)
+    add(["cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds"], C, "copy_3d_cu", "copy 2D/3D", COPY_FROM_STRUCT)
+    add(["cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz"], C, "copy_3d_cu_async", "copy 2D/3D", COPY_FROM_STRUCT)
+    # CUDA_MEMCPY3D_PEER has CUDA_MEMCPY3D's offsets (srcContext sits in reserved0).
+    add(["cuMemcpy3DPeer", "cuMemcpy3DPeer_ptds"], C, "copy_3d_cu", "copy 2D/3D", CopyKind.peer)
+    add(["cuMemcpy3DPeerAsync", "cuMemcpy3DPeerAsync_ptsz"], C, "copy_3d_cu_async", "copy 2D/3D", CopyKind.peer)
+
+    for bits, elem in ((8, 1), (16, 2), (32, 4)):
+        add([f"cuMemsetD{bits}_v2", f"cuMemsetD{bits}_v2_ptds"], M, "memset", "memset", elem)
+        add([f"cuMemsetD{bits}Async", f"cuMemsetD{bits}Async_ptsz"], M, "memset_async", "memset", elem)
+        add([f"cuMemsetD2D{bits}_v2", f"cuMemsetD2D{bits}_v2_ptds"], M, "memset2d", "memset", elem)
+        add([f"cuMemsetD2D{bits}Async", f"cuMemsetD2D{bits}Async_ptsz"], M, "memset2d_async", "memset", elem)
+
+    add(["cuStreamSynchronize", "cuStreamSynchronize_ptsz"], S, "sync_stream", "sync")
+    add(["cuCtxSynchronize"], S, "sync_none", "sync")
+    add(["cuCtxSynchronize_v2", "cuEventSynchronize"], S, "sync_handle", "sync")
+
+    add(["cuModuleGetFunction"], Kind.module, "name_lookup", "names", NameSource.module_get_function)
+    add(["cuLibraryGetKernel"], Kind.module, "name_lookup", "names", NameSource.library_get_kernel)
+    add(["cuKernelGetFunction"], Kind.module, "kernel_get_function", "names", NameSource.kernel_get_function)
+    add(["cuFuncGetName", "cuKernelGetName"], Kind.module, "func_get_name", "names", NameSource.func_get_name)
+    add(
+        [
+            "cuModuleLoad",
+            "cuModuleLoadData",
+            "cuModuleLoadDataEx",
+            "cuModuleLoadFatBinary",
+            "cuLibraryLoadData",
+            "cuLibraryLoadFromFile",
+        ],
+        Kind.module,
+        "module_load",
+        "modules",
+    )
+    add(["cuGetProcAddress", "cuGetProcAddress_v2"], Kind.other, "get_proc_address", "entry points",
+        NameSource.get_proc_address)
+    return out
+
+
+#: HIP 5.x exports these two with C++ linkage only (hip_ext.h, before 6.0).
+HIP_EXT_MODULE_LAUNCH_MANGLED = (
+    "_Z24hipExtModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_j",
+    "_Z24hipHccModuleLaunchKernelP18ihipModuleSymbol_tjjjjjjmP12ihipStream_tPPvS4_P11ihipEvent_tS6_",
+)
+
+
+def _hip() -> list[Api]:
+    L, A, F, C, M, S = Kind.launch, Kind.alloc, Kind.free, Kind.memcpy, Kind.memset, Kind.sync
+    out: list[Api] = []
+
+    def add(symbols, kind, shape, category, arg=0):
+        out.extend(_api(s, "hip", kind, shape, category, arg) for s in symbols)
+
+    add(["hipLaunchKernel", "hipLaunchKernel_spt", "hipExtLaunchKernel"], L, "launch_rt", "launch")
+    add(["hipLaunchCooperativeKernel", "hipLaunchCooperativeKernel_spt"], L, "launch_rt", "launch")
+    add(["hipModuleLaunchKernel", "hipModuleLaunchCooperativeKernel"], L, "launch_cu", "launch")
+    add(["hipExtModuleLaunchKernel", "hipHccModuleLaunchKernel", *HIP_EXT_MODULE_LAUNCH_MANGLED], L,
+        "launch_hcc", "launch")
+    add(["hipLaunchKernelExC"], L, "launch_cfg_rt", "launch")
+    add(["hipDrvLaunchKernelEx"], L, "launch_cfg_cu", "launch")
+    add(["hipLaunchHostFunc"], L, "host_func", "launch")
+    add(["hipGraphLaunch", "hipGraphLaunch_spt"], Kind.graph, "graph_launch", "launch")
+
+    add(["hipMalloc", "hipMallocHost", "hipMemAllocHost"], A, "alloc", "alloc")
+    add(["hipExtMallocWithFlags", "hipMallocManaged", "hipHostMalloc"], A, "alloc_flags", "alloc")
+    add(["hipMallocAsync"], A, "alloc_stream", "alloc")
+    add(["hipMallocFromPoolAsync"], A, "alloc_pool", "alloc")
+    add(["hipMallocPitch", "hipMemAllocPitch"], A, "alloc_pitch", "alloc")
+    add(["hipMemCreate"], A, "alloc", "vmm")
+    add(["hipMemRelease"], F, "free", "vmm")
+    add(["hipMemAddressReserve"], Kind.other, "alloc", "vmm")
+    add(["hipMemMap"], Kind.other, "vmm_map", "vmm")
+    add(["hipMemUnmap", "hipMemSetAccess", "hipMemAddressFree"], Kind.other, "range", "vmm")
+
+    add(["hipFree", "hipHostFree", "hipFreeHost"], F, "free", "free")
+    add(["hipFreeAsync"], F, "free_stream", "free")
+
+    add(["hipMemcpy", "hipMemcpy_spt"], C, "copy_hip", "copy")
+    add(["hipMemcpyAsync", "hipMemcpyAsync_spt", "hipMemcpyWithStream"], C, "copy_hip_async", "copy")
+    for d, ck in (("HtoD", CopyKind.h2d), ("DtoH", CopyKind.d2h), ("DtoD", CopyKind.d2d)):
+        add([f"hipMemcpy{d}"], C, "copy", "copy", ck)
+        add([f"hipMemcpy{d}Async"], C, "copy_async", "copy", ck)
+    add(["hipMemcpyPeer"], C, "copy_peer", "copy", CopyKind.peer)
+    add(["hipMemcpyPeerAsync"], C, "copy_peer_async", "copy", CopyKind.peer)
+    add(["hipMemcpy2D", "hipMemcpy2D_spt"], C, "copy_2d_hip", "copy 2D/3D")
+    add(["hipMemcpy2DAsync", "hipMemcpy2DAsync_spt"], C, "copy_2d_hip_async", "copy 2D/3D")
+    add(["hipMemcpy3D", "hipMemcpy3D_spt"], C, "copy_3d_hip", "copy 2D/3D")
+    add(["hipMemcpy3DAsync", "hipMemcpy3DAsync_spt"], C, "copy_3d_hip_async", "copy 2D/3D")
+
+    add(["hipMemset", "hipMemset_spt", "hipMemsetD8"], M, "memset", "memset", 1)
+    add(["hipMemsetAsync", "hipMemsetAsync_spt", "hipMemsetD8Async"], M, "memset_async", "memset", 1)
+    add(["hipMemsetD16"], M, "memset", "memset", 2)
+    add(["hipMemsetD16Async"], M, "memset_async", "memset", 2)
+    add(["hipMemsetD32"], M, "memset", "memset", 4)
+    add(["hipMemsetD32Async"], M, "memset_async", "memset", 4)
+    add(["hipMemset2D", "hipMemset2D_spt"], M, "memset2d", "memset", 1)
+    add(["hipMemset2DAsync", "hipMemset2DAsync_spt"], M, "memset2d_async", "memset", 1)
+
+    add(["hipStreamSynchronize", "hipStreamSynchronize_spt"], S, "sync_stream", "sync")
+    add(["hipDeviceSynchronize", "hipCtxSynchronize"], S, "sync_none", "sync")
+    add(["hipEventSynchronize"], S, "sync_handle", "sync")
+
+    add(["hipModuleGetFunction"], Kind.module, "name_lookup", "names", NameSource.module_get_function)
+    add(["hipLibraryGetKernel"], Kind.module, "name_lookup", "names", NameSource.library_get_kernel)
+    add(["hipGetFuncBySymbol"], Kind.module, "kernel_get_function", "names", NameSource.kernel_get_function)
+    add(["hipKernelGetName"], Kind.module, "func_get_name", "names", NameSource.func_get_name)
+    add(["__hipRegisterFunction"], Kind.module, "register_function", "names", NameSource.register_function)
+    add(["hipModuleLoad", "hipModuleLoadData", "hipModuleLoadDataEx"], Kind.module, "module_load", "modules")
+    return out
+
+
+APIS: tuple[Api, ...] = tuple(_cuda() + _hip())
+API_ID: dict[str, int] = {a.symbol: i for i, a in enumerate(APIS)}
+
+if len(API_ID) != len(APIS):
+    raise RuntimeError("duplicate symbol in the probe catalog")
+
+
+def for_family(family: str, apis: tuple[Api, ...] = APIS) -> tuple[Api, ...]:
+    return tuple(a for a in apis if a.family == family)

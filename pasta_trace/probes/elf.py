@@ -1,0 +1,55 @@
+"""Exported functions and build-id of a library, read with pyelftools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elftools.elf.elffile import ELFFile
+
+
+@dataclass(frozen=True)
+class Sym:
+    vaddr: int
+    file_offset: int
+    size: int
+
+
+def _vaddr_to_offset(elf: ELFFile, vaddr: int) -> int | None:
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
+            return vaddr - seg["p_vaddr"] + seg["p_offset"]
+    return None
+
+
+def exported_symbols(path: str) -> dict[str, Sym]:
+    """Defined FUNC symbols of .dynsym by name (version suffixes dropped, the
+    default version wins over hidden ones)."""
+    out: dict[str, Sym] = {}
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        dynsym = elf.get_section_by_name(".dynsym")
+        if dynsym is None:
+            return out
+        for s in dynsym.iter_symbols():
+            if s["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC") or s["st_shndx"] == "SHN_UNDEF":
+                continue
+            if s["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK"):
+                continue
+            off = _vaddr_to_offset(elf, s["st_value"])
+            if off is None or not s.name:
+                continue
+            out.setdefault(s.name, Sym(s["st_value"], off, s["st_size"]))
+    return out
+
+
+def build_id(path: str) -> str | None:
+    """GNU build-id as lowercase hex, or None if the file has none."""
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        for sec in elf.iter_sections():
+            if sec["sh_type"] != "SHT_NOTE":
+                continue
+            for note in sec.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID":
+                    return note["n_desc"]
+    return None
