@@ -11,6 +11,11 @@ Capture directory (DESIGN.md §4, docs/formats.md):
     libraries.parquet       schema.LIBRARIES_SCHEMA
     aggregate.parquet       schema.AGGREGATE_SCHEMA (only with --aggregate)
     device/*.bin            device record files (TLV), read by pasta_trace.device
+    device/<frame>.parquet  device frames already decoded (schema.DEVICE_FRAMES names);
+                            scanned lazily, so device data larger than memory streams
+
+A merged timeline (pasta_trace.merge.load) is also a Capture, with its merged
+frames in `merged`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Capture:
     device: dict[str, pl.LazyFrame] = field(default_factory=dict)
     #: problems met while reading (damaged device files, an incomplete capture, ...)
     problems: list[str] = field(default_factory=list)
+    #: schema.TIMELINE_FRAMES name -> frame, when read from a merged timeline
+    merged: dict[str, pl.LazyFrame] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -79,6 +86,27 @@ def _scan(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
     )
 
 
+def device_parquet(d: Path) -> dict[str, pl.LazyFrame]:
+    """Decoded device frames stored as d/<frame>.parquet, scanned lazily."""
+    return {
+        name: _scan([d / f"{name}.parquet"], sch)
+        for name, sch in schema.DEVICE_FRAMES.items()
+        if (d / f"{name}.parquet").exists()
+    }
+
+
+def read_device(paths: list[Path]) -> tuple[dict[str, pl.LazyFrame], list[str]]:
+    """Device record files (TLV) -> frames, through pasta_trace.device."""
+    from .device import read_device_files  # the device side's reader
+
+    data = read_device_files(paths)
+    frames = {
+        k: v.lazy().cast(dict(schema.DEVICE_FRAMES[k]), strict=False)
+        for k, v in data.frames.items() if k in schema.DEVICE_FRAMES
+    }
+    return frames, list(data.problems)
+
+
 def open_capture(path: str | Path) -> Capture:
     """Open a capture directory.  Raises FormatError with a one-line reason."""
     p = Path(path)
@@ -107,13 +135,12 @@ def open_capture(path: str | Path) -> Capture:
     device: dict[str, pl.LazyFrame] = {
         k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()
     }
+    device.update(device_parquet(p / "device"))
     dev_files = sorted((p / "device").glob("*.bin")) if (p / "device").is_dir() else []
     if dev_files:
-        from .device import read_device_files  # provided by the device side
-
-        data = read_device_files(dev_files)
-        device.update({k: v.lazy() for k, v in data.frames.items()})
-        problems.extend(data.problems)
+        frames, dev_problems = read_device(dev_files)
+        device.update(frames)
+        problems.extend(dev_problems)
     return Capture(
         path=p,
         manifest=manifest,

@@ -1,0 +1,22 @@
+"""Host <-> device merge on one clock (DESIGN.md §5, docs/merge.md).
+
+Every function takes a pasta_trace.read.Capture (a capture directory, or a
+merged timeline from `load`) and returns a lazy frame shaped like
+schema.TIMELINE_FRAMES[...].  Nothing is dropped silently: rows that find no
+partner keep null partner columns, and `stats` counts them.
+"""
+
+from __future__ import annotations
+
+from .allocations import allocations
+from .attribution import Segments, segments
+from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
+from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
+from .stats import MergeStats, stats
+from .timeline import is_timeline, load, write_timeline
+
+__all__ = [
+    "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "alloc_touches", "allocations",
+    "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
+    "load", "segments", "stats", "working_set", "write_timeline",
+]

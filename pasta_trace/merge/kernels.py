@@ -1,0 +1,225 @@
+"""Kernel executions: host launch events joined with what the device saw.
+
+Device side, per execution: the device module's LAUNCH record (host thread and
+API-enter time, launch_id, grid_id, correlation id), its KERNEL_SUMMARY
+(counters, %globaltimer span) and the CUPTI kernel record (start/end already on
+CLOCK_MONOTONIC), joined inside the device data by (pid, launch_id), then
+correlation id, then grid id.
+
+Device -> host, in order of preference (reference/polars-merge.md §3.4 trap 9):
+  1. exact: the device's per-process launch_id and the host's per-process
+     launch order differ by one constant per process.  The constant is read
+     off the time matches below and trusted only if every time match of that
+     process agrees on it (a lost host event or a launch the device module did
+     not see breaks the agreement, and the process falls back to 2).
+  2. time: as-of backward by (pid, tid) from the device's API-enter time to the
+     host uprobe's entry time, within a tolerance.  The uprobe fires first and
+     the device callback runs inside the same API call, before that thread's
+     next call: exact for records that carry the thread.
+  CUPTI-only executions (no LAUNCH record) carry no thread: they are matched in
+  order of correlation id when that keeps every kernel starting after its
+  launch, and otherwise to the latest launch before the kernel's start
+  (right for about 99 % of kernels: queued kernels start after later launches).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import clock, schema
+from ..read import Capture
+
+_SCHEMA = schema.TIMELINE_FRAMES["kernels"]
+_COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
+             and k not in ("pid", "launch_id")]
+
+#: Default tolerance between the host uprobe's entry and the device callback's
+#: API-enter time of the same launch.
+TOLERANCE_NS = 1_000_000
+
+
+def host_launches(cap: Capture) -> pl.LazyFrame:
+    """Host launch events with launch_seq: 0-based order within the process."""
+    return (
+        cap.events.filter(pl.col("kind") == "launch")
+        .sort(["pid", "ts_ns", "tid"])
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
+    )
+
+
+def _hex(x: pl.Expr) -> pl.Expr:
+    """0x-prefixed lowercase hex of a UInt64, without Python per row."""
+    digits = pl.lit("0123456789abcdef")
+    nibbles = [digits.str.slice(((x // (16**i)) % 16).cast(pl.Int64), 1) for i in range(15, -1, -1)]
+    return pl.concat_str([pl.lit("0x"), pl.concat_str(nibbles).str.strip_chars_start("0").replace("", "0")])
+
+
+def _names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
+    """Kernel name of each launch: the latest handle->name seen before the
+    launch, else any name of that handle (names found offline carry no time)."""
+    names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
+                             pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
+    timed = launches.sort(["pid", "func", "ts_ns"]).join_asof(
+        names.sort(["pid", "func", "name_ts"]), left_on="ts_ns", right_on="name_ts",
+        by=["pid", "func"], strategy="backward", check_sortedness=False,
+    )
+    anytime = names.sort("name_ts").group_by(["pid", "func"]).agg(pl.col("name").first().alias("_any_name"))
+    return timed.join(anytime, on=["pid", "func"], how="left").with_columns(
+        pl.coalesce("name", "_any_name").alias("name")
+    ).drop("_any_name", "name_ts")
+
+
+def _clock_maps(cap: Capture, execs: pl.LazyFrame) -> pl.LazyFrame:
+    """Per (pid, device) GPU->host clock maps: from CLOCK_SYNC samples, else
+    from CUPTI anchors (a kernel's CUPTI start against its first %globaltimer)."""
+    sync = cap.device["clock_sync"].select("pid", "device", "host_mono_before", "gpu_globaltimer",
+                                           "host_mono_after").collect()
+    maps = clock.fit_frame(sync, ["pid", "device"])
+    anchors = (
+        execs.filter(pl.col("cupti_start").is_not_null() & pl.col("gpu_t_first").is_not_null()
+                     & (pl.col("gpu_t_first") > 0))
+        .select("pid", "device", pl.col("cupti_start").alias("host_mono_before"),
+                pl.col("gpu_t_first").cast(pl.Int64).alias("gpu_globaltimer"),
+                pl.col("cupti_start").alias("host_mono_after"))
+        .join(maps.lazy().select("pid", "device"), on=["pid", "device"], how="anti")
+        .collect()
+    )
+    return pl.concat([maps, clock.fit_frame(anchors, ["pid", "device"])]).lazy()
+
+
+def _device_executions_raw(cap: Capture) -> pl.LazyFrame:
+    d = cap.device
+    launches = d["launches"].select(
+        "pid", "launch_id", pl.col("tid").cast(pl.UInt32),
+        pl.when(pl.col("host_mono_begin") > 0).then(pl.col("host_mono_begin").cast(pl.Int64)).alias("dev_ts"),
+        pl.col("stream").alias("dev_stream"), pl.col("func").alias("dev_func"), "grid_id", "device",
+        "correlation_id", pl.col("name").alias("dev_name"),
+    )
+    summaries = d["kernel_summaries"]
+    execs = launches.join(summaries, on=["pid", "launch_id"], how="full", coalesce=True)
+    cupti = d["cupti_kernels"].select(
+        "pid", pl.col("start").cast(pl.Int64).alias("cupti_start"), pl.col("end").cast(pl.Int64).alias("cupti_end"),
+        pl.col("grid_id").alias("c_grid_id"), pl.col("correlation_id").alias("c_corr"),
+        pl.col("device").alias("c_device"), pl.col("name").alias("c_name"),
+    ).with_row_index("_cupti_row")
+    by_corr = execs.join(
+        cupti.filter(pl.col("c_corr") > 0).drop("c_grid_id"), left_on=["pid", "correlation_id"],
+        right_on=["pid", "c_corr"], how="left",
+    )
+    # executions without a correlation id: try the grid id
+    need_grid = pl.col("_cupti_row").is_null() & pl.col("grid_id").is_not_null() & (pl.col("grid_id") != 0)
+    cupti_cols = ["_cupti_row", "cupti_start", "cupti_end", "c_device", "c_name"]
+    by_grid = by_corr.filter(need_grid).drop(cupti_cols).join(
+        cupti.drop("c_corr"), left_on=["pid", "grid_id"], right_on=["pid", "c_grid_id"], how="left",
+    ).select(by_corr.collect_schema().names())
+    joined = pl.concat([by_corr.filter(~need_grid), by_grid], how="vertical")
+    used = joined.select("_cupti_row").drop_nulls().unique()
+    cupti_only = cupti.join(used, on="_cupti_row", how="anti").select(
+        "pid", pl.lit(None, pl.UInt64).alias("launch_id"), "cupti_start", "cupti_end",
+        pl.col("c_grid_id").alias("grid_id"), pl.col("c_corr").alias("correlation_id"),
+        pl.col("c_device").alias("device"), pl.col("c_name").alias("c_name"),
+    )
+    return pl.concat([joined, cupti_only], how="diagonal_relaxed").with_columns(
+        pl.coalesce("device", "c_device", pl.lit(0, pl.UInt32)).alias("device"),
+        pl.coalesce("dev_name", "c_name").alias("dev_name"),
+    ).drop("c_device", "c_name", "_cupti_row")
+
+
+def device_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
+    """One row per device kernel execution, with the host launch it matched:
+    `launch_seq` (null if none), `match` ("exact" | "time"), `gpu_start_ns`,
+    `gpu_end_ns` on the host clock, the host launch's `ts_ns` and its name."""
+    raw = _device_executions_raw(cap)
+    maps = _clock_maps(cap, raw)
+    execs = (
+        raw.join(maps, on=["pid", "device"], how="left")
+        .with_columns(
+            pl.coalesce("cupti_start", clock.to_host_expr(pl.col("gpu_t_first"))).alias("gpu_start_ns"),
+            pl.coalesce("cupti_end", clock.to_host_expr(pl.col("gpu_t_last"))).alias("gpu_end_ns"),
+        )
+        .drop("gpu0", "mono0", "slope_m1", "offset", "samples", strict=False)
+        # one row per kernel execution: small, and materialised so that the row
+        # ids below stay the same in every branch of the plan (joins do not keep order)
+        .collect()
+        .with_row_index("_dev_row")
+        .lazy()
+    )
+    host = host_launches(cap).select("pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
+
+    # 2. time: device API-enter time -> host uprobe entry, same pid and thread
+    timed = execs.filter(pl.col("dev_ts").is_not_null() & pl.col("tid").is_not_null()).sort(
+        ["pid", "tid", "dev_ts"]
+    ).join_asof(
+        host.sort(["pid", "tid", "host_ts"]), left_on="dev_ts", right_on="host_ts", by=["pid", "tid"],
+        strategy="backward", tolerance=tolerance_ns, check_sortedness=False,
+    ).select("_dev_row", pl.col("launch_seq").alias("time_seq"))
+
+    # CUPTI-only: in correlation order, trusted while every kernel starts after its launch
+    ordered = execs.filter(pl.col("dev_ts").is_null() & pl.col("launch_id").is_null()).sort(
+        ["pid", "correlation_id"]
+    ).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("order_seq"))
+    causal = ordered.join(host.select("pid", pl.col("launch_seq").alias("order_seq"), "host_ts"),
+                          on=["pid", "order_seq"], how="left").group_by("pid").agg(
+        (pl.col("host_ts").is_not_null() & (pl.col("host_ts") <= pl.col("gpu_start_ns"))).all().alias("causal")
+    )
+    by_start = ordered.sort(["pid", "gpu_start_ns"]).join_asof(
+        host.sort(["pid", "host_ts"]), left_on="gpu_start_ns", right_on="host_ts", by="pid",
+        strategy="backward", check_sortedness=False,
+    )
+    cupti_seq = by_start.join(causal, on="pid", how="left").select(
+        "_dev_row",
+        pl.when(pl.col("causal")).then(pl.col("order_seq")).otherwise(pl.col("launch_seq")).alias("c_seq"),
+        pl.when(pl.col("causal")).then(pl.lit("exact")).when(pl.col("launch_seq").is_not_null())
+        .then(pl.lit("time")).alias("c_match"),
+    )
+
+    # 1. exact: one launch_id - launch_seq offset per process, agreed by every time match
+    with_time = execs.join(timed, on="_dev_row", how="left")
+    offsets = (
+        with_time.filter(pl.col("time_seq").is_not_null() & pl.col("launch_id").is_not_null())
+        .group_by("pid")
+        .agg((pl.col("launch_id").cast(pl.Int64) - pl.col("time_seq")).unique().alias("_offs"))
+        .filter(pl.col("_offs").list.len() == 1)
+        .select("pid", pl.col("_offs").list.first().alias("_off"))
+    )
+    exact_seq = pl.col("launch_id").cast(pl.Int64) - pl.col("_off")
+    n_host = host.group_by("pid").agg(pl.len().cast(pl.Int64).alias("_n_host"))
+    matched = (
+        with_time.join(offsets, on="pid", how="left")
+        .join(n_host, on="pid", how="left")
+        .join(cupti_seq, on="_dev_row", how="left")
+        .with_columns(
+            pl.when(pl.col("_off").is_not_null() & (exact_seq >= 0) & (exact_seq < pl.col("_n_host")))
+            .then(exact_seq).alias("_exact_seq")
+        )
+        .with_columns(
+            pl.coalesce("_exact_seq", "time_seq", "c_seq").alias("launch_seq"),
+            pl.when(pl.col("_exact_seq").is_not_null()).then(pl.lit("exact"))
+            .when(pl.col("time_seq").is_not_null()).then(pl.lit("time"))
+            .otherwise(pl.col("c_match")).cast(pl.Enum(schema.MATCH_NAMES)).alias("match"),
+        )
+    )
+    # two executions claiming one launch (a time fallback gone wrong): the first keeps it
+    claimed = pl.int_range(pl.len()).over(["pid", "launch_seq"]) > 0
+    matched = matched.sort(["pid", "launch_seq", "launch_id", "_dev_row"], nulls_last=True).with_columns(
+        pl.when(pl.col("launch_seq").is_not_null() & claimed).then(None).otherwise(pl.col("launch_seq"))
+        .alias("launch_seq"),
+    ).with_columns(pl.when(pl.col("launch_seq").is_null()).then(None).otherwise(pl.col("match")).alias("match"))
+    return matched.drop("time_seq", "c_seq", "c_match", "_off", "_n_host", "_exact_seq", "_dev_row",
+                        "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False)
+
+
+def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
+    """One row per host launch event (schema.TIMELINE_FRAMES["kernels"])."""
+    merged = cap.merged.get("kernels")
+    if merged is not None:
+        return merged
+    launches = host_launches(cap)
+    dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
+    dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
+                "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
+    out = _names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
+    out = out.with_columns(
+        pl.coalesce("name", "dev_name", pl.format("unknown@{}", _hex(pl.col("func")))).alias("name")
+    )
+    return out.sort(["ts_ns", "pid", "launch_seq"]).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])

@@ -1,0 +1,161 @@
+"""Device pages, allocation touches and access samples, attributed to
+allocation instances (see attribution.py for how)."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import schema
+from ..read import Capture
+from .allocations import allocations
+from .attribution import Segments, resolve, segments
+from .kernels import device_executions, host_launches, kernel_executions
+
+#: Page size (as a shift) for access samples folded to pages, when the capture
+#: has no page histogram to take it from: 64 KiB, the device module's default.
+PAGE_SHIFT = 16
+#: Page size of the per-kernel working set computed from access samples: 4 KiB.
+WS_PAGE_SHIFT = 12
+
+
+def _is_empty(lf: pl.LazyFrame) -> bool:
+    return lf.select(pl.len()).collect().item() == 0
+
+
+def launch_times(cap: Capture) -> pl.LazyFrame:
+    """(pid, launch_id) -> t (host time of the launch) and kernel name.
+
+    t is the matched host launch's uprobe time, else the device's API-enter
+    time, else the kernel's start on the host clock."""
+    host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
+    dev = device_executions(cap).filter(pl.col("launch_id").is_not_null())
+    out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
+        "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
+        "launch_seq", pl.col("dev_name"),
+    )
+    name_by_seq = kernel_executions(cap).select("pid", "launch_seq", "name")
+    return out.join(name_by_seq, on=["pid", "launch_seq"], how="left").select(
+        "pid", "launch_id", "t", pl.coalesce("name", "dev_name").alias("name")
+    ).unique(["pid", "launch_id"], keep="first")
+
+
+def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
+    allocs = allocations(cap).collect()
+    return segments(allocs), allocs
+
+
+def _attribute(rows: pl.LazyFrame, segs: Segments, allocs: pl.DataFrame, times: pl.LazyFrame) -> pl.LazyFrame:
+    """rows carry pid, launch_id, seg_id: add alloc_id/base/size/api and name."""
+    keys = rows.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").unique()
+    keys = keys.join(times.select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left")
+    found = resolve(keys, segs)
+    inst = allocs.lazy().select("alloc_id", pl.col("base").alias("alloc_base"),
+                                pl.col("size").alias("alloc_size"), pl.col("api").alias("alloc_api"))
+    return (
+        rows.join(found, on=["pid", "launch_id", "seg_id"], how="left")
+        .join(inst, on="alloc_id", how="left")
+        .join(times.select("pid", "launch_id", "name"), on=["pid", "launch_id"], how="left")
+    )
+
+
+def attributed_pages(cap: Capture, page_shift: int | None = None) -> pl.LazyFrame:
+    """Device pages with the allocation live there when the kernel launched
+    (schema.TIMELINE_FRAMES["pages"]).
+
+    From the page histogram when the capture has one; otherwise from access
+    samples folded to pages of `page_shift` (default PAGE_SHIFT).  A page is
+    attributed by its first byte."""
+    merged = cap.merged.get("pages")
+    if merged is not None:
+        return merged
+    segs, allocs = _segments(cap)
+    times = launch_times(cap)
+    hist = cap.device["page_hist"]
+    if not _is_empty(hist):
+        rows = hist.select(
+            "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
+        ).with_columns(segs.expr("pid", pl.col("page") * pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))).alias("seg_id"))
+    else:
+        shift = PAGE_SHIFT if page_shift is None else page_shift
+        lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
+        rows = (
+            cap.device["access_samples"]
+            .with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+            .group_by("pid", "launch_id", "seg_id", (pl.col("address") // (1 << shift)).alias("page"))
+            .agg(lanes.sum().alias("count"), (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
+            .with_columns(pl.lit(shift, pl.UInt32).alias("page_shift"))
+        )
+    out = _attribute(rows, segs, allocs, times)
+    cols = schema.TIMELINE_FRAMES["pages"]
+    return out.select([pl.col(k).cast(v) for k, v in cols.items()]).sort(["pid", "launch_id", "page"])
+
+
+def alloc_touches(cap: Capture) -> pl.LazyFrame:
+    """Device ALLOC_TOUCH rows resolved to the allocation instance with that
+    base live at the launch (schema.TIMELINE_FRAMES["alloc_touches"])."""
+    merged = cap.merged.get("alloc_touches")
+    if merged is not None:
+        return merged
+    segs, allocs = _segments(cap)
+    rows = cap.device["alloc_touch"].with_columns(segs.expr("pid", pl.col("alloc_base")).alias("seg_id"))
+    out = _attribute(rows.rename({"alloc_base": "dev_base"}), segs, allocs, launch_times(cap))
+    # the device names the base it matched: a different live base is not this touch's allocation
+    out = out.with_columns(
+        pl.when(pl.col("alloc_base") == pl.col("dev_base")).then(pl.col(c)).alias(c)
+        for c in ("alloc_id", "alloc_base", "alloc_size", "alloc_api")
+    ).with_columns(pl.coalesce("alloc_base", "dev_base").alias("alloc_base"))
+    cols = schema.TIMELINE_FRAMES["alloc_touches"]
+    return out.select([pl.col(k).cast(v) for k, v in cols.items()]).sort(["pid", "launch_id", "alloc_base"])
+
+
+def working_set(cap: Capture, page_shift: int = WS_PAGE_SHIFT) -> pl.LazyFrame:
+    """Per kernel execution, from access samples: samples, thread-level
+    accesses, bytes and distinct pages (schema.TIMELINE_FRAMES["working_set"])."""
+    merged = cap.merged.get("working_set")
+    if merged is not None:
+        return merged
+    lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
+    cols = schema.TIMELINE_FRAMES["working_set"]
+    return (
+        cap.device["access_samples"]
+        .group_by("pid", "launch_id")
+        .agg(
+            pl.len().alias("samples"),
+            lanes.sum().alias("accesses"),
+            (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"),
+            (pl.col("address") // (1 << page_shift)).n_unique().alias("pages"),
+        )
+        .select([pl.col(k).cast(v) for k, v in cols.items()])
+    )
+
+
+def hotness(cap: Capture) -> pl.LazyFrame:
+    """Per allocation instance, from access samples: samples, thread-level
+    accesses, bytes and launches touching it (schema.TIMELINE_FRAMES["hotness"]).
+    Samples that no live allocation holds are left out here and counted by
+    `stats` (unattributed_samples)."""
+    merged = cap.merged.get("hotness")
+    if merged is not None:
+        return merged
+    segs, allocs = _segments(cap)
+    lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
+    per_seg = (
+        cap.device["access_samples"]
+        .with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+        .group_by("pid", "launch_id", "seg_id")
+        .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
+             (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
+    )
+    keys = per_seg.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").join(
+        launch_times(cap).select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left"
+    )
+    cols = schema.TIMELINE_FRAMES["hotness"]
+    return (
+        per_seg.join(resolve(keys, segs), on=["pid", "launch_id", "seg_id"], how="inner")
+        .group_by("alloc_id")
+        .agg(pl.col("samples").sum(), pl.col("accesses").sum(), pl.col("bytes").sum(),
+             pl.col("launch_id").n_unique().alias("launches"))
+        .join(allocs.lazy().select("alloc_id", "pid", "base", "size", "api"), on="alloc_id", how="left")
+        .select([pl.col(k).cast(v) for k, v in cols.items()])
+        .sort(["accesses", "pid", "base"], descending=[True, False, False])
+    )

@@ -1,0 +1,157 @@
+"""The merged timeline on disk: a directory of Parquet files (docs/merge.md).
+
+    timeline.json           format_version (schema.TIMELINE_FORMAT_VERSION), the
+                            capture's manifest, merge statistics, problems; written last
+    events.parquet, names.parquet, processes.parquet, libraries.parquet
+                            the capture's host frames, unchanged
+    kernels.parquet, allocations.parquet, pages.parquet, alloc_touches.parquet,
+    working_set.parquet, hotness.parquet
+                            schema.TIMELINE_FRAMES
+    device/<frame>.parquet  the device frames the merge read (schema.DEVICE_FRAMES)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+
+from .. import __version__, schema
+from ..errors import FormatError, UsageError
+from ..read import Capture, _scan, check_version, device_parquet, open_capture
+from .allocations import allocations
+from .kernels import device_executions, kernel_executions
+from .pages import alloc_touches, attributed_pages, hotness, working_set
+from .stats import MergeStats, from_frames
+
+MARKER = "timeline.json"
+_HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
+         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
+
+
+def is_timeline(path: str | Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def load(path: str | Path) -> Capture:
+    """A capture directory or a merged timeline, as a Capture."""
+    p = Path(path)
+    if not is_timeline(p):
+        return open_capture(p)
+    try:
+        meta = json.loads((p / MARKER).read_text())
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{p / MARKER}: damaged timeline header ({e.msg} at line {e.lineno})") from None
+    check_version(meta.get("format_version"), schema.TIMELINE_FORMAT_VERSION, str(p / MARKER))
+    one = lambda n: [p / f"{n}.parquet"] if (p / f"{n}.parquet").exists() else []  # noqa: E731
+    device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
+    device.update(device_parquet(p / "device"))
+    manifest = dict(meta.get("capture_manifest") or {})
+    manifest["merge_stats"] = meta.get("merge_stats")
+    return Capture(
+        path=p,
+        manifest=manifest,
+        events=_scan(one("events"), schema.EVENTS_SCHEMA),
+        names=_scan(one("names"), schema.NAMES_SCHEMA),
+        processes=_scan(one("processes"), schema.PROCESSES_SCHEMA),
+        libraries=_scan(one("libraries"), schema.LIBRARIES_SCHEMA),
+        aggregate=_scan(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
+        device=device,
+        problems=list(meta.get("problems", [])),
+        merged={k: _scan(one(k), v) for k, v in schema.TIMELINE_FRAMES.items()},
+    )
+
+
+def _check_output(out: Path, force: bool) -> None:
+    if not out.exists() and not out.is_symlink():
+        return
+    if not force:
+        raise UsageError(f"{out} exists", hint="use --force to replace it")
+    if out.is_dir() and not is_timeline(out):
+        raise UsageError(f"{out} is a directory but not a pasta-trace timeline; refusing to replace it")
+
+
+def write_timeline(cap: Capture, out: str | Path, *, force: bool = False,
+                   step: Callable[[str], None] = lambda _name: None) -> MergeStats:
+    """Merge `cap` into a timeline directory at `out`.  Lazy end to end: each
+    frame is sunk to Parquet by the streaming engine.  Written into a
+    temporary sibling and renamed at the end, so a failed merge leaves no
+    half timeline (and never touches the capture)."""
+    out = Path(out)
+    _check_output(out, force)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "device").mkdir(parents=True)
+    try:
+        stats = _write(cap, tmp, step)
+        if out.is_dir():
+            shutil.rmtree(out)
+        elif out.exists() or out.is_symlink():
+            out.unlink()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return stats
+
+
+def _sink(lf: pl.LazyFrame, path: Path) -> None:
+    lf.sink_parquet(path, engine="streaming")
+
+
+def _write(cap: Capture, tmp: Path, step: Callable[[str], None]) -> MergeStats:
+    step("host frames")
+    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries}
+    if cap.aggregate is not None:
+        host["aggregate"] = cap.aggregate
+    for name, lf in host.items():
+        _sink(lf, tmp / f"{name}.parquet")
+    step("device frames")
+    for name, lf in cap.device.items():
+        if lf.select(pl.len()).collect().item():
+            _sink(lf, tmp / "device" / f"{name}.parquet")
+    # from here on, read back what was just written: the capture may be .bin
+    # files decoded in memory, the copies are scanned lazily
+    written = load_partial(cap, tmp)
+    frames = {
+        "kernels": kernel_executions, "allocations": allocations, "pages": attributed_pages,
+        "alloc_touches": alloc_touches, "working_set": working_set, "hotness": hotness,
+    }
+    for name, fn in frames.items():
+        step(name)
+        _sink(fn(written), tmp / f"{name}.parquet")
+    step("statistics")
+    samples = written.device["access_samples"].select(pl.len()).collect().item()
+    attributed = pl.scan_parquet(tmp / "hotness.parquet").select(pl.col("samples").sum()).collect().item() or 0
+    stats = from_frames(
+        pl.scan_parquet(tmp / "kernels.parquet"), device_executions(written),
+        pl.scan_parquet(tmp / "pages.parquet"), pl.scan_parquet(tmp / "alloc_touches.parquet"),
+        int(samples), int(samples - attributed),
+    )
+    meta = {
+        "format_version": ".".join(map(str, schema.TIMELINE_FORMAT_VERSION)),
+        "kind": "pasta-trace timeline",
+        "pasta_trace_version": __version__,
+        "source": str(cap.path),
+        "capture_manifest": cap.manifest,
+        "merge_stats": stats.as_dict(),
+        "problems": cap.problems,
+    }
+    (tmp / MARKER).write_text(json.dumps(meta, indent=1, default=str))
+    return stats
+
+
+def load_partial(cap: Capture, d: Path) -> Capture:
+    """The capture as re-read from the host and device copies in `d`."""
+    one = lambda n: [d / f"{n}.parquet"] if (d / f"{n}.parquet").exists() else []  # noqa: E731
+    device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
+    device.update(device_parquet(d / "device"))
+    return Capture(
+        path=cap.path, manifest=cap.manifest,
+        **{k: _scan(one(k), v) for k, v in _HOST.items()},
+        aggregate=cap.aggregate, device=device, problems=cap.problems,
+    )
