@@ -74,3 +74,15 @@ def describe_missing(result: AttachResult, version: str | None) -> str:
     for err in result.errors:
         lines.append(f"  error: {err}")
     return "\n".join(lines)
+
+
+def detach_all(bpf) -> None:
+    """Close every uprobe of ``bpf`` through its perf-event fd.  BCC's own
+    cleanup also edits tracefs's ``uprobe_events``, which fails (and raises)
+    where tracefs is not mounted, although the probes were created through
+    perf_event_open and closing the fd removes them."""
+    from bcc import lib  # local: importing bcc needs the system package
+
+    for ev_name, fd in list(bpf.uprobe_fds.items()):
+        lib.bpf_close_perf_event_fd(fd)
+        bpf._del_uprobe_fd(ev_name)  # keeps BCC's open-probe count right

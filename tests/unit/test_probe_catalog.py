@@ -1,0 +1,145 @@
+"""The probe catalog: consistent with the BPF sources, and every probed symbol
+resolves in the real vendor libraries except the ones those versions lack."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.probes import catalog, elf, program
+
+ROOT = Path(__file__).resolve().parents[2]
+HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
+
+#: Entry points newer than NVIDIA 535 (cuCtxSynchronize_v2: 13.0; the name
+#: getters: 12.3+, the 535 driver is CUDA 12.2).
+CUDA_ABSENT_535 = {"cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"}
+
+#: Entry points newer than HIP 5.2 (mostly ROCm 6.x-7.x), plus the two
+#: launchers 5.2 exports only with C++ linkage (probed under their mangled names).
+HIP_ABSENT_5_2 = {
+    "hipDrvLaunchKernelEx",
+    "hipExtModuleLaunchKernel",
+    "hipGetFuncBySymbol",
+    "hipGraphLaunch_spt",
+    "hipHccModuleLaunchKernel",
+    "hipKernelGetName",
+    "hipLaunchHostFunc",
+    "hipLaunchKernelExC",
+    "hipLibraryGetKernel",
+    "hipMemcpy2DAsync_spt",
+    "hipMemcpy3DAsync_spt",
+    "hipMemset2DAsync_spt",
+    "hipMemsetAsync_spt",
+    "hipModuleLaunchCooperativeKernel",
+}
+
+CATEGORIES = {"launch", "alloc", "vmm", "free", "copy", "copy 2D/3D", "memset", "sync", "names", "modules"}
+
+
+def vendor_libcuda() -> tuple[str, str]:
+    """(path, driver version) of NVIDIA's libcuda.so.1, or skip saying why."""
+    proc = subprocess.run([str(ROOT / "scripts/fetch_vendor_libs.sh")], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"NVIDIA libcuda1 not available: {proc.stderr.strip() or proc.returncode}")
+    path = proc.stdout.strip().splitlines()[-1]
+    version = next(p / "VERSION" for p in Path(path).parents if (p / "VERSION").exists()).read_text().strip()
+    return path, version
+
+
+def test_ids_are_table_indexes():
+    assert [catalog.API_ID[a.symbol] for a in catalog.APIS] == list(range(len(catalog.APIS)))
+    assert len(catalog.APIS) < 2**16  # the api column is u16
+
+
+def test_every_api_is_well_formed():
+    for a in catalog.APIS:
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.symbol), a.symbol
+        assert a.family in ("cuda", "hip")
+        assert isinstance(a.kind, schema.Kind)
+        assert a.ret == (a.shape in catalog.RETURN_SHAPES)
+        assert catalog.SHAPES[a.shape] in ("common", a.family)
+
+
+def test_both_families_cover_every_category():
+    assert {a.category for a in catalog.for_family("hip")} == CATEGORIES
+    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points"}
+
+
+def test_kinds_and_args_of_representative_apis():
+    by = {a.symbol: a for a in catalog.APIS}
+    assert (by["cuLaunchKernel"].kind, by["cuLaunchKernel"].ret) == (schema.Kind.launch, False)
+    assert (by["cuGraphLaunch_ptsz"].kind, by["cuGraphLaunch_ptsz"].shape) == (schema.Kind.graph, "graph_launch")
+    assert (by["cuMemAlloc_v2"].kind, by["cuMemAlloc_v2"].ret) == (schema.Kind.alloc, True)
+    assert (by["cuMemCreate"].kind, by["cuMemRelease"].kind) == (schema.Kind.alloc, schema.Kind.free)
+    assert {by[s].kind for s in ("cuMemAddressReserve", "cuMemMap", "cuMemUnmap", "cuMemSetAccess",
+                                 "cuMemAddressFree")} == {schema.Kind.other}
+    assert by["cuMemcpyDtoHAsync_v2_ptsz"].arg == schema.CopyKind.d2h
+    assert by["cuMemcpyPeer_ptds"].arg == schema.CopyKind.peer
+    assert by["cuMemcpy2D_v2"].arg == catalog.COPY_FROM_STRUCT
+    assert (by["cuMemsetD16_v2"].arg, by["cuMemsetD2D32Async_ptsz"].arg, by["hipMemset"].arg) == (2, 4, 1)
+    assert by["cuKernelGetFunction"].arg == schema.NameSource.kernel_get_function
+    assert by["__hipRegisterFunction"].ret is False
+    assert by["cuStreamSynchronize_ptsz"].ret is True
+
+
+def test_every_shape_has_exactly_one_bpf_macro():
+    text = "".join((program.BPF_DIR / s).read_text() for s in program.SOURCES)
+    defined = re.findall(r"#define PT_H_([A-Z0-9_]+)\(name, id, kind, arg\)", text)
+    assert sorted(defined) == sorted(s.upper() for s in catalog.SHAPES)
+    for shape, where in catalog.SHAPES.items():
+        file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c"}[where]
+        assert f"#define PT_H_{shape.upper()}(" in (program.BPF_DIR / file).read_text()
+
+
+def test_program_text_instantiates_each_api_once():
+    text = program.build_bpf_text(ring_pages=64, names_pages=16)
+    lines = [ln for ln in text.splitlines() if ln.startswith("PT_H_")]
+    assert lines == [program.instantiation(a) for a in catalog.APIS]
+    assert "PT_H_LAUNCH_CU(cuLaunchKernel, 0, 0, 0)" in lines
+    assert "#define PT_RING_PAGES 64" in text and "#define PT_NAMES_PAGES 16" in text
+    assert "#define PT_AGGREGATE" not in text and "#define PT_FILTER_PIDS" not in text
+    agg = program.build_bpf_text(aggregate=True, filter_pids=True)
+    assert "#define PT_AGGREGATE 1" in agg and "#define PT_FILTER_PIDS 1" in agg
+
+
+def test_ring_pages_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="ring_pages must be a power of two, got 1000"):
+        program.build_bpf_text(ring_pages=1000)
+
+
+def test_handler_names():
+    by = {a.symbol: a for a in catalog.APIS}
+    assert program.handler_names(by["cuLaunchKernel"]) == ("pt_e_cuLaunchKernel", None)
+    assert program.handler_names(by["cuMemAlloc_v2"]) == ("pt_e_cuMemAlloc_v2", "pt_r_cuMemAlloc_v2")
+
+
+def test_every_cuda_symbol_resolves_in_the_real_libcuda():
+    path, version = vendor_libcuda()
+    exports = elf.exported_symbols(path)
+    probed = {a.symbol for a in catalog.for_family("cuda")}
+    absent = probed - exports.keys()
+    print(f"libcuda.so.1 {version}: absent from this driver: {sorted(absent)}")
+    assert absent == CUDA_ABSENT_535, f"NVIDIA driver {version} lacks {sorted(absent)}"
+    assert all(exports[s].size > 0 for s in probed - absent)
+
+
+def test_every_hip_symbol_resolves_in_debian_libamdhip64():
+    if not HIP_LIB.exists():
+        pytest.skip(f"{HIP_LIB} is not installed (Debian package libamdhip64-5)")
+    version = HIP_LIB.resolve().name.removeprefix("libamdhip64.so.")
+    exports = elf.exported_symbols(str(HIP_LIB))
+    probed = {a.symbol for a in catalog.for_family("hip")}
+    absent = probed - exports.keys()
+    print(f"libamdhip64 {version}: absent from this version: {sorted(absent)}")
+    assert absent == HIP_ABSENT_5_2, f"HIP {version} lacks {sorted(absent)}"
+
+
+def test_build_id_of_the_real_libraries():
+    path, _ = vendor_libcuda()
+    bid = elf.build_id(path)
+    assert bid is not None and re.fullmatch(r"[0-9a-f]{40}", bid)
