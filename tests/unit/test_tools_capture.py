@@ -118,3 +118,76 @@ def test_capture_reads_back_exactly(tmp_path: Path) -> None:
     assert ev.filter(pl.col("kind") == "launch")["grid_x"].to_list() == [2, 2, 4, 1]
     assert cap.complete is True
     assert cap.lost_events == 0
+
+
+# ----------------------------------------------------------------------------- with device data
+#
+# The same program, with the managed allocation made 0x4800 B (pages 32..36 at
+# 4 KiB, the last one only half inside), and device frames as the device
+# reader would produce them: LAUNCH records and CUPTI kernel records (already
+# on CLOCK_MONOTONIC) joined by correlation id, and page histograms.
+#
+#   launch  host ts  kernel    GPU start-end  pages touched (page x accesses)
+#   pid 100 #1  5000  axpy     5500-6500      16x100 32x50 33x40
+#   pid 100 #2  6000  axpy     6600-7600      16x100 33x20 36x30
+#   pid 100 #3  7000  reduce   8900-9500      34x10  64x5 (no allocation at 0x40000)
+#   pid 200 #1  2500  hip_fill 3000-5600      none
+
+MANAGED_SIZE = 0x4800
+DEVICE_HOST_ROWS = [
+    (t, d, p, tid, api, kind, {**pl_, "size": MANAGED_SIZE} if api == "cuMemAllocManaged" else pl_)
+    for t, d, p, tid, api, kind, pl_ in HOST_ROWS
+]
+# (pid, launch_id, host ts, tid, stream, func, name, correlation id, gpu start, gpu end)
+DEVICE_LAUNCHES = [
+    (100, 1, 5000, 101, 0x5, 0xF1, "axpy", 1, 5500, 6500),
+    (100, 2, 6000, 101, 0x5, 0xF1, "axpy", 2, 6600, 7600),
+    (100, 3, 7000, 101, 0x5, 0xF2, "reduce", 3, 8900, 9500),
+    (200, 1, 2500, 201, 0x0, 0xA1, "hip_fill", 10, 3000, 5600),
+]
+PAGE_HIST = [  # (pid, launch_id, page, count)
+    (100, 1, 16, 100), (100, 1, 32, 50), (100, 1, 33, 40),
+    (100, 2, 16, 100), (100, 2, 33, 20), (100, 2, 36, 30),
+    (100, 3, 34, 10), (100, 3, 64, 5),
+]
+API_ENTER_AFTER_UPROBE_NS = 200  # the device callback runs inside the API call the uprobe saw enter
+
+
+def _frame(name: str, cols: dict) -> pl.DataFrame:
+    sch = schema.DEVICE_FRAMES[name]
+    n = len(next(iter(cols.values())))
+    full = {c: cols.get(c, [0] * n) for c in sch}
+    return pl.DataFrame(full).cast(sch)
+
+
+def write_device_capture(path: Path) -> Path:
+    write_capture(path, rows=DEVICE_HOST_ROWS)
+    dev = path / "device"
+    dev.mkdir()
+    L = DEVICE_LAUNCHES
+    col = lambda i: [r[i] for r in L]  # noqa: E731
+    begin = [T0 + r[2] + API_ENTER_AFTER_UPROBE_NS for r in L]
+    _frame("launches", {
+        "pid": col(0), "launch_id": col(1), "host_mono_begin": begin, "host_mono_end": [b + 10 for b in begin],
+        "stream": col(4), "func": col(5), "grid_id": [0] * len(L), "device": [0] * len(L),
+        "correlation_id": col(7), "tid": col(3), "name": col(6),
+        "grid_x": [1] * len(L), "grid_y": [1] * len(L), "grid_z": [1] * len(L),
+        "block_x": [1] * len(L), "block_y": [1] * len(L), "block_z": [1] * len(L),
+    }).write_parquet(dev / "launches.parquet")
+    _frame("cupti_kernels", {
+        "pid": col(0), "start": [T0 + r[8] for r in L], "end": [T0 + r[9] for r in L],
+        "grid_id": [0] * len(L), "stream_id": [0] * len(L), "correlation_id": col(7), "device": [0] * len(L),
+        "name": col(6),
+    }).write_parquet(dev / "cupti_kernels.parquet")
+    _frame("page_hist", {
+        "pid": [r[0] for r in PAGE_HIST], "launch_id": [r[1] for r in PAGE_HIST],
+        "page_shift": [12] * len(PAGE_HIST), "page": [r[2] for r in PAGE_HIST], "count": [r[3] for r in PAGE_HIST],
+    }).write_parquet(dev / "page_hist.parquet")
+    return path
+
+
+def test_device_capture_reads_back(tmp_path: Path) -> None:
+    cap = open_capture(write_device_capture(tmp_path / "cap"))
+    assert cap.has_device_data is True
+    assert cap.device["launches"].collect()["launch_id"].to_list() == [1, 2, 3, 1]
+    assert cap.device["page_hist"].collect()["count"].sum() == 355
