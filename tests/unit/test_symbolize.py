@@ -1,0 +1,67 @@
+"""Runtime-API launch handles (host stub addresses) -> kernel names, on a REAL
+nvcc-built shared library loaded into this process."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from pasta_trace.capture.symbolize import name_handles, parse_maps
+
+from nvcc_build import compile_cu
+
+#: order of pasta_stub_addresses() in tests/fixtures/kernels.cu
+STUB_ORDER = ["_Z6vecAddPKfS0_Pfi", "_Z5scaleIfEvPT_S0_i", "_Z5scaleIdEvPT_S0_i", "plain_c_kernel", "_ZN2ns5innerEPd"]
+
+
+@pytest.fixture(scope="module")
+def kernels_lib(tmp_path_factory):
+    path = compile_cu(tmp_path_factory.mktemp("sym") / "libkernels.so", "-shared", "-Xcompiler", "-fPIC")
+    lib = ctypes.CDLL(str(path))
+    stubs = (ctypes.c_void_p * 5)()
+    lib.pasta_stub_addresses(stubs)
+    host_fn = ctypes.cast(lib.pasta_stub_addresses, ctypes.c_void_p).value
+    return path, list(stubs), host_fn
+
+
+def test_host_stubs_resolve_to_kernel_names(kernels_lib):
+    path, stubs, _ = kernels_lib
+    got = name_handles(Path("/proc/self/maps").read_text(), "", stubs)
+    assert got.sort("handle").to_dicts() == sorted(
+        ({"handle": h, "name": n, "source": "elf_stub", "reason": None} for h, n in zip(stubs, STUB_ORDER)),
+        key=lambda r: r["handle"],
+    )
+
+
+def test_unresolvable_handles_say_why(kernels_lib):
+    path, _, host_fn = kernels_lib
+    got = {r["handle"]: r for r in name_handles(Path("/proc/self/maps").read_text(), "", [host_fn, 0x10]).to_dicts()}
+    assert got[host_fn] == {"handle": host_fn, "name": f"unknown@0x{host_fn:x}", "source": "unknown",
+                            "reason": f"symbol pasta_stub_addresses is not a kernel in {path}'s fatbin"}
+    assert got[0x10] == {"handle": 0x10, "name": "unknown@0x10", "source": "unknown",
+                         "reason": "address is not in a file-backed mapping"}
+
+
+def test_paths_are_read_under_root(kernels_lib, tmp_path):
+    """A process in another mount namespace: its maps paths are read below `root`."""
+    path, stubs, _ = kernels_lib
+    maps = Path("/proc/self/maps").read_text()
+    (tmp_path / path.relative_to("/")).parent.mkdir(parents=True)
+    (tmp_path / path.relative_to("/")).write_bytes(path.read_bytes())
+    got = name_handles(maps, str(tmp_path), stubs[:1])
+    assert got["name"].to_list() == [STUB_ORDER[0]]
+    missing = name_handles(maps, str(tmp_path / "elsewhere"), stubs[:1])
+    assert missing["source"].to_list() == ["unknown"]
+    assert missing["reason"][0].startswith(f"cannot read {path}:")
+
+
+def test_parse_maps_keeps_file_mappings():
+    text = ("55d0c0a00000-55d0c0a01000 r--p 00001000 fe:00 123   /usr/bin/x\n"
+            "7ffd0000-7ffd1000 rw-p 00000000 00:00 0   [stack]\n"
+            "7f0000000000-7f0000002000 r-xp 00002000 fe:00 9 /lib/y.so (deleted)\n")
+    assert parse_maps(text).to_dicts() == [
+        {"start": 0x55D0C0A00000, "end": 0x55D0C0A01000, "offset": 0x1000, "path": "/usr/bin/x"},
+        {"start": 0x7F0000000000, "end": 0x7F0000002000, "offset": 0x2000, "path": "/lib/y.so"},
+    ]
