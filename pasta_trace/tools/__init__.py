@@ -2,9 +2,17 @@
 optional text renderer, registered in one table (`REGISTRY`) so `report`,
 `report --html` and `export --format csv` pick every tool up.  Tools import no
 BCC and never touch the kernel; they read only what `pasta_trace.read` /
-`pasta_trace.merge` give them.  Importing this package registers every tool, in
-the order reports show them.
+`pasta_trace.merge` give them.
+
+Each module lists its tools in `TOOLS`; they are registered here, in the order
+reports show them.
 """
 
-from .registry import REGISTRY, Tool, register  # noqa: F401
-from . import overview, kernels, memory, leaks, transfers, sync, gpu_time, hotness, prefetch  # noqa: F401,E402
+from . import gpu_time, hotness, kernels, leaks, memory, overview, prefetch, sync, transfers
+from .registry import REGISTRY, Tool, register
+
+for _module in (overview, kernels, memory, leaks, transfers, sync, gpu_time, hotness, prefetch):
+    for _tool in _module.TOOLS:
+        register(_tool)
+
+__all__ = ["REGISTRY", "Tool", "register"]

@@ -11,7 +11,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 
 
 def _timed(cap: Capture) -> pl.LazyFrame:
@@ -62,21 +62,27 @@ def gpu_idle(cap: Capture) -> pl.DataFrame:
     return _gaps(timed, keys).select(*keys, *_COLUMNS).sort(keys).collect()
 
 
-register(
+TOOLS = [
     Tool(
         name="launch_gaps",
         title="Launch gaps per stream",
         compute=launch_gaps,
         needs_device=True,
         description="per process and stream: kernels, busy and idle time, largest gap, launch-to-start latency",
-    )
-)
-register(
+        terminal_columns=(
+            "pid", "stream", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
+            "launch_to_start_mean_ns",
+        ),
+    ),
     Tool(
         name="gpu_idle",
         title="GPU idle time",
         compute=gpu_idle,
         needs_device=True,
         description="per GPU (or process): span of kernel activity, busy time (union over streams) and idle time",
-    )
-)
+        terminal_columns=(
+            "device", "pid", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
+            "launch_to_start_mean_ns",
+        ),
+    ),
+]

@@ -11,7 +11,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
 
@@ -76,35 +76,6 @@ def page_hotness(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
-    Tool(
-        name="working_set",
-        title="Working set per kernel execution",
-        compute=working_set,
-        needs_device=True,
-        description="per launch: distinct pages touched, their bytes, accesses, allocations touched",
-    )
-)
-register(
-    Tool(
-        name="alloc_hotness",
-        title="Hotness per allocation",
-        compute=alloc_hotness,
-        needs_device=True,
-        description="per allocation: accesses, pages touched out of pages spanned, launches that touched it",
-    )
-)
-register(
-    Tool(
-        name="page_hotness",
-        title="Hotness per page",
-        compute=page_hotness,
-        needs_device=True,
-        description="per page: accesses, launches that touched it, first launch, owning allocation",
-    )
-)
-
-
 def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64) -> pl.DataFrame:
     """Accesses per (page, kernel execution) for the `max_pages` hottest pages
     and the first `max_launches` launches: the cells of the HTML heat map."""
@@ -123,3 +94,32 @@ def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64
         .sort(["pid", "page", "launch_id"])
         .collect()
     )
+
+
+TOOLS = [
+    Tool(
+        name="working_set",
+        title="Working set per kernel execution",
+        compute=working_set,
+        needs_device=True,
+        description="per launch: distinct pages touched, their bytes, accesses, allocations touched",
+    ),
+    Tool(
+        name="alloc_hotness",
+        title="Hotness per allocation",
+        compute=alloc_hotness,
+        needs_device=True,
+        description="per allocation: accesses, pages touched out of pages spanned, launches that touched it",
+        terminal_columns=(
+            "pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "pages_touched", "pages_spanned",
+            "touched_share", "launches",
+        ),
+    ),
+    Tool(
+        name="page_hotness",
+        title="Hotness per page",
+        compute=page_hotness,
+        needs_device=True,
+        description="per page: accesses, launches that touched it, first launch, owning allocation",
+    ),
+]

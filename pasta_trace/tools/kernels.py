@@ -7,7 +7,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 from .span import duration_ns
 
 _KEY = ["pid", "name"]
@@ -55,11 +55,15 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="kernels",
         title="Kernel summary",
         compute=kernel_summary,
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
-    )
-)
+        terminal_columns=(
+            "pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
+            "gpu_ns", "gpu_mean_ns",
+        ),
+    ),
+]

@@ -6,7 +6,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 from .span import bounds
 
 
@@ -24,11 +24,11 @@ def leak_candidates(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="leaks",
         title="Leak candidates (never freed)",
         compute=leak_candidates,
         description="allocations with no free before the capture ended, largest first, with age at capture end",
-    )
-)
+    ),
+]

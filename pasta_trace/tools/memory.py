@@ -11,7 +11,7 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from . import render
-from .registry import Tool, register
+from .registry import Tool
 
 
 def _keys(frame: pl.LazyFrame) -> list[str]:
@@ -109,20 +109,18 @@ def render_timeline(df: pl.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
-register(
+TOOLS = [
     Tool(
         name="memory",
         title="Memory timeline (live device bytes)",
         compute=memory_timeline,
         render_text=render_timeline,
         description="one row per allocation or free: live device bytes per process after it, overall and per API",
-    )
-)
-register(
+    ),
     Tool(
         name="memory_peaks",
         title="Memory peaks",
         compute=memory_peaks,
         description="peak live device bytes per process and when, overall and per allocation API",
-    )
-)
+    ),
+]

@@ -8,7 +8,7 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from .memory import memory_peaks
-from .registry import Tool, register
+from .registry import Tool
 
 
 def _devices(cap: Capture) -> pl.LazyFrame:
@@ -60,11 +60,15 @@ def overview(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="processes",
         title="Processes and GPUs",
         compute=overview,
         description="per process: command, threads, API calls, launches, kernels, device memory, copies, syncs, GPUs used",
-    )
-)
+        terminal_columns=(
+            "pid", "comm", "threads", "api_calls", "launches", "kernels", "device_alloc_bytes",
+            "peak_live_bytes", "copy_bytes", "sync_ns", "gpus",
+        ),
+    ),
+]

@@ -10,7 +10,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
 
@@ -74,12 +74,15 @@ def prefetch_plan(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="prefetch",
         title="UVM prefetch plan (managed memory)",
         compute=prefetch_plan,
         needs_device=True,
         description="per launch and managed allocation: page ranges first touched by that launch, as prefetch calls",
-    )
-)
+        terminal_columns=(
+            "pid", "launch_id", "name", "pages", "bytes", "advice",
+        ),
+    ),
+]

@@ -12,13 +12,14 @@ import polars as pl
 class Tool:
     name: str  # short id, used in CSV file names and --tool filters
     title: str  # heading in reports
-    #: (inputs) -> frame.  `inputs` is a pasta_trace.merge.Inputs (capture frames
-    #: plus device frames and the merged timeline when available).
+    #: Capture -> frame (a capture directory or a merged timeline, pasta_trace.read.Capture)
     compute: Callable[..., pl.DataFrame]
     needs_device: bool = False  # True: empty result (and a note) without device data
     #: optional custom text renderer; default is a table of the frame
     render_text: Callable[[pl.DataFrame], str] | None = None
     description: str = ""
+    #: columns worth a terminal's width (None: all); JSON, HTML and CSV keep every column
+    terminal_columns: tuple[str, ...] | None = None
 
 
 REGISTRY: dict[str, Tool] = {}

@@ -5,7 +5,8 @@ with numbers made readable by column naming convention:
   timestamps, shown relative to the capture start as ``+1.234567 s``;
 * other ``*_ns``: durations (``12.3 µs``);
 * ``*bytes``/``size``: byte counts (``1.5 MiB``);
-* addresses and handles (``ADDRESS_COLUMNS``): hex.
+* addresses and handles (``ADDRESS_COLUMNS``): hex;
+* ``*share``: a fraction, shown as a percentage.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def cell(col: str, value: object, t0: int | None) -> str:
             return human_bytes(value)
         if col in ADDRESS_COLUMNS:
             return f"0x{int(value):x}"
+        if col.endswith("share"):
+            return f"{value * 100:.1f}%"
         if isinstance(value, float):
-            return f"{value:.3g}"
+            return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     return str(value)
 
 

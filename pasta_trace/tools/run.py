@@ -9,6 +9,7 @@ from typing import Callable
 
 import polars as pl
 
+from .. import merge
 from ..read import Capture
 from .registry import REGISTRY, Tool
 from .span import bounds
@@ -70,6 +71,8 @@ def capture_facts(cap: Capture) -> dict:
         "complete": cap.complete,
         "problems": list(cap.problems),
         "device_data": cap.has_device_data,
+        # what the host <-> device merge matched and what it could not (never dropped silently)
+        "merge": merge.stats(cap).as_dict() if cap.has_device_data else None,
     }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 from .span import duration_ns
 
 
@@ -27,11 +27,11 @@ def synchronisation(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="sync",
         title="Synchronisation (time blocked)",
         compute=synchronisation,
         description="calls and time blocked per process, thread, sync API and stream (null stream: context/device-wide)",
-    )
-)
+    ),
+]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .registry import Tool, register
+from .registry import Tool
 
 #: Copies at or below this size are dominated by per-call latency, not bandwidth.
 SMALL_COPY_BYTES = 64 * 1024
@@ -97,27 +97,29 @@ def repeated_copies(cap: Capture) -> pl.DataFrame:
     )
 
 
-register(
+TOOLS = [
     Tool(
         name="transfers",
         title="Transfers by direction",
         compute=transfers_by_direction,
         description="copies, bytes, API time and small copies per process and direction (h2d, d2h, d2d, ...)",
-    )
-)
-register(
+    ),
     Tool(
         name="copy_storms",
         title=f"Small-copy storms (<= {SMALL_COPY_BYTES // 1024} KiB, >= {STORM_MIN_COPIES} copies, gaps <= {STORM_GAP_NS // 1000} µs)",
         compute=copy_storms,
         description="runs of small copies on one thread in quick succession: batch them into one copy",
-    )
-)
-register(
+        terminal_columns=(
+            "pid", "tid", "start_ts_ns", "span_ns", "copies", "bytes", "api_ns", "directions",
+        ),
+    ),
     Tool(
         name="repeated_copies",
         title="Same host range copied repeatedly",
         compute=repeated_copies,
         description="host ranges (address, size) copied more than once in one direction, by bytes copied again",
-    )
-)
+        terminal_columns=(
+            "pid", "direction", "host_addr", "size", "copies", "repeated_bytes", "api_ns",
+        ),
+    ),
+]

@@ -1,0 +1,123 @@
+"""`pasta-trace report PATH`: every analysis as terminal tables, JSON, or one HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.text import Text
+
+from .. import merge
+from ..errors import UsageError
+from ..export.html import write_html
+from ..tools import REGISTRY
+from ..tools.render import table
+from ..tools.run import ToolResult, capture_facts, incomplete_banner, run_tools
+
+HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
+EXAMPLES = """\
+  pasta-trace report pasta-host-20261202T1200/
+  pasta-trace report timeline.parquet --tool kernels --tool memory_peaks
+  pasta-trace report pasta-host-20261202T1200/ --json > report.json
+  pasta-trace report pasta-host-20261202T1200/ --html report.html
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="capture directory or merged timeline")
+    p.add_argument("--json", action="store_true", help="write every table as JSON to stdout, nothing else")
+    p.add_argument("--html", metavar="OUT", type=Path, help="write one self-contained HTML report to OUT")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.add_argument(
+        "--tool", action="append", choices=list(REGISTRY), metavar="NAME",
+        help=f"only this tool (repeatable): {', '.join(REGISTRY)}",
+    )
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="rows per terminal table (default 20)")
+
+
+def _json_default(v: object) -> object:
+    return str(v)
+
+
+def to_json(facts: dict, results: list[ToolResult]) -> str:
+    doc = {
+        "capture": facts,
+        "incomplete": incomplete_banner(facts),
+        "tools": {
+            r.tool.name: {
+                "title": r.tool.title,
+                "needs_device": r.tool.needs_device,
+                "note": r.note,
+                "columns": r.frame.columns,
+                "rows": r.frame.to_dicts(),
+            }
+            for r in results
+        },
+    }
+    return json.dumps(doc, indent=1, default=_json_default, allow_nan=False)
+
+
+def print_terminal(console: Console, facts: dict, results: list[ToolResult], limit: int) -> None:
+    banner = incomplete_banner(facts)
+    if banner:
+        console.print(Text(banner, style="bold white on red"))
+    head = [
+        ("capture", facts["path"]), ("command", facts["command"]), ("host", facts["host"]),
+        ("started", facts["started_utc"]),
+        ("duration", None if facts["duration_ns"] is None else f"{facts['duration_ns'] / 1e9:.6f} s"),
+        ("processes", ", ".join(map(str, facts["pids"]))), ("events", facts["events"]),
+        ("lost events", facts["lost_events"]), ("device data", "yes" if facts["device_data"] else "no"),
+    ]
+    for k, v in head:
+        if v is not None:
+            console.print(f"[bold]{k:>12}[/bold]  {v}", highlight=False)
+    if facts["merge"]:
+        for line in merge.MergeStats(**facts["merge"]).lines():
+            console.print(f"{'merge':>12}  {line}", highlight=False)
+    t0 = facts["start_ts_ns"]
+    for r in results:
+        console.print()
+        if r.note:
+            console.print(f"[bold]{r.tool.title}[/bold]: [dim]{r.note}[/dim]")
+        elif r.frame.height == 0:
+            console.print(f"[bold]{r.tool.title}[/bold]: [dim]nothing found[/dim]")
+        elif r.tool.render_text:
+            console.print(f"[bold]{r.tool.title}[/bold]")
+            console.print(r.tool.render_text(r.frame), highlight=False, markup=False)
+        else:
+            cols = r.tool.terminal_columns or r.frame.columns
+            frame = r.frame.select([c for c in cols if c in r.frame.columns])
+            console.print(table(frame, r.tool.title, t0, limit))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.html and args.html.exists() and not args.force:
+        raise UsageError(f"{args.html} exists", hint="use --force to overwrite it")
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    cap = merge.load(args.path)
+    facts = capture_facts(cap)
+    names = args.tool or list(REGISTRY)
+    if sys.stderr.isatty():
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("analysing", total=len(names))
+            results = run_tools(cap, names, on_done=lambda _tool: bar.advance(task))
+    else:
+        results = run_tools(cap, names)
+    banner = incomplete_banner(facts)
+    if args.json:
+        if banner:
+            print(f"pasta-trace: warning: {banner}", file=sys.stderr)
+        sys.stdout.write(to_json(facts, results) + "\n")
+    elif not args.html:
+        print_terminal(Console(), facts, results, args.limit)
+    if args.html:
+        write_html(args.html, cap, facts, results, force=args.force)
+        print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)
+        if banner:
+            print(f"pasta-trace: warning: {banner}", file=sys.stderr)
+    return 0
