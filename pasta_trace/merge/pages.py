@@ -9,7 +9,7 @@ from .. import schema
 from ..read import Capture
 from .allocations import allocations
 from .attribution import Segments, resolve, segments
-from .kernels import device_executions, host_launches, kernel_executions
+from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
 #: has no page histogram to take it from: 64 KiB, the device module's default.
@@ -22,18 +22,18 @@ def _is_empty(lf: pl.LazyFrame) -> bool:
     return lf.select(pl.len()).collect().item() == 0
 
 
-def launch_times(cap: Capture) -> pl.LazyFrame:
+def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """(pid, launch_id) -> t (host time of the launch) and kernel name.
 
     t is the matched host launch's uprobe time, else the device's API-enter
     time, else the kernel's start on the host clock."""
     host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
-    dev = device_executions(cap).filter(pl.col("launch_id").is_not_null())
+    dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
     out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
         "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
         "launch_seq", pl.col("dev_name"),
     )
-    name_by_seq = kernel_executions(cap).select("pid", "launch_seq", "name")
+    name_by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", "name")
     return out.join(name_by_seq, on=["pid", "launch_seq"], how="left").select(
         "pid", "launch_id", "t", pl.coalesce("name", "dev_name").alias("name")
     ).unique(["pid", "launch_id"], keep="first")
@@ -58,7 +58,8 @@ def _attribute(rows: pl.LazyFrame, segs: Segments, allocs: pl.DataFrame, times: 
     )
 
 
-def attributed_pages(cap: Capture, page_shift: int | None = None) -> pl.LazyFrame:
+def attributed_pages(cap: Capture, page_shift: int | None = None,
+                     tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """Device pages with the allocation live there when the kernel launched
     (schema.TIMELINE_FRAMES["pages"]).
 
@@ -69,7 +70,7 @@ def attributed_pages(cap: Capture, page_shift: int | None = None) -> pl.LazyFram
     if merged is not None:
         return merged
     segs, allocs = _segments(cap)
-    times = launch_times(cap)
+    times = launch_times(cap, tolerance_ns)
     hist = cap.device["page_hist"]
     if not _is_empty(hist):
         rows = hist.select(
@@ -90,7 +91,7 @@ def attributed_pages(cap: Capture, page_shift: int | None = None) -> pl.LazyFram
     return out.select([pl.col(k).cast(v) for k, v in cols.items()]).sort(["pid", "launch_id", "page"])
 
 
-def alloc_touches(cap: Capture) -> pl.LazyFrame:
+def alloc_touches(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """Device ALLOC_TOUCH rows resolved to the allocation instance with that
     base live at the launch (schema.TIMELINE_FRAMES["alloc_touches"])."""
     merged = cap.merged.get("alloc_touches")
@@ -98,7 +99,7 @@ def alloc_touches(cap: Capture) -> pl.LazyFrame:
         return merged
     segs, allocs = _segments(cap)
     rows = cap.device["alloc_touch"].with_columns(segs.expr("pid", pl.col("alloc_base")).alias("seg_id"))
-    out = _attribute(rows.rename({"alloc_base": "dev_base"}), segs, allocs, launch_times(cap))
+    out = _attribute(rows.rename({"alloc_base": "dev_base"}), segs, allocs, launch_times(cap, tolerance_ns))
     # the device names the base it matched: a different live base is not this touch's allocation
     out = out.with_columns(
         pl.when(pl.col("alloc_base") == pl.col("dev_base")).then(pl.col(c)).alias(c)
@@ -129,7 +130,7 @@ def working_set(cap: Capture, page_shift: int = WS_PAGE_SHIFT) -> pl.LazyFrame:
     )
 
 
-def hotness(cap: Capture) -> pl.LazyFrame:
+def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """Per allocation instance, from access samples: samples, thread-level
     accesses, bytes and launches touching it (schema.TIMELINE_FRAMES["hotness"]).
     Samples that no live allocation holds are left out here and counted by
@@ -147,7 +148,7 @@ def hotness(cap: Capture) -> pl.LazyFrame:
              (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
     )
     keys = per_seg.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").join(
-        launch_times(cap).select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left"
+        launch_times(cap, tolerance_ns).select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left"
     )
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (

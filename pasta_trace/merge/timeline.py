@@ -24,7 +24,7 @@ from .. import __version__, schema
 from ..errors import FormatError, UsageError
 from ..read import Capture, _scan, check_version, device_parquet, open_capture
 from .allocations import allocations
-from .kernels import device_executions, kernel_executions
+from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, from_frames
 
@@ -76,7 +76,8 @@ def _check_output(out: Path, force: bool) -> None:
 
 
 def write_timeline(cap: Capture, out: str | Path, *, force: bool = False,
-                   step: Callable[[str], None] = lambda _name: None) -> MergeStats:
+                   step: Callable[[str], None] = lambda _name: None,
+                   tolerance_ns: int = TOLERANCE_NS) -> MergeStats:
     """Merge `cap` into a timeline directory at `out`.  Lazy end to end: each
     frame is sunk to Parquet by the streaming engine.  Written into a
     temporary sibling and renamed at the end, so a failed merge leaves no
@@ -87,7 +88,7 @@ def write_timeline(cap: Capture, out: str | Path, *, force: bool = False,
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "device").mkdir(parents=True)
     try:
-        stats = _write(cap, tmp, step)
+        stats = _write(cap, tmp, step, tolerance_ns)
         if out.is_dir():
             shutil.rmtree(out)
         elif out.exists() or out.is_symlink():
@@ -103,7 +104,7 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
     lf.sink_parquet(path, engine="streaming")
 
 
-def _write(cap: Capture, tmp: Path, step: Callable[[str], None]) -> MergeStats:
+def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
     host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries}
     if cap.aggregate is not None:
@@ -118,17 +119,21 @@ def _write(cap: Capture, tmp: Path, step: Callable[[str], None]) -> MergeStats:
     # files decoded in memory, the copies are scanned lazily
     written = load_partial(cap, tmp)
     frames = {
-        "kernels": kernel_executions, "allocations": allocations, "pages": attributed_pages,
-        "alloc_touches": alloc_touches, "working_set": working_set, "hotness": hotness,
+        "kernels": lambda: kernel_executions(written, tolerance_ns),
+        "allocations": lambda: allocations(written),
+        "pages": lambda: attributed_pages(written, tolerance_ns=tolerance_ns),
+        "alloc_touches": lambda: alloc_touches(written, tolerance_ns),
+        "working_set": lambda: working_set(written),
+        "hotness": lambda: hotness(written, tolerance_ns),
     }
-    for name, fn in frames.items():
+    for name, frame in frames.items():
         step(name)
-        _sink(fn(written), tmp / f"{name}.parquet")
+        _sink(frame(), tmp / f"{name}.parquet")
     step("statistics")
     samples = written.device["access_samples"].select(pl.len()).collect().item()
     attributed = pl.scan_parquet(tmp / "hotness.parquet").select(pl.col("samples").sum()).collect().item() or 0
     stats = from_frames(
-        pl.scan_parquet(tmp / "kernels.parquet"), device_executions(written),
+        pl.scan_parquet(tmp / "kernels.parquet"), device_executions(written, tolerance_ns),
         pl.scan_parquet(tmp / "pages.parquet"), pl.scan_parquet(tmp / "alloc_touches.parquet"),
         int(samples), int(samples - attributed),
     )

@@ -1,0 +1,88 @@
+"""`pasta-trace merge DIR [DEVICE_FILES...] -o OUT`: one timeline from a capture
+and device record files (docs/merge.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+import polars as pl
+
+from .. import merge
+from ..errors import FormatError, UsageError
+from ..read import open_capture, read_device
+
+HELP = "join host events and device data into one timeline (Parquet directory)"
+EXAMPLES = """\
+  pasta-trace merge pasta-host-20261202T1200/ -o timeline.parquet
+  pasta-trace merge pasta-host-20261202T1200/ gpu_probes.4242.sanitizer.bin -o timeline.parquet
+  pasta-trace merge pasta-host-20261202T1200/ -o timeline.parquet --force
+  pasta-trace report timeline.parquet
+"""
+
+#: Inputs above this many rows show a progress bar (when stderr is a terminal).
+PROGRESS_ROWS = 1_000_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("capture", metavar="DIR", help="capture directory (from `pasta-trace record`)")
+    p.add_argument("device_files", metavar="DEVICE_FILES", nargs="*", type=Path,
+                   help="device record files (gpu_probes.*.bin) beyond those in DIR/device/")
+    p.add_argument("-o", "--output", metavar="OUT", type=Path, required=True,
+                   help="timeline directory to write (e.g. timeline.parquet)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier timeline or a file")
+    p.add_argument("--tolerance-us", type=float, default=merge.TOLERANCE_NS / 1000, metavar="US",
+                   help="host/device launch time tolerance for matching by time (default %(default)g)")
+
+
+def _rows(cap) -> int:
+    frames = [cap.events, *cap.device.values()]
+    return sum(f.select(pl.len()).collect().item() for f in frames)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.tolerance_us < 0:
+        raise UsageError("--tolerance-us must be >= 0")
+    src = Path(args.capture)
+    if merge.is_timeline(src):
+        raise UsageError(f"{src} is already a merged timeline", hint="give the capture directory")
+    cap = open_capture(src)
+    if args.device_files:
+        missing = [str(f) for f in args.device_files if not f.is_file()]
+        if missing:
+            raise FormatError(f"{missing[0]}: no such device record file")
+        frames, problems = read_device(list(args.device_files))
+        cap.device.update(frames)
+        cap.problems.extend(problems)
+    show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
+    progress = _progress() if show else nullcontext(None)
+    with progress as bar:
+        task = bar.add_task("merging", total=len(STEPS)) if bar else None
+
+        def step(name: str) -> None:
+            if bar:
+                bar.update(task, description=f"merging: {name}", advance=1)
+
+        stats = merge.write_timeline(cap, args.output, force=args.force, step=step,
+                                     tolerance_ns=int(args.tolerance_us * 1000))
+    for problem in cap.problems:
+        print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+    for line in stats.lines():
+        print(line, file=sys.stderr)
+    print(f"Wrote {args.output}", file=sys.stderr)
+    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    return 0
+
+
+STEPS = ["host frames", "device frames", "kernels", "allocations", "pages", "alloc_touches", "working_set",
+         "hotness", "statistics"]
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), transient=True,
+                    console=Console(stderr=True))
