@@ -38,6 +38,8 @@ BUILTIN_CLOCK_MONOTONIC = 3
 _E_CATEGORY_IIDS, _E_ANNOTATIONS, _E_TYPE, _E_NAME_IID, _E_TRACK_UUID = 3, 4, 9, 10, 11
 _E_COUNTER_VALUE, _E_FLOW_IDS, _E_TERMINATING_FLOW_IDS = 30, 47, 48
 SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
+#: sequence id and "needs incremental state" (interned strings), on every event
+_SEQUENCE_FIELDS = pw.field_varint(_P_SEQ_ID, SEQUENCE_ID) + pw.field_varint(_P_SEQ_FLAGS, _SEQ_NEEDS_INCREMENTAL_STATE)
 # DebugAnnotation value fields, by the kind of value
 _A_NAME_IID = 1
 _A_VALUE_FIELD = {"bool": 2, "uint": 3, "int": 4, "ptr": 7, "str": 17}
@@ -131,7 +133,8 @@ def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
     return (col.cast(pl.Enum(table)).to_physical().cast(pl.UInt64) + 1).fill_null(0).to_numpy()
 
 
-def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
+def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> pw.Pieces:
+    """Packets of rows that share one layout (columns null in all of them are absent)."""
     n = rows.height
     every = np.ones(n, dtype=bool)
 
@@ -142,43 +145,50 @@ def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
         present = s.is_not_null().to_numpy()
         if s.dtype == pl.Boolean:
             return s.fill_null(False).cast(pl.UInt64).to_numpy(), present
-        if s.dtype in (pl.String, pl.Categorical) or isinstance(s.dtype, pl.Enum):
-            return _iids(s.cast(pl.String), strings["values"]), present
-        # signed values keep their two's complement bits; the varint encoder writes them as int64 does
+        if s.dtype == pl.String:
+            return _iids(s, strings["values"]), present
+        # signed values keep their two's complement bits, which is how int64 varints are written
         return s.fill_null(0).cast(pl.Int64).to_numpy().view(np.uint64), present
 
-    event: list[pw.Segment] = []
     ph, _ = col("ph")
-    event += pw.scalar_field(_E_TYPE, ph, every)
-    track, _ = col("track")
-    event += pw.scalar_field(_E_TRACK_UUID, track, every)
     named = (ph == SLICE_BEGIN) | (ph == INSTANT)
+    event = [pw.varint_field(_E_TYPE, ph, every), pw.varint_field(_E_TRACK_UUID, col("track")[0], every)]
     if "name" in rows.columns:
-        event += pw.scalar_field(_E_NAME_IID, _iids(rows["name"], strings["names"]), named)
-        event += pw.scalar_field(_E_CATEGORY_IIDS, _iids(rows["cat"], strings["categories"]), named)
+        event.append(pw.varint_field(_E_NAME_IID, _iids(rows["name"], strings["names"]), named))
+        event.append(pw.varint_field(_E_CATEGORY_IIDS, _iids(rows["cat"], strings["categories"]), named))
     for i, (name, kind) in enumerate(ARGS):
         values, present = col(name)
         present &= named
-        if not present.any():
-            continue
-        body = [*pw.scalar_field(_A_NAME_IID, np.full(n, i + 1, dtype=np.uint64), present),
-                *pw.scalar_field(_A_VALUE_FIELD[kind], values, present)]
-        event += pw.message_field(_E_ANNOTATIONS, body, present)
+        if present.any():
+            head = pw.field_varint(_A_NAME_IID, i + 1) + pw.tag(_A_VALUE_FIELD[kind], pw.VARINT)
+            event.append(pw.small_message(_E_ANNOTATIONS, head, values, present))
     values, present = col("counter_value")
-    event += pw.scalar_field(_E_COUNTER_VALUE, values, present)
+    event.append(pw.varint_field(_E_COUNTER_VALUE, values, present))
     values, present = col("flow_out")
-    event += pw.fixed64_field(_E_FLOW_IDS, values, present & named)
+    event.append(pw.fixed64_field(_E_FLOW_IDS, values, present & named))
     values, present = col("flow_in")
-    event += pw.fixed64_field(_E_TERMINATING_FLOW_IDS, values, present & named)
+    event.append(pw.fixed64_field(_E_TERMINATING_FLOW_IDS, values, present & named))
 
-    ts, _ = col("ts_ns")
     packet = [
-        *pw.scalar_field(_P_TIMESTAMP, ts, every),
+        pw.varint_field(_P_TIMESTAMP, col("ts_ns")[0], every),
         *pw.message_field(_P_TRACK_EVENT, event, every),
-        *pw.scalar_field(_P_SEQ_ID, np.full(n, SEQUENCE_ID, dtype=np.uint64), every),
-        *pw.scalar_field(_P_SEQ_FLAGS, np.full(n, _SEQ_NEEDS_INCREMENTAL_STATE, dtype=np.uint64), every),
+        pw.const(_SEQUENCE_FIELDS, every),
     ]
-    return pw.assemble(pw.message_field(1, packet, every))
+    return pw.pieces(pw.message_field(1, packet, every))
+
+
+def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
+    """Packets of `rows`, in order.  Rows are encoded in groups of one layout
+    (event type, category, kind), so that each group carries only its own
+    fields, then interleaved back into time order."""
+    rows = rows.with_row_index("_pos")
+    groups = rows.partition_by([c for c in ("ph", "cat", "kind") if c in rows.columns], maintain_order=False)
+    parts, positions = [], []
+    for g in groups:
+        g = g.select(c for c in g.columns if g[c].null_count() < g.height)
+        parts.append(_encode_group(g.drop("_pos"), strings))
+        positions.append(g["_pos"].to_numpy())
+    return pw.gather(pw.merge(parts, positions))
 
 
 def _strings(model: TraceModel, rows: pl.DataFrame) -> dict[str, list[str]]:

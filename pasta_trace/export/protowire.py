@@ -50,72 +50,128 @@ def field_fixed64(field: int, v: int) -> bytes:
 
 @dataclass
 class Segment:
-    """Row i contributes data[i, :lens[i]]."""
+    """Row i contributes data[i, :lens[i]]; a one-row `data` is shared by every row."""
 
-    data: np.ndarray  # (n, width) uint8
-    lens: np.ndarray  # (n,) int64
+    data: np.ndarray  # (rows or 1, width) uint8
+    lens: np.ndarray  # (rows,) int64, 0 where the field is absent
 
 
-def varints(values: np.ndarray) -> Segment:
+def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, width) varint bytes, left-aligned, and each one's length."""
     v = np.ascontiguousarray(values).astype(np.uint64, copy=False)
-    shifts = np.arange(0, 70, 7, dtype=np.uint64)
-    groups = ((v[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
     lens = np.ones(len(v), dtype=np.int64)
     for k in range(1, 10):
-        lens += v >= np.uint64(1 << (7 * k))
-    cont = np.arange(10)[None, :] < (lens[:, None] - 1)
-    groups[cont] |= 0x80
+        more = v >= np.uint64(1 << (7 * k))
+        if not more.any():
+            break
+        lens += more
     width = int(lens.max()) if len(v) else 1
-    return Segment(groups[:, :width], lens)
+    out = np.empty((len(v), width), dtype=np.uint8)
+    for k in range(width):
+        group = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        out[:, k] = np.where(lens - 1 > k, group | 0x80, group)
+    return out, lens
+
+
+def tagged(prefix: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
+    """`prefix` (a tag, or any fixed bytes) then `values` as varints, where `present`."""
+    groups, lens = _varint_bytes(np.where(present, values, 0))
+    data = np.empty((len(lens), len(prefix) + groups.shape[1]), dtype=np.uint8)
+    data[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+    data[:, len(prefix):] = groups
+    return Segment(data, np.where(present, lens + len(prefix), 0))
+
+
+def small_message(field: int, head: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
+    """Sub-message `field` whose body is `head` then one varint (e.g. a named
+    argument: name id, value tag, value); bodies stay under 128 bytes, so the
+    length is one byte."""
+    t = tag(field, LEN)
+    groups, lens = _varint_bytes(np.where(present, values, 0))
+    fixed = len(t) + 1 + len(head)
+    data = np.empty((len(lens), fixed + groups.shape[1]), dtype=np.uint8)
+    data[:, : len(t)] = np.frombuffer(t, dtype=np.uint8)
+    data[:, len(t)] = len(head) + lens
+    data[:, len(t) + 1: fixed] = np.frombuffer(head, dtype=np.uint8)
+    data[:, fixed:] = groups
+    return Segment(data, np.where(present, fixed + lens, 0))
+
+
+def varint_field(field: int, values: np.ndarray, present: np.ndarray) -> Segment:
+    return tagged(tag(field, VARINT), values, present)
 
 
 def const(b: bytes, present: np.ndarray) -> Segment:
-    data = np.broadcast_to(np.frombuffer(b, dtype=np.uint8), (len(present), len(b)))
-    return Segment(data, np.where(present, len(b), 0).astype(np.int64))
+    return Segment(np.frombuffer(b, dtype=np.uint8)[None, :], np.where(present, len(b), 0).astype(np.int64))
 
 
-def fixed64s(values: np.ndarray) -> Segment:
-    v = np.ascontiguousarray(values, dtype="<u8")
-    return Segment(v.view(np.uint8).reshape(len(v), 8), np.full(len(v), 8, dtype=np.int64))
-
-
-def present_only(seg: Segment, present: np.ndarray) -> Segment:
-    return Segment(seg.data, np.where(present, seg.lens, 0))
-
-
-def scalar_field(field: int, values: np.ndarray, present: np.ndarray) -> list[Segment]:
-    """`field` as a varint, where `present`."""
-    return [const(tag(field, VARINT), present), present_only(varints(np.where(present, values, 0)), present)]
-
-
-def fixed64_field(field: int, values: np.ndarray, present: np.ndarray) -> list[Segment]:
-    return [const(tag(field, I64), present), present_only(fixed64s(np.where(present, values, 0)), present)]
-
-
-def total_len(segs: list[Segment]) -> np.ndarray:
-    return np.sum([s.lens for s in segs], axis=0) if segs else np.zeros(0, dtype=np.int64)
+def fixed64_field(field: int, values: np.ndarray, present: np.ndarray) -> Segment:
+    t = tag(field, I64)
+    data = np.empty((len(values), len(t) + 8), dtype=np.uint8)
+    data[:, : len(t)] = np.frombuffer(t, dtype=np.uint8)
+    data[:, len(t):] = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)
+    return Segment(data, np.where(present, len(t) + 8, 0).astype(np.int64))
 
 
 def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[Segment]:
-    """`body` wrapped as a length-delimited sub-message `field`, where `present`."""
-    n = total_len(body)
-    return [const(tag(field, LEN), present), present_only(varints(n), present),
-            *[present_only(s, present) for s in body]]
+    """`body` as the length-delimited sub-message `field`, where `present`
+    (body segments must already be empty where it is not)."""
+    n = np.sum([s.lens for s in body], axis=0)
+    return [tagged(tag(field, LEN), n, present), *body]
+
+
+@dataclass
+class Pieces:
+    """Rows as runs of bytes in `src`: row i is the runs (starts[i, k], lens[i, k])
+    for k in order.  Rows can be reordered and merged before the one gather."""
+
+    src: np.ndarray  # uint8
+    starts: np.ndarray  # (rows, runs) int64
+    lens: np.ndarray  # (rows, runs) int64
+
+    def padded(self, runs: int, base: int) -> Pieces:
+        """With `runs` columns (extra runs empty), indexing into a source placed at `base`."""
+        pad = runs - self.starts.shape[1]
+        st = np.pad(self.starts + base, ((0, 0), (0, pad)))
+        return Pieces(self.src, st, np.pad(self.lens, ((0, 0), (0, pad))))
+
+
+def pieces(segs: list[Segment]) -> Pieces:
+    n = len(segs[0].lens)
+    sizes = [s.data.size for s in segs]
+    bases = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    rows = np.arange(n, dtype=np.int64)
+    starts = np.empty((n, len(segs)), dtype=np.int64)
+    lens = np.empty((n, len(segs)), dtype=np.int64)
+    for k, s in enumerate(segs):
+        starts[:, k] = bases[k] + (rows * s.data.shape[1] if s.data.shape[0] > 1 else 0)
+        lens[:, k] = s.lens
+    return Pieces(np.concatenate([s.data.reshape(-1) for s in segs]), starts, lens)
+
+
+def merge(parts: list[Pieces], positions: list[np.ndarray]) -> Pieces:
+    """Rows of several Pieces, row positions[j][i] of the result taken from parts[j] row i."""
+    runs = max(p.starts.shape[1] for p in parts)
+    bases = np.concatenate(([0], np.cumsum([p.src.size for p in parts])[:-1]))
+    padded = [p.padded(runs, int(b)) for p, b in zip(parts, bases)]
+    order = np.empty(sum(len(p) for p in positions), dtype=np.int64)
+    order[np.concatenate(positions)] = np.arange(len(order))
+    src = np.concatenate([p.src for p in parts])
+    return Pieces(src, np.concatenate([p.starts for p in padded])[order],
+                  np.concatenate([p.lens for p in padded])[order])
+
+
+def gather(p: Pieces) -> np.ndarray:
+    """Every row's runs, end to end: one np.repeat turns runs into byte indices."""
+    lens = p.lens.reshape(-1)
+    total = int(lens.sum())
+    idx_type = np.int32 if p.src.size < 2**31 and total < 2**31 else np.int64
+    out_starts = np.cumsum(lens) - lens
+    idx = np.repeat((p.starts.reshape(-1) - out_starts).astype(idx_type), lens)
+    idx += np.arange(total, dtype=idx_type)
+    return p.src[idx]
 
 
 def assemble(segs: list[Segment]) -> np.ndarray:
     """All rows, each the concatenation of its segments, end to end (uint8)."""
-    lens = np.stack([s.lens for s in segs])  # (segments, rows)
-    row_len = lens.sum(axis=0)
-    row_start = np.concatenate(([0], np.cumsum(row_len)[:-1]))
-    seg_start = row_start + np.concatenate((np.zeros((1, lens.shape[1]), dtype=np.int64),
-                                            np.cumsum(lens, axis=0)[:-1]))
-    out = np.empty(int(row_len.sum()), dtype=np.uint8)
-    for seg, start in zip(segs, seg_start):
-        width = seg.data.shape[1]
-        if width == 0:
-            continue
-        mask = np.arange(width)[None, :] < seg.lens[:, None]
-        dst = start[:, None] + np.arange(width)[None, :]
-        out[dst[mask]] = seg.data[mask]
-    return out
+    return gather(pieces(segs))
