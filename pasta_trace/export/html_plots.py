@@ -17,7 +17,7 @@ LEFT = 190  # room for lane labels
 RIGHT = 20
 PLOT_W = WIDTH - LEFT - RIGHT
 AXIS_H = 28
-TICKS = 5
+TICKS = 6
 
 #: Fill per event kind (classes ev-<kind> in the page's CSS use the same).
 KIND_COLOURS = {
@@ -54,15 +54,30 @@ def _seconds(ts: pl.Expr, t0: int) -> pl.Expr:
     return ((ts - t0) / 1e9).round(6).cast(pl.String)
 
 
+def nice_step(span: float, ticks: int = TICKS) -> float:
+    """A 1-2-5 step that cuts `span` into at most about `ticks` pieces."""
+    raw = span / ticks
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
 def _time_axis(y: int, span: int) -> str:
     parts = [f'<line class="axis" x1="{LEFT}" y1="{y}" x2="{LEFT + PLOT_W}" y2="{y}"/>']
-    for i in range(TICKS + 1):
-        x = LEFT + PLOT_W * i / TICKS
+    step = nice_step(span)
+    for i in range(int(span // step) + 1):
+        x = LEFT + PLOT_W * (i * step) / span
         parts.append(
             f'<line class="tick" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}"/>'
-            f'<text class="tlabel" x="{x:.1f}" y="{y + 16}" text-anchor="middle">+{human_ns(span * i / TICKS)}</text>'
+            f'<text class="tlabel" x="{x:.1f}" y="{y + 16}" text-anchor="middle">+{human_ns(i * step)}</text>'
         )
     return "".join(parts)
+
+
+def _byte_ticks(top: int) -> list[int]:
+    """Tick values for a byte axis: 1-2-5 steps in the binary unit that fits `top`."""
+    unit = 1024 ** min(4, max(0, int(math.log(max(top, 1), 1024))))
+    step = max(1, int(nice_step(top / unit, 4) * unit))
+    return list(range(0, top + 1, step))
 
 
 def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) -> str:
@@ -122,7 +137,7 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
         for i, pid, tid in host_lanes.select("lane", "pid", "tid").iter_rows()
     ] + [
         f'<text class="lane" x="{LEFT - 8}" y="{gpu_top + i * 20 + 11}" text-anchor="end">'
-        f'pid {pid} GPU {"?" if dev is None else dev} stream {"?" if stream is None else hex(stream)}</text>'
+        f'pid {pid} gpu{"?" if dev is None else dev} {"?" if stream is None else hex(stream)}</text>'
         for i, pid, dev, stream in gpu_lanes.select("lane", "pid", "device", "stream").iter_rows()
     ]
     legend = "".join(
@@ -184,9 +199,8 @@ def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> s
             f'<span class="key"><svg width="14" height="10"><line x1="0" y1="5" x2="14" y2="5" stroke="{colour}" '
             f'stroke-width="2"/></svg>{escape(label)} (peak {human_bytes(row["peak"])})</span>'
         )
-    for i in range(5):
-        v = ymax * i / 4
-        yy = round(top + plot_h - plot_h * i / 4, 1)
+    for v in _byte_ticks(ymax):
+        yy = round(top + plot_h - plot_h * v / ymax, 1)
         parts.append(
             f'<line class="grid" x1="{LEFT}" y1="{yy}" x2="{LEFT + PLOT_W}" y2="{yy}"/>'
             f'<text class="tlabel" x="{LEFT - 6}" y="{yy + 4}" text-anchor="end">{human_bytes(v)}</text>'

@@ -1,0 +1,154 @@
+"""`pasta-trace report`: terminal tables, the INCOMPLETE banner, --json, --html,
+and one-line errors with the documented exit codes, run through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pasta_trace import cli, merge
+from pasta_trace.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from pasta_trace.tools import REGISTRY
+from test_tools_capture import T0, write_capture, write_device_capture
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(["report", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_terminal_report_has_facts_and_every_tool(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    rc, out, err = run(capsys, str(write_capture(tmp_path / "cap")))
+    assert (rc, err) == (EXIT_OK, "")  # no progress bar: stderr is not a terminal
+    assert "INCOMPLETE" not in out
+    assert "command  pasta-trace -a -d 1" in out
+    assert "duration  0.000025 s" in out
+    assert "processes  100, 200" in out
+    for tool in REGISTRY.values():
+        assert tool.title in out
+    # device tools say why they are empty
+    assert out.count("needs device data (gpu_probes or CUPTI); this capture has none") == 6
+    # memory renderer: peak and end per process
+    assert "pid 100: peak 24.0 KiB, end 24.0 KiB, 4 steps" in out
+    assert "pid 200: peak 2.0 KiB, end 1.0 KiB, 3 steps" in out
+    assert "cudaMemPrefetchAsync" not in out
+
+
+def test_banner_counts_lost_events(tmp_path: Path, capsys) -> None:
+    rc, out, _ = run(capsys, str(write_capture(tmp_path / "cap", lost_events=7)))
+    assert rc == EXIT_OK
+    assert out.splitlines()[0] == "INCOMPLETE: 7 events lost"
+
+
+def test_banner_for_a_capture_that_did_not_finish(tmp_path: Path, capsys) -> None:
+    rc, out, _ = run(capsys, str(write_capture(tmp_path / "cap", complete=False)))
+    assert rc == EXIT_OK
+    assert out.splitlines()[0] == "INCOMPLETE: 0 events lost (manifest says the capture is incomplete)"
+
+
+def test_json_is_the_only_thing_on_stdout(tmp_path: Path, capsys) -> None:
+    rc, out, err = run(capsys, str(write_capture(tmp_path / "cap", lost_events=3)), "--json")
+    assert rc == EXIT_OK
+    assert err == "pasta-trace: warning: INCOMPLETE: 3 events lost\n"
+    doc = json.loads(out)
+    assert list(doc["tools"]) == list(REGISTRY)
+    assert doc["incomplete"] == "INCOMPLETE: 3 events lost"
+    facts = doc["capture"]
+    assert (facts["start_ts_ns"], facts["end_ts_ns"], facts["duration_ns"]) == (T0, T0 + 25_000, 25_000)
+    assert (facts["pids"], facts["events"], facts["lost_events"], facts["complete"]) == ([100, 200], 18, 3, True)
+    assert facts["started_utc"] == "2026-12-02T12:00:00+00:00"
+    leaks = doc["tools"]["leaks"]
+    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns"]
+    assert leaks["rows"][0] == {"pid": 100, "tid": 101, "api": "cuMemAlloc_v2", "kind": "device", "base": 0x30000,
+                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000}
+    assert doc["tools"]["prefetch"]["rows"] == []
+    assert doc["tools"]["prefetch"]["note"] == "needs device data (gpu_probes or CUPTI); this capture has none"
+
+
+def test_json_tool_filter(tmp_path: Path, capsys) -> None:
+    rc, out, _ = run(capsys, str(write_capture(tmp_path / "cap")), "--json", "--tool", "sync", "--tool", "leaks")
+    assert rc == EXIT_OK
+    doc = json.loads(out)
+    assert list(doc["tools"]) == ["sync", "leaks"]
+    assert [r["blocked_ns"] for r in doc["tools"]["sync"]["rows"]] == [2000, 1000, 500]
+
+
+def test_report_reads_a_merged_timeline(tmp_path: Path, capsys) -> None:
+    cap = merge.load(write_device_capture(tmp_path / "cap"))
+    merge.write_timeline(cap, tmp_path / "timeline.parquet")
+    rc, out, _ = run(capsys, str(tmp_path / "timeline.parquet"), "--json", "--tool", "prefetch", "--tool", "gpu_idle")
+    assert rc == EXIT_OK
+    doc = json.loads(out)
+    assert [r["advice"] for r in doc["tools"]["prefetch"]["rows"]] == [
+        "cudaMemPrefetchAsync((void*)0x20000, 8192, 0, (cudaStream_t)0x5)",
+        "cudaMemPrefetchAsync((void*)0x24000, 2048, 0, (cudaStream_t)0x5)",
+        "cudaMemPrefetchAsync((void*)0x22000, 4096, 0, (cudaStream_t)0x5)",
+    ]
+    assert doc["tools"]["gpu_idle"]["rows"][0]["idle_ns"] == 1400
+    assert doc["capture"]["merge"]["matched_exact"] == 4
+
+
+def test_html_written_once_then_refused_without_force(tmp_path: Path, capsys) -> None:
+    cap = str(write_device_capture(tmp_path / "cap"))
+    out_html = tmp_path / "r.html"
+    rc, out, err = run(capsys, cap, "--html", str(out_html))
+    assert (rc, out) == (EXIT_OK, "")
+    assert err == f"Wrote {out_html}  (open it in a browser; no network needed)\n"
+    page = out_html.read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert page.count('class="series"') == 2 and page.count('class="cell"') == 8
+    out_html.write_text("keep me")
+    rc, out, err = run(capsys, cap, "--html", str(out_html))
+    assert rc == EXIT_USAGE
+    assert err == f"pasta-trace: error: {out_html} exists (use --force to overwrite it)\n"
+    assert out_html.read_text() == "keep me"
+    rc, _, _ = run(capsys, cap, "--html", str(out_html), "--force")
+    assert rc == EXIT_OK
+    assert out_html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_html_banner_for_lost_events(tmp_path: Path, capsys) -> None:
+    out_html = tmp_path / "r.html"
+    rc, _, err = run(capsys, str(write_capture(tmp_path / "cap", lost_events=5)), "--html", str(out_html))
+    assert rc == EXIT_OK
+    assert err.endswith("pasta-trace: warning: INCOMPLETE: 5 events lost\n")
+    assert '<div class="banner" id="incomplete">INCOMPLETE: 5 events lost</div>' in out_html.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["{tmp}/nope"], EXIT_RUNTIME, "pasta-trace: error: {tmp}/nope: no such file or directory\n"),
+        (["{tmp}/empty"], EXIT_RUNTIME,
+         "pasta-trace: error: {tmp}/empty: not a pasta-trace capture (no manifest.json, no events*.parquet)\n"),
+        (["{tmp}/cap", "--limit", "0"], EXIT_USAGE, "pasta-trace: error: --limit must be at least 1\n"),
+        (["{tmp}/cap", "--html", "{tmp}/no/such/dir/r.html"], EXIT_RUNTIME,
+         "pasta-trace: error: {tmp}/no/such/dir: no such directory\n"),
+    ],
+)
+def test_errors_are_one_line_with_exit_codes(tmp_path: Path, capsys, argv, code, message) -> None:
+    write_capture(tmp_path / "cap")
+    (tmp_path / "empty").mkdir()
+    rc, out, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert (rc, out, err) == (code, "", message.format(tmp=tmp_path))
+
+
+def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
+    cap = write_capture(tmp_path / "cap")
+    (cap / "manifest.json").write_text("{not json")
+    rc, out, err = run(capsys, str(cap))
+    assert (rc, out) == (EXIT_RUNTIME, "")
+    assert err.startswith(f"pasta-trace: error: {cap}/manifest.json: damaged manifest")
+    assert err.count("\n") == 1
+
+
+def test_unknown_tool_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
+    assert e.value.code == EXIT_USAGE
+    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
