@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
         _owned(out)
         results = csv.write(cap, out, _publish)
         what = f"events.csv and {len(results)} tool tables"
-        empty = [r.tool.name for r in results if r.note]
-        if empty:
-            print(f"note: {', '.join(empty)}: header only (need device data)", file=sys.stderr)
+        notes = [r.tool.name for r in results if r.note]
     else:
         from ..export import trace_model
 
@@ -101,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
             tmp.unlink(missing_ok=True)
         what = f"{n} events"
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    if args.format == "perfetto":
+    if args.format == "csv" and notes:
+        print(f"note: {', '.join(notes)}: header only (they need device data)", file=sys.stderr)
+    elif args.format == "perfetto":
         print("open it at https://ui.perfetto.dev (Open trace file)", file=sys.stderr)
     elif args.format == "chrome":
         print("open it at chrome://tracing or https://ui.perfetto.dev", file=sys.stderr)

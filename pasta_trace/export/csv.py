@@ -17,18 +17,21 @@ from ..tools.run import ToolResult, run_tools
 
 
 def flat(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` with every nested or binary column turned into text."""
+    """`frame` with every nested or binary column turned into text (nulls stay null)."""
     out = []
     for name, dtype in frame.schema.items():
-        if isinstance(dtype, (pl.List, pl.Array, pl.Struct)):
-            out.append(pl.col(name).map_batches(
-                lambda s: s.to_frame().select(pl.struct(s.name).struct.json_encode()).to_series()
-                .str.strip_prefix("{\"" + s.name + "\":").str.strip_suffix("}"),
-                return_dtype=pl.String))
+        col = pl.col(name)
+        if isinstance(dtype, pl.Struct):
+            text = col.struct.json_encode()
+        elif isinstance(dtype, (pl.List, pl.Array)):
+            # JSON-encode through a one-field struct, then drop the field's key
+            text = pl.struct(col).struct.json_encode().str.strip_prefix(f'{{"{name}":').str.strip_suffix("}")
         elif dtype == pl.Binary:
-            out.append(pl.col(name).bin.encode("hex"))
+            text = col.bin.encode("hex")
         else:
-            out.append(pl.col(name))
+            out.append(col)
+            continue
+        out.append(pl.when(col.is_not_null()).then(text).alias(name))
     return frame.select(out)
 
 
