@@ -50,6 +50,11 @@ print("ok", dist.version, dist.locate_file(hdr).resolve().parent, dist.locate_fi
 PY
 )
 read -r san_state san_ver san_inc san_lib <<<"${san:-missing}" || true
+# A machine with a full CUDA toolkit (a GPU machine) has the same API in the toolkit itself.
+if [ "$san_state" != ok ] && [ -f "$cuda/compute-sanitizer/include/sanitizer.h" ] &&
+   [ -f "$cuda/compute-sanitizer/libsanitizer-public.so" ]; then
+  san_state=ok san_ver="toolkit-$nvcc_ver" san_inc=$cuda/compute-sanitizer/include san_lib=$cuda/compute-sanitizer
+fi
 
 gencode=${GPU_PROBES_GENCODE:-"-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_120,code=sm_120"}
 mk=(make -s -C "$root/gpu_probes" -j"$(nproc)" NVCC="$nvcc" BIN2C="$cuda/bin/bin2c" CUDA_INC="$cuda/include"
