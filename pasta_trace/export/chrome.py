@@ -129,6 +129,7 @@ def _gpu(model: TraceModel, streams: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
             _arg("device_timing", pl.when(pl.col("dur_ns").is_not_null()).then(pl.lit("true")).otherwise(pl.lit("false"))),
+            _num("overlap_ns"),
         )),
     ])
     flow = _event("f", [pl.lit('"cat":"ac2g","name":"ac2g","bp":"e"'), _arg("id", pl.col("corr").cast(pl.String)),
@@ -141,7 +142,8 @@ def _gpu(model: TraceModel, streams: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
         _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns"))),
         _arg("args", _object(_num("bytes"), _num("stream"), _num("stream_id"), _num("device"),
                            _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
-                           pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))))),
+                           pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))),
+                           _num("overlap_ns"))),
     ])
     return kernels, ops.select(oline.alias("line"))
 

@@ -52,7 +52,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("kind", "str"), ("ret", "int"),
     *((c, "ptr" if c in ("stream", "func", "ptr", "dst", "src") else "str" if c == "copy_kind" else "uint")
       for c in API_ARGS),
-    ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"),
+    ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"), ("overlap_ns", "uint"),
     ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
 )
 

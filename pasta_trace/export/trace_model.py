@@ -47,11 +47,12 @@ class TraceModel:
     #: API_ARGS columns, corr (launches only)
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
-    #: cupti_correlation, grid_*/block_*
+    #: cupti_correlation, grid_*/block_*, overlap_ns (see `serialized`)
     kernels: pl.DataFrame
     #: pid, label, stream (host handle, when CUPTI's stream id maps to one),
     #: stream_id (CUPTI's), cat (gpu_memcpy | gpu_memset), name ("Memcpy HtoD",
-    #: "Memset"...), ts_ns, dur_ns, bytes, copy_kind (CUPTI's), cupti_correlation, device
+    #: "Memset"...), ts_ns, dur_ns, bytes, copy_kind (CUPTI's), cupti_correlation, device,
+    #: overlap_ns
     memops: pl.DataFrame
     #: pid, label ("GPU memory"...), ts_ns, live_bytes: live device bytes
     #: after everything that happened at ts_ns
@@ -201,11 +202,26 @@ def _threads(cap: Capture) -> pl.DataFrame:
     )
 
 
+def serialized(frame: pl.DataFrame) -> pl.DataFrame:
+    """Work on one stream runs one item at a time, but clock conversion can
+    leave neighbours overlapping by a few ns, which trace viewers draw as one
+    nested in the other.  Each timed item starts no earlier than the previous
+    one on its track ended; `overlap_ns` says by how much it was moved."""
+    end = pl.col("ts_ns") + pl.col("dur_ns")
+    prev_end = end.cum_max().forward_fill().shift(1).over("pid", "label", order_by="ts_ns")
+    moved = pl.when(pl.col("dur_ns").is_not_null() & (prev_end > pl.col("ts_ns"))).then(prev_end - pl.col("ts_ns"))
+    return frame.with_columns(overlap_ns=moved).with_columns(
+        ts_ns=pl.col("ts_ns") + pl.col("overlap_ns").fill_null(0),
+        dur_ns=(pl.col("dur_ns") - pl.col("overlap_ns").fill_null(0)).clip(lower_bound=0),
+    )
+
+
 def build(cap: Capture) -> TraceModel:
     api = _api_calls(cap)
     ex = merge.kernel_executions(cap)
     api, kernels = _kernels(api, ex)
-    memops = _memops(cap, ex)
+    kernels = serialized(kernels)
+    memops = serialized(_memops(cap, ex))
     streams = (
         pl.concat([kernels.select("pid", "label"), memops.select("pid", "label")])
         .unique(maintain_order=True)

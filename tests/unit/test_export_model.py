@@ -154,3 +154,13 @@ def test_device_timing_and_memops(tmp_path: Path) -> None:
     ]
     assert m.streams.rows() == [(100, "GPU stream #9"), (100, "GPU stream 0x5"), (100, "GPU stream 0x6"),
                                 (200, "GPU stream 0x0")]
+
+
+def test_overlapping_work_on_one_stream_is_serialized() -> None:
+    frame = pl.DataFrame({
+        "pid": [1, 1, 1, 1, 2], "label": ["s", "s", "s", "s", "s"],
+        "ts_ns": [100, 150, 120, 400, 130], "dur_ns": [100, 100, None, 10, 50],
+    })
+    assert trace_model.serialized(frame).rows() == [
+        (1, "s", 100, 100, None), (1, "s", 200, 50, 50), (1, "s", 120, None, None), (1, "s", 400, 10, None),
+        (2, "s", 130, 50, None)]
