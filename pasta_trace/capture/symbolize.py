@@ -129,3 +129,44 @@ def name_handles(pid_maps: str, root: str, handles: Iterable[int]) -> pl.DataFra
     for (path,), group in hits.group_by("path"):  # one ELF parse per distinct file, not per handle
         parts.append(_resolve_file(group, path, root))
     return pl.concat([p.cast(RESULT_SCHEMA) for p in parts]).sort("handle")
+
+
+def _runtime_launch_apis() -> list[str]:
+    """APIs whose launch handle is a host stub address (runtime-style launches)."""
+    from ..probes.catalog import APIS
+
+    return [a.symbol for a in APIS if a.shape in ("launch_rt", "launch_cfg_rt")]
+
+
+def name_capture(capture_dir: Path, proc: Path = Path("/proc")) -> pl.DataFrame:
+    """Offline names (schema.NAMES_SCHEMA) for the host-stub handles of the
+    runtime-style launches in a capture directory's events.
+
+    Each process's mappings are read from `proc`/PID/maps while it is still
+    alive (paths under `proc`/PID/root, so containers work); a process that
+    has exited gets `unknown@0x...` names.  Handles from driver-API launches
+    are named by the run-time lookups instead and are left out here.
+    """
+    files = sorted(Path(capture_dir).glob("events*.parquet"))
+    empty = schema.empty_frame(schema.NAMES_SCHEMA)
+    if not files:
+        return empty
+    launches = (
+        pl.scan_parquet([str(f) for f in files])
+        .filter(pl.col("api").cast(pl.String).is_in(_runtime_launch_apis()) & pl.col("func").is_not_null())
+        .group_by("pid", "func")
+        .agg(pl.col("ts_ns").min(), pl.col("api").first().cast(pl.String))
+        .collect()
+    )
+    parts = []
+    for (pid,), group in launches.group_by("pid"):  # one maps read per process
+        try:
+            maps = (proc / str(pid) / "maps").read_text()
+            named = name_handles(maps, str(proc / str(pid) / "root"), group["func"])
+        except OSError:
+            named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"))
+        parts.append(group.join(named, left_on="func", right_on="handle").select(
+            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api"))
+    if not parts:
+        return empty
+    return pl.concat(parts).cast(schema.NAMES_SCHEMA)
