@@ -98,11 +98,12 @@ def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.Data
         api.lazy()
         .with_row_index("_row")
         .filter(pl.col("kind") == "launch")
-        .select("_row", "pid", "tid", "ts_ns")
+        # numbered as merge.host_launches numbers them: 1:1 even when two calls share a timestamp
+        .sort("pid", "ts_ns", "tid", maintain_order=True)
+        .select("_row", "pid", launch_seq=pl.int_range(pl.len(), dtype=pl.Int64).over("pid"))
     )
-    # (pid, tid, ts_ns) identifies a host call: one thread enters one call per ns at most
     ex = (
-        ex.join(launches, on=["pid", "tid", "ts_ns"], how="left")
+        ex.join(launches, on=["pid", "launch_seq"], how="left")
         .sort("_row", "ts_ns", nulls_last=True)
         .with_row_index("corr", offset=1)
         .collect()

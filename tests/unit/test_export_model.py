@@ -164,3 +164,12 @@ def test_overlapping_work_on_one_stream_is_serialized() -> None:
     assert trace_model.serialized(frame).rows() == [
         (1, "s", 100, 100, None), (1, "s", 200, 50, 50), (1, "s", 120, None, None), (1, "s", 400, 10, None),
         (2, "s", 130, 50, None)]
+
+
+def test_launches_sharing_a_timestamp_stay_one_to_one(tmp_path: Path) -> None:
+    twin = (2000, 50, 100, 101, "cuLaunchKernel", "launch", {"func": 0xF2, "stream": 0x6, "grid": (4, 1, 1), "block": (64, 1, 1)})
+    m = trace_model.build(open_capture(write_capture(tmp_path / "cap", [*HOST_ROWS, twin])))
+    assert m.api.height == 11
+    assert m.api.filter(pl.col("ts_ns") == T0 + 2000)["corr"].sort().to_list() == [1, 2]
+    assert m.kernels.filter(pl.col("ts_ns") == T0 + 2000).select("corr", "name").sort("corr").rows() == [
+        (1, "axpy"), (2, "reduce")]
