@@ -1,10 +1,12 @@
 /* HIP (libamdhip64.so) argument shapes that only HIP has.
  * Concatenated after pasta.h and cuda.bpf.c by pasta_trace/probes/program.py. */
 
-/* hipMemcpyKind 0..4 is numbered like CopyKind h2h..default. */
-static __always_inline u32 pt_hip_kind(u64 k)
+/* hipMemcpyKind 0..4 is numbered like CopyKind h2h..default.  It is an int:
+ * the upper half of its register or stack slot is not defined. */
+static __always_inline u32 pt_hip_kind(u64 slot)
 {
-    return k <= PT_COPY_DEFAULT ? (u32)k : PT_COPY_UNKNOWN;
+    u32 k = (u32)slot;
+    return k <= PT_COPY_DEFAULT ? k : PT_COPY_UNKNOWN;
 }
 
 /* hipExtModuleLaunchKernel / hipHccModuleLaunchKernel: cuLaunchKernel's

@@ -22,11 +22,19 @@ class AttachResult:
     probes: int = 0  # uprobes + uretprobes created
 
 
-def attach_library(bpf, path: str, family: str, apis: tuple[catalog.Api, ...] = catalog.APIS) -> AttachResult:
+def attach_library(
+    bpf,
+    path: str,
+    family: str,
+    apis: tuple[catalog.Api, ...] = catalog.APIS,
+    *,
+    at_symbol: bool = False,
+) -> AttachResult:
     """Attach every probed ``family`` symbol that ``path`` exports (pid=-1,
     so processes that map the file later are covered).  ``path`` may go
     through ``/proc/PID/root`` to reach a container's file.  Missing symbols
-    and failed attaches are reported, never raised."""
+    and failed attaches are reported, never raised.  ``at_symbol`` puts every
+    probe on the symbol itself instead of the chosen placement (to compare)."""
     result = AttachResult(path)
     try:
         exports = elf.exported_symbols(path)
@@ -43,20 +51,20 @@ def attach_library(bpf, path: str, family: str, apis: tuple[catalog.Api, ...] = 
         if first != api.symbol:
             result.aliases[api.symbol] = first
             continue
-        place = placement.choose_probe_offset(path, sym)
+        offset = 0 if at_symbol else placement.choose_probe_offset(path, sym).offset
         entry_fn, return_fn = program.handler_names(api)
-        addr = sym.vaddr + place.offset
+        addr = sym.vaddr + offset
         try:
-            bpf.attach_uprobe(name=path, addr=addr, fn_name=entry_fn, pid=-1)
+            bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=entry_fn.encode(), pid=-1)
             result.probes += 1
             if return_fn:
-                bpf.attach_uretprobe(name=path, addr=addr, fn_name=return_fn, pid=-1)
+                bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=return_fn.encode(), pid=-1)
                 result.probes += 1
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
             result.errors.append(f"{api.symbol}: {e}")
             continue
         result.attached.append(api.symbol)
-        result.placements[api.symbol] = place.offset
+        result.placements[api.symbol] = offset
     return result
 
 

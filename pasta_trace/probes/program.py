@@ -59,6 +59,5 @@ def build_bpf_text(
         config.append("#define PT_FILTER_PIDS 1")
     parts = [schema.bpf_c_header(), "\n".join(config) + "\n", offsets.c_defines()]
     parts += [(BPF_DIR / s).read_text() for s in SOURCES]
-    parts.append("/* generated from pasta_trace/probes/catalog.py */\n")
-    parts += [instantiation(a) + "\n" for a in apis]
+    parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(instantiation(a) + "\n" for a in apis))
     return "\n".join(parts)

@@ -1,0 +1,355 @@
+"""Live: the BPF program compiles with BCC, attaches to NVIDIA's real
+libcuda.so.1 and Debian's libamdhip64, and calls made through them with
+ctypes (which fail: there is no device) arrive with their decoded arguments
+and exact return codes.  The ring is read with BCC's own ring-buffer API."""
+
+from __future__ import annotations
+
+import ctypes as C
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.probes import attach, catalog, elf, program
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_probe_catalog import CUDA_ABSENT_535, HIP_ABSENT_5_2, HIP_LIB, vendor_libcuda  # noqa: E402
+
+pytestmark = pytest.mark.live
+
+bcc = pytest.importorskip("bcc", reason="BCC is missing (Debian package python3-bpfcc)")
+if os.geteuid() != 0:
+    pytest.skip("live eBPF tests need root", allow_module_level=True)
+
+COMM = Path("/proc/self/comm").read_bytes().strip()[:15]
+API = {a.symbol: i for i, a in enumerate(catalog.APIS)}
+
+
+class dim3(C.Structure):
+    _fields_ = [("x", C.c_uint), ("y", C.c_uint), ("z", C.c_uint)]
+
+
+class CUlaunchConfig(C.Structure):
+    _fields_ = [(n, C.c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shmem")] + [
+        ("stream", C.c_void_p),
+        ("attrs", C.c_void_p),
+        ("numAttrs", C.c_uint),
+    ]
+
+
+class CUDA_MEMCPY2D(C.Structure):
+    _fields_ = [
+        ("srcXInBytes", C.c_size_t), ("srcY", C.c_size_t), ("srcMemoryType", C.c_int),
+        ("srcHost", C.c_void_p), ("srcDevice", C.c_uint64), ("srcArray", C.c_void_p), ("srcPitch", C.c_size_t),
+        ("dstXInBytes", C.c_size_t), ("dstY", C.c_size_t), ("dstMemoryType", C.c_int),
+        ("dstHost", C.c_void_p), ("dstDevice", C.c_uint64), ("dstArray", C.c_void_p), ("dstPitch", C.c_size_t),
+        ("WidthInBytes", C.c_size_t), ("Height", C.c_size_t),
+    ]  # fmt: skip
+
+
+class Tracer:
+    """A BPF program, its attached libraries and a drain of both rings."""
+
+    def __init__(self, **kw):
+        self.bpf = bcc.BPF(text=program.build_bpf_text(**kw).encode())
+        self._ev: list[bytes] = []
+        self._nm: list[bytes] = []
+        if not kw.get("aggregate"):
+            self.bpf[b"events"].open_ring_buffer(lambda _c, d, n: self._ev.append(C.string_at(d, n)))
+        self.bpf[b"names"].open_ring_buffer(lambda _c, d, n: self._nm.append(C.string_at(d, n)))
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        self.bpf.ring_buffer_consume()
+        ev = np.frombuffer(b"".join(self._ev), dtype=schema.HOST_EVENT.dtype)
+        nm = np.frombuffer(b"".join(self._nm), dtype=schema.HOST_NAME.dtype)
+        self._ev.clear()
+        self._nm.clear()
+        return ev, nm
+
+    def lost(self) -> list[int]:
+        return [self.bpf[b"lost"].sum(i).value for i in range(4)]
+
+    def close(self) -> None:
+        attach.detach_all(self.bpf)
+        self.bpf.cleanup()
+
+
+@pytest.fixture
+def tracer():
+    made: list[Tracer] = []
+
+    def make(**kw) -> Tracer:
+        t = Tracer(**kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+@pytest.fixture(scope="module")
+def libcuda():
+    path, version = vendor_libcuda()
+    lib = C.CDLL(path)
+    lib.cuLaunchKernel.argtypes = [C.c_void_p] + [C.c_uint] * 7 + [C.c_void_p] * 3
+    lib.cuLaunchKernelEx.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p]
+    lib.cuMemAlloc_v2.argtypes = [C.POINTER(C.c_uint64), C.c_size_t]
+    lib.cuMemAllocPitch_v2.argtypes = [C.POINTER(C.c_uint64), C.POINTER(C.c_size_t), C.c_size_t, C.c_size_t, C.c_uint]
+    lib.cuMemFree_v2.argtypes = [C.c_uint64]
+    lib.cuMemcpyHtoD_v2.argtypes = [C.c_uint64, C.c_void_p, C.c_size_t]
+    lib.cuMemcpy2D_v2.argtypes = [C.POINTER(CUDA_MEMCPY2D)]
+    lib.cuMemsetD32_v2.argtypes = [C.c_uint64, C.c_uint, C.c_size_t]
+    lib.cuStreamSynchronize.argtypes = [C.c_void_p]
+    lib.cuModuleGetFunction.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
+    lib.cuGetProcAddress_v2.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_int, C.c_uint64, C.c_void_p]
+    return path, version, lib
+
+
+def _hip():
+    if not HIP_LIB.exists():
+        pytest.skip(f"{HIP_LIB} is not installed (Debian package libamdhip64-5)")
+    lib = C.CDLL(str(HIP_LIB))
+    lib.hipLaunchKernel.argtypes = [C.c_void_p, dim3, dim3, C.c_void_p, C.c_size_t, C.c_void_p]
+    lib.hipModuleLaunchKernel.argtypes = [C.c_void_p] + [C.c_uint] * 7 + [C.c_void_p] * 3
+    lib.hipMalloc.argtypes = [C.POINTER(C.c_void_p), C.c_size_t]
+    lib.hipMemcpy.argtypes = [C.c_void_p, C.c_void_p, C.c_size_t, C.c_int]
+    lib.hipMemcpy2D.argtypes = [C.c_void_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_size_t, C.c_size_t, C.c_int]
+    lib.hipMemset.argtypes = [C.c_void_p, C.c_int, C.c_size_t]
+    lib.hipStreamSynchronize.argtypes = [C.c_void_p]
+    lib.hipModuleGetFunction.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
+    return lib
+
+
+def _rows(ev: np.ndarray) -> list[dict]:
+    """Events as dicts of the fields the probe set (per `valid`), plus the
+    header fields that do not depend on time."""
+    out = []
+    for e in ev:
+        row = {"api": catalog.APIS[e["api"]].symbol, "kind": schema.Kind(e["kind"]).name}
+        if e["flags"] & schema.FLAG_HAS_RET:
+            row["ret"] = int(e["ret"])
+        for name, bit in schema.PAYLOAD_BITS.items():
+            if e["valid"] >> bit & 1:
+                if name in ("grid", "block"):
+                    row[name] = tuple(int(e[f"{name}_{c}"]) for c in "xyz")
+                else:
+                    row[name] = int(e[name])
+        out.append(row)
+    return out
+
+
+def _expected_attach(path: str, family: str) -> tuple[list[str], list[str]]:
+    exports = elf.exported_symbols(path)
+    probed = [a.symbol for a in catalog.for_family(family)]
+    return [s for s in probed if s in exports], [s for s in probed if s not in exports]
+
+
+def test_program_compiles_in_every_mode(tracer):
+    for kw in ({}, {"aggregate": True}, {"filter_pids": True}, {"aggregate": True, "filter_pids": True}):
+        t = tracer(ring_pages=16, names_pages=16, **kw)
+        for api in catalog.APIS:
+            for fn in program.handler_names(api):
+                if fn:
+                    t.bpf.load_func(fn.encode(), bcc.BPF.KPROBE)
+
+
+def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
+    path, version, cu = libcuda
+    t = tracer(ring_pages=64, names_pages=16)
+    res = attach.attach_library(t.bpf, path, "cuda")
+    attached, missing = _expected_attach(path, "cuda")
+    assert (res.attached, res.missing, res.aliases, res.errors) == (attached, missing, {}, [])
+    assert set(res.missing) == CUDA_ABSENT_535, f"driver {version}"
+    assert set(res.placements.values()) == {10}
+    assert res.probes == len(attached) + sum(catalog.APIS[API[s]].ret for s in attached)
+
+    p = C.c_uint64(0)
+    pitch = C.c_size_t(0)
+    fn = C.c_void_p(0)
+    cfg = CUlaunchConfig(2, 3, 4, 32, 8, 1, 1024, 0x77, None, 0)
+    m2d = CUDA_MEMCPY2D(srcMemoryType=1, srcHost=0x5000, dstMemoryType=2, dstDevice=0x6000,
+                        WidthInBytes=256, Height=3)  # fmt: skip
+    rc = {
+        "cuLaunchKernel": cu.cuLaunchKernel(0x1234, 1, 2, 3, 4, 5, 6, 7, 0x99, None, None),
+        "cuLaunchKernelEx": cu.cuLaunchKernelEx(C.byref(cfg), 0x4321, None, None),
+        "cuMemAlloc_v2": cu.cuMemAlloc_v2(C.byref(p), 4096),
+        "cuMemAllocPitch_v2": cu.cuMemAllocPitch_v2(C.byref(p), C.byref(pitch), 100, 7, 4),
+        "cuMemFree_v2": cu.cuMemFree_v2(0xABC000),
+        "cuMemcpyHtoD_v2": cu.cuMemcpyHtoD_v2(0x7000, 0x8000, 333),
+        "cuMemcpy2D_v2": cu.cuMemcpy2D_v2(C.byref(m2d)),
+        "cuMemsetD32_v2": cu.cuMemsetD32_v2(0x9000, 0xFF, 10),
+        "cuStreamSynchronize": cu.cuStreamSynchronize(0x99),
+        "cuCtxSynchronize": cu.cuCtxSynchronize(),
+        "cuModuleGetFunction": cu.cuModuleGetFunction(C.byref(fn), 0x55, b"vecAdd"),
+        "cuGetProcAddress_v2": cu.cuGetProcAddress_v2(b"cuLaunchKernel", C.byref(fn), 12000, 0, None),
+    }
+    ev, names = t.drain()
+    proc_fn = fn.value
+    assert rc["cuMemAlloc_v2"] != 0 and rc["cuGetProcAddress_v2"] == 0  # no device, but the table lookup works
+    assert _rows(ev) == [
+        {"api": "cuLaunchKernel", "kind": "launch", "func": 0x1234, "grid": (1, 2, 3), "block": (4, 5, 6),
+         "shmem": 7, "stream": 0x99},
+        {"api": "cuLaunchKernelEx", "kind": "launch", "func": 0x4321, "grid": (2, 3, 4), "block": (32, 8, 1),
+         "shmem": 1024, "stream": 0x77},
+        {"api": "cuMemAlloc_v2", "kind": "alloc", "ret": rc["cuMemAlloc_v2"], "size": 4096},
+        {"api": "cuMemAllocPitch_v2", "kind": "alloc", "ret": rc["cuMemAllocPitch_v2"]},
+        {"api": "cuMemFree_v2", "kind": "free", "ptr": 0xABC000},
+        {"api": "cuMemcpyHtoD_v2", "kind": "memcpy", "dst": 0x7000, "src": 0x8000, "size": 333,
+         "copy_kind": schema.CopyKind.h2d},
+        {"api": "cuMemcpy2D_v2", "kind": "memcpy", "dst": 0x6000, "src": 0x5000, "size": 768,
+         "copy_kind": schema.CopyKind.h2d},
+        {"api": "cuMemsetD32_v2", "kind": "memset", "ptr": 0x9000, "size": 40, "aux": 0xFF},
+        {"api": "cuStreamSynchronize", "kind": "sync", "ret": rc["cuStreamSynchronize"], "stream": 0x99},
+        {"api": "cuCtxSynchronize", "kind": "sync", "ret": rc["cuCtxSynchronize"]},
+        {"api": "cuModuleGetFunction", "kind": "module", "ret": rc["cuModuleGetFunction"], "src": 0x55},
+        {"api": "cuGetProcAddress_v2", "kind": "other", "ret": 0, "func": proc_fn, "aux": 12000},
+    ]  # fmt: skip
+    assert set(ev["comm"]) == {COMM} and set(ev["pid"]) == {os.getpid()}
+    paired = ev["flags"] == schema.FLAG_HAS_RET | schema.FLAG_HAS_DUR
+    assert paired.sum() == 6 and (ev["dur_ns"][paired] > 0).all()
+    assert [(catalog.APIS[n["api"]].symbol, schema.NameSource(n["source"]).name, int(n["ret"]),
+             int(n["handle"]), n["name"]) for n in names] == [
+        ("cuModuleGetFunction", "module_get_function", rc["cuModuleGetFunction"], 0, b"vecAdd"),
+        ("cuGetProcAddress_v2", "get_proc_address", 0, proc_fn, b"cuLaunchKernel"),
+    ]  # fmt: skip
+    assert t.lost() == [0, 0, 0, 0]
+
+
+def test_attach_real_libamdhip64_and_capture_return_codes(tracer):
+    hip = _hip()
+    t = tracer(ring_pages=64, names_pages=16)
+    res = attach.attach_library(t.bpf, str(HIP_LIB), "hip")
+    attached, missing = _expected_attach(str(HIP_LIB), "hip")
+    assert (res.attached, res.missing, res.aliases, res.errors) == (attached, missing, {}, [])
+    assert set(res.missing) == HIP_ABSENT_5_2
+    assert set(res.placements.values()) == {0}
+
+    p = C.c_void_p(0)
+    rc = {
+        "hipLaunchKernel": hip.hipLaunchKernel(0x1234, dim3(1, 2, 3), dim3(4, 5, 6), None, 7, 0x99),
+        "hipModuleLaunchKernel": hip.hipModuleLaunchKernel(0x4321, 8, 9, 10, 11, 12, 13, 14, 0x98, None, None),
+        "hipMalloc": hip.hipMalloc(C.byref(p), 100),
+        "hipMemcpy": hip.hipMemcpy(0x1000, 0x2000, 64, 2),
+        "hipMemcpy2D": hip.hipMemcpy2D(0x1000, 64, 0x2000, 64, 32, 4, 3),
+        "hipMemset": hip.hipMemset(0x3000, 7, 50),
+        "hipStreamSynchronize": hip.hipStreamSynchronize(0x97),
+        "hipModuleGetFunction": hip.hipModuleGetFunction(C.byref(p), 0x55, b"kern"),
+    }
+    ev, names = t.drain()
+    assert _rows(ev) == [
+        {"api": "hipLaunchKernel", "kind": "launch", "func": 0x1234, "grid": (1, 2, 3), "block": (4, 5, 6),
+         "shmem": 7, "stream": 0x99},
+        {"api": "hipModuleLaunchKernel", "kind": "launch", "func": 0x4321, "grid": (8, 9, 10),
+         "block": (11, 12, 13), "shmem": 14, "stream": 0x98},
+        {"api": "hipMalloc", "kind": "alloc", "ret": rc["hipMalloc"], "size": 100},
+        {"api": "hipMemcpy", "kind": "memcpy", "dst": 0x1000, "src": 0x2000, "size": 64,
+         "copy_kind": schema.CopyKind.d2h},
+        {"api": "hipMemcpy2D", "kind": "memcpy", "dst": 0x1000, "src": 0x2000, "size": 128,
+         "copy_kind": schema.CopyKind.d2d},
+        {"api": "hipMemset", "kind": "memset", "ptr": 0x3000, "size": 50, "aux": 7},
+        {"api": "hipStreamSynchronize", "kind": "sync", "ret": rc["hipStreamSynchronize"], "stream": 0x97},
+        {"api": "hipModuleGetFunction", "kind": "module", "ret": rc["hipModuleGetFunction"], "src": 0x55},
+    ]  # fmt: skip
+    assert rc["hipMalloc"] != 0
+    assert [(int(n["ret"]), n["name"]) for n in names] == [(rc["hipModuleGetFunction"], b"kern")]
+    assert t.lost() == [0, 0, 0, 0]
+
+
+def _cuda_workload(cu, n: int) -> dict[str, list[int]]:
+    p = C.c_uint64(0)
+    fn = C.c_void_p(0)
+    rcs: dict[str, list[int]] = {"cuLaunchKernel": [], "cuMemAlloc_v2": [], "cuCtxSynchronize": [],
+                                 "cuGetProcAddress_v2": []}  # fmt: skip
+    for i in range(n):
+        rcs["cuLaunchKernel"].append(cu.cuLaunchKernel(0x1000 + i, i, 1, 1, 32, 1, 1, 0, 0x99, None, None))
+        rcs["cuMemAlloc_v2"].append(cu.cuMemAlloc_v2(C.byref(p), 64 * (i + 1)))
+        rcs["cuCtxSynchronize"].append(cu.cuCtxSynchronize())
+        rcs["cuGetProcAddress_v2"].append(cu.cuGetProcAddress_v2(b"cuMemAlloc", C.byref(fn), 12000, 0, None))
+    return rcs
+
+
+def test_placement_gives_the_same_events_as_the_symbol(tracer, libcuda):
+    """The probe at +10 (after the cmpl) sees exactly what a probe at the
+    symbol sees: same events, counts, decoded arguments and return codes."""
+    path, _, cu = libcuda
+    n = 200
+    apis = tuple(catalog.APIS[API[s]] for s in ("cuLaunchKernel", "cuMemAlloc_v2", "cuCtxSynchronize",
+                                                 "cuGetProcAddress_v2"))  # fmt: skip
+    seen = {}
+    for at_symbol in (True, False):
+        t = tracer(ring_pages=256, names_pages=64, apis=apis)
+        res = attach.attach_library(t.bpf, path, "cuda", apis, at_symbol=at_symbol)
+        assert set(res.placements.values()) == ({0} if at_symbol else {10})
+        rcs = _cuda_workload(cu, n)
+        ev, names = t.drain()
+        rows = _rows(ev)
+        assert len(rows) == 4 * n and len(names) == n and t.lost() == [0, 0, 0, 0]
+        for api, codes in rcs.items():
+            assert [r.get("ret") for r in rows if r["api"] == api] == (
+                codes if catalog.APIS[API[api]].ret else [None] * n
+            )
+        seen[at_symbol] = (rows, [(int(x["handle"]), x["name"]) for x in names])
+        t.close()
+    assert seen[True] == seen[False]
+
+
+def test_ring_full_is_counted_exactly(tracer, libcuda):
+    """A one-page ring holds fewer events than the calls made: captured +
+    lost[0] equals the calls, exactly."""
+    path, _, cu = libcuda
+    api = catalog.APIS[API["cuLaunchKernel"]]
+    t = tracer(ring_pages=1, names_pages=1, apis=(api,))
+    attach.attach_library(t.bpf, path, "cuda", (api,))
+    calls = 500
+    for i in range(calls):
+        cu.cuLaunchKernel(i, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    ev, _ = t.drain()
+    lost = t.lost()
+    assert 0 < len(ev) < calls
+    assert len(ev) + lost[0] == calls and lost[1:] == [0, 0, 0]
+    assert list(ev["func"]) == list(range(len(ev)))  # the first ones fit, in order
+
+
+def test_pid_filter(tracer, libcuda):
+    path, _, cu = libcuda
+    api = catalog.APIS[API["cuLaunchKernel"]]
+    t = tracer(ring_pages=16, names_pages=16, filter_pids=True, apis=(api,))
+    attach.attach_library(t.bpf, path, "cuda", (api,))
+    cu.cuLaunchKernel(1, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    assert len(t.drain()[0]) == 0
+    t.bpf[b"pid_filter"][C.c_uint32(os.getpid())] = C.c_uint8(1)
+    cu.cuLaunchKernel(2, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    assert list(t.drain()[0]["func"]) == [2]
+
+
+def test_aggregate_mode_counts_in_the_kernel(tracer, libcuda):
+    path, _, cu = libcuda
+    apis = tuple(catalog.APIS[API[s]] for s in ("cuLaunchKernel", "cuMemcpyHtoD_v2", "cuModuleGetFunction"))
+    t = tracer(ring_pages=16, names_pages=16, aggregate=True, apis=apis)
+    attach.attach_library(t.bpf, path, "cuda", apis)
+    for _ in range(5):
+        cu.cuLaunchKernel(0x10, 2, 1, 1, 64, 1, 1, 0, None, None, None)
+    for _ in range(3):
+        cu.cuLaunchKernel(0x20, 4, 1, 1, 64, 1, 1, 0, None, None, None)
+    for i in range(4):
+        cu.cuMemcpyHtoD_v2(0x7000, 0x8000, 100 + i)
+    fn = C.c_void_p(0)
+    cu.cuModuleGetFunction(C.byref(fn), 0x55, b"k")
+    rows = sorted(
+        (catalog.APIS[k.api].symbol, k.func, k.grid_x, k.block_x, v.count, v.bytes)
+        for k, v in t.bpf[b"agg"].items()
+    )
+    assert rows == [
+        ("cuLaunchKernel", 0x10, 2, 64, 5, 0),
+        ("cuLaunchKernel", 0x20, 4, 64, 3, 0),
+        ("cuMemcpyHtoD_v2", 0, 0, 0, 4, 406),
+        ("cuModuleGetFunction", 0, 0, 0, 1, 0),
+    ]
+    _, names = t.drain()
+    assert [n["name"] for n in names] == [b"k"]
+    assert all(v.first_ts <= v.last_ts for v in t.bpf[b"agg"].values())
