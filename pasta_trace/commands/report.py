@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from rich.console import Console
 from rich.progress import Progress
@@ -16,7 +18,7 @@ from ..errors import UsageError
 from ..export.html import write_html
 from ..tools import REGISTRY
 from ..tools.render import table
-from ..tools.run import ToolResult, capture_facts, incomplete_banner, run_tools
+from ..tools.run import ToolResult, capture_facts, incomplete_banner, run_tools, with_merged
 
 HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
 EXAMPLES = """\
@@ -94,20 +96,30 @@ def print_terminal(console: Console, facts: dict, results: list[ToolResult], lim
             console.print(table(frame, r.tool.title, t0, limit))
 
 
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr when it is a terminal (stdout carries data only);
+    otherwise nothing.  Yields `step(label)`, called after each unit of work."""
+    if not sys.stderr.isatty():
+        yield lambda _label: None
+        return
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("merging", total=total)
+        yield lambda label: bar.update(task, advance=1, description=label)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.html and args.html.exists() and not args.force:
         raise UsageError(f"{args.html} exists", hint="use --force to overwrite it")
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
     cap = merge.load(args.path)
-    facts = capture_facts(cap)
     names = args.tool or list(REGISTRY)
-    if sys.stderr.isatty():
-        with Progress(console=Console(stderr=True), transient=True) as bar:
-            task = bar.add_task("analysing", total=len(names))
-            results = run_tools(cap, names, on_done=lambda _tool: bar.advance(task))
-    else:
-        results = run_tools(cap, names)
+    with _progress(len(names) + 1) as step:
+        cap = with_merged(cap)
+        step("analysing")
+        facts = capture_facts(cap)
+        results = run_tools(cap, names, on_done=lambda tool: step(tool.name))
     banner = incomplete_banner(facts)
     if args.json:
         if banner:

@@ -34,7 +34,7 @@ def working_set(cap: Capture) -> pl.DataFrame:
             pl.col("page").filter(pl.col("alloc_id").is_null()).n_unique().alias("unattributed_pages"),
         )
         .sort(["pid", "launch_id"])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -57,7 +57,7 @@ def alloc_hotness(cap: Capture) -> pl.DataFrame:
         .select("pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "accessed_bytes",
                 "pages_touched", "pages_spanned", "touched_share", "launches")
         .sort(["accesses", "pid", "alloc_base"], descending=[True, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -72,7 +72,7 @@ def page_hotness(cap: Capture) -> pl.DataFrame:
             pl.col("launch_id").min().alias("first_launch_id"),
         )
         .sort(["accesses", "pid", "page"], descending=[True, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -92,7 +92,7 @@ def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64
         counts.join(hot, on=["pid", "page"], how="semi")
         .join(first, on=["pid", "launch_id"], how="semi")
         .sort(["pid", "page", "launch_id"])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

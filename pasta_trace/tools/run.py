@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,6 +22,17 @@ class ToolResult:
     frame: pl.DataFrame
     #: why the frame is empty when that is not a finding (no device data)
     note: str | None = None
+
+
+def with_merged(cap: Capture) -> Capture:
+    """`cap` with its merged frames (kernel executions, allocation instances,
+    attributed pages) computed once and held in memory, so the tools read them
+    instead of each redoing the merge.  A merged timeline already has them on
+    disk and is returned as it is: for captures too big for this, merge first."""
+    if cap.merged:
+        return cap
+    frames = {"kernels": merge.kernel_executions, "allocations": merge.allocations, "pages": merge.attributed_pages}
+    return dataclasses.replace(cap, merged={name: fn(cap).collect().lazy() for name, fn in frames.items()})
 
 
 def run_tools(
