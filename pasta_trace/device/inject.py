@@ -30,25 +30,21 @@ STAGING = "device.staging"
 _SAMPLE = re.compile(r"^(off|warp:[1-9][0-9]*|cta:[1-9][0-9]*)$")
 
 
-def built_artefacts(manifest: Path) -> dict:
-    """The manifest's artefacts, or {} when nothing was built."""
+def built_artefacts(manifest: Path) -> dict[str, str | None]:
+    """The manifest's ``artifacts`` (name -> absolute path, null when skipped), or {} when nothing was built."""
     try:
         data = json.loads(manifest.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, json.JSONDecodeError) as e:
         raise PastaError(f"{manifest}: unreadable build manifest ({e})", hint="run scripts/build_gpu_probes.sh") from None
-    return data.get("artifacts", data) if isinstance(data, dict) else {}
+    arts = data.get("artifacts") if isinstance(data, dict) else None
+    return arts if isinstance(arts, dict) else {}
 
 
-def _artefact_path(artefacts: dict, key: str) -> Path | None:
+def _artefact_path(artefacts: dict[str, str | None], key: str) -> Path | None:
     v = artefacts.get(key)
-    if isinstance(v, dict):
-        v = v.get("path")
-    if not v:
-        return None
-    p = Path(v)
-    return p if p.is_file() else None
+    return Path(v) if isinstance(v, str) and Path(v).is_file() else None
 
 
 class DeviceSession:

@@ -9,7 +9,7 @@ import pytest
 
 from pasta_trace import schema
 from pasta_trace.device import read_device_files
-from pasta_trace.device.inject import BOOTSTRAP_DIR, STAGING, DeviceSession
+from pasta_trace.device.inject import BOOTSTRAP_DIR, DEFAULT_MANIFEST, STAGING, DeviceSession
 from pasta_trace.device.writer import DeviceFileWriter, device_file_name
 from pasta_trace.errors import EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
 
@@ -22,7 +22,10 @@ def built(tmp_path):
     (libs / "libgpu_probes_sanitizer.so").write_bytes(b"\x7fELF")
     (libs / "libgpu_probes_nvbit.so").write_bytes(b"\x7fELF")
     m = libs / "manifest.json"
-    m.write_text(json.dumps({"sanitizer": str(libs / "libgpu_probes_sanitizer.so"), "nvbit": str(libs / "libgpu_probes_nvbit.so")}))
+    m.write_text(json.dumps({
+        "format_version": 1,
+        "artifacts": {"sanitizer": str(libs / "libgpu_probes_sanitizer.so"), "nvbit": str(libs / "libgpu_probes_nvbit.so")},
+    }))
     return m
 
 
@@ -43,10 +46,19 @@ def test_options_left_out_are_not_set(tmp_path, built):
     assert set(s.env()) == {"CUDA_INJECTION64_PATH", "GPU_PROBES_DIR"}
 
 
-def test_nested_artifacts_manifest(tmp_path, built):
-    data = json.loads(built.read_text())
-    built.write_text(json.dumps({"artifacts": {"sanitizer": {"path": data["sanitizer"]}}}))
-    assert DeviceSession("sanitizer", tmp_path / "c", manifest=built).env()["CUDA_INJECTION64_PATH"] == data["sanitizer"]
+def test_the_real_build_manifest(tmp_path):
+    """What scripts/build_gpu_probes.sh wrote here, if it ran."""
+    if not DEFAULT_MANIFEST.is_file():
+        pytest.skip("gpu_probes not built (scripts/build_gpu_probes.sh)")
+    arts = json.loads(DEFAULT_MANIFEST.read_text())["artifacts"]
+    if arts.get("sanitizer"):
+        env = DeviceSession("sanitizer", tmp_path / "s").env()
+        assert env["CUDA_INJECTION64_PATH"] == arts["sanitizer"] and os.path.isabs(arts["sanitizer"])
+    if arts.get("nvbit"):
+        assert DeviceSession("nvbit", tmp_path / "n").env()["LD_PRELOAD"].split(":")[0] == arts["nvbit"]
+    else:
+        with pytest.raises(PastaError, match="^NVBit tool not built: set NVBIT_HOME"):
+            DeviceSession("nvbit", tmp_path / "n")
 
 
 def test_nvbit_env_keeps_an_existing_preload(tmp_path, built, monkeypatch):
@@ -83,9 +95,10 @@ def test_backend_not_built(tmp_path, backend, message):
     assert not (tmp_path / "cap").exists()  # nothing created for a backend that cannot run
 
 
-def test_manifest_naming_a_missing_file_means_not_built(tmp_path, built):
-    built.write_text(json.dumps({"sanitizer": str(tmp_path / "gone.so")}))
-    with pytest.raises(PastaError, match="^Sanitizer backend not built"):
+@pytest.mark.parametrize("path", ["gone.so", None])
+def test_manifest_naming_a_missing_or_skipped_artefact_means_not_built(tmp_path, built, path):
+    built.write_text(json.dumps({"artifacts": {"sanitizer": path and str(tmp_path / path), "nvbit": None}}))
+    with pytest.raises(PastaError, match="^Sanitizer backend not built: run scripts/build_gpu_probes.sh$"):
         DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
 
 
