@@ -82,6 +82,20 @@ class ProcessTable:
         self.changed = True
         return True
 
+    def add_minimal(self, pid: int, comm: str) -> None:
+        """A process seen only in events (it exited before /proc was read)."""
+        if pid not in self._rows and not self.add(pid):
+            self._rows[pid] = {**dict.fromkeys(schema.PROCESSES_SCHEMA), "pid": pid, "comm": comm}
+            self.changed = True
+
+    def refresh(self, pid: int, proc: Path = Path("/proc")) -> None:
+        """Re-read a process after exec (new comm and cmdline)."""
+        row = process_row(pid, proc)
+        if row is not None and pid in self._rows:
+            row["exit_ns"] = self._rows[pid]["exit_ns"]
+            self._rows[pid] = row
+            self.changed = True
+
     def exited(self, pid: int, ts_ns: int) -> None:
         row = self._rows.get(pid)
         if row is not None and row["exit_ns"] is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -49,6 +50,9 @@ class CaptureWriter:
         self.names = 0
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
+        self._comms: dict[int, str] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pasta-writer")
+        self._jobs: list[Future] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self._chown(self.dir)
 
@@ -72,20 +76,45 @@ class CaptureWriter:
         return time.monotonic() - self._last_flush >= self.flush_interval_s
 
     def flush(self) -> None:
-        """Write what arrived since the last flush."""
+        """Write what arrived since the last flush, in this thread."""
+        self._write(*self._take())
+
+    def flush_async(self) -> None:
+        """Hand what arrived since the last flush to the writer thread."""
+        for job in [j for j in self._jobs if j.done()]:
+            self._jobs.remove(job)
+            job.result()  # a failed write surfaces here, not silently
+        self._jobs.append(self._pool.submit(self._write, *self._take()))
+
+    def close(self) -> None:
+        """Wait for the writer thread to finish every flush handed to it."""
+        self._pool.shutdown(wait=True)
+        for job in self._jobs:
+            job.result()
+        self._jobs.clear()
+
+    def _take(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         self._last_flush = time.monotonic()
-        if self._pending_events:
-            recs = np.concatenate(self._pending_events)
-            self._pending_events.clear()
+        events, names = self._pending_events, self._pending_names
+        self._pending_events, self._pending_names = [], []
+        return events, names
+
+    def _write(self, events: list[np.ndarray], names: list[np.ndarray]) -> None:
+        if events:
+            frame = events_frame(np.concatenate(events), self.api_names)
             path = self.dir / f"events-{self._next_file:05d}.parquet"
             self._next_file += 1
-            self.write_frame(path, events_frame(recs, self.api_names))
+            self.write_frame(path, frame)
             self.event_files.append(path)
-        if self._pending_names:
-            self._all_names.extend(self._pending_names)
-            self._pending_names.clear()
-            self._all_names = [np.concatenate(self._all_names)]
+            for pid, comm in frame.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
+                self._comms.setdefault(pid, comm)
+        if names:
+            self._all_names = [np.concatenate(self._all_names + names)]
             self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
+
+    def pids_and_comms(self) -> list[tuple[int, str]]:
+        """Each process seen in the events written so far, with its command name."""
+        return list(self._comms.items())
 
     def names_table(self, extra: pl.DataFrame | None = None) -> pl.DataFrame:
         """Every name seen at run time, plus ``extra`` rows (offline naming)."""

@@ -1,0 +1,85 @@
+"""Start the command of `pasta-trace -- CMD ARGS`, held before exec.
+
+The child is a tiny Python wrapper that waits on a pipe, then execs CMD: its
+PID is known before CMD runs a single instruction, so the session can put it
+in the BPF pid filter and attach the probes first.  Under sudo the command
+runs as the invoking user (SUDO_UID / SUDO_GID).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+
+from ..errors import PastaError, UsageError
+
+_WRAPPER = (
+    "import os,sys\n"
+    "fd=int(sys.argv[1])\n"
+    "os.read(fd,1)\n"
+    "os.close(fd)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2],sys.argv[2:])\n"
+    "except OSError as e:\n"
+    "    sys.stderr.write(f'pasta-trace: error: cannot run {sys.argv[2]}: {e.strerror}\\n')\n"
+    "    os._exit(127)\n"
+)
+
+
+def invoking_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran sudo, when we run as root under sudo."""
+    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
+    if os.geteuid() == 0 and uid and gid and uid != "0":
+        return int(uid), int(gid)
+    return None
+
+
+class HeldCommand:
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        if not argv:
+            raise UsageError("nothing to run after `--`")
+        if shutil.which(argv[0], path=env.get("PATH")) is None and not os.path.exists(argv[0]):
+            raise UsageError(f"command not found: {argv[0]}")
+        self.argv = argv
+        self.released = False
+        r, self._go = os.pipe()
+        user = invoking_user()
+        kwargs: dict = {}
+        if user is not None:
+            uid, gid = user
+            name = pwd.getpwuid(uid).pw_name
+            kwargs = {"user": uid, "group": gid, "extra_groups": os.getgrouplist(name, gid)}
+            env = {**env, "HOME": pwd.getpwuid(uid).pw_dir, "USER": name, "LOGNAME": name}
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-S", "-E", "-c", _WRAPPER, str(r), *argv],
+                env=env, pass_fds=(r,), **kwargs,
+            )
+        except OSError as e:
+            raise PastaError(f"cannot start {argv[0]}: {e.strerror}") from None
+        finally:
+            os.close(r)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def release(self) -> None:
+        """Let the command exec."""
+        os.write(self._go, b"g")
+        os.close(self._go)
+        self.released = True
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def abandon(self) -> None:
+        """The session failed before release: do not leave the wrapper waiting."""
+        try:
+            os.close(self._go)
+        except OSError:
+            pass
+        self.proc.wait()

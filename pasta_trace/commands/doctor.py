@@ -1,0 +1,165 @@
+"""`pasta-trace doctor`: check what tracing needs and say what to fix."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+HELP = "check the kernel, BPF, BCC, headers and GPU libraries, and say what to fix"
+
+EXAMPLES = """\
+  pasta-trace doctor                  every check (some need root to be conclusive)
+  sudo pasta-trace doctor -v          also list the probed functions each library lacks
+"""
+
+VENDOR_CACHE = Path(os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))) / "pasta-trace" / "vendor"
+
+
+@dataclass
+class Check:
+    ok: bool
+    what: str
+    fix: str = ""
+
+    def line(self) -> str:
+        tag = "ok  " if self.ok else "FAIL"
+        return f"{tag} {self.what}" + (f"\n     fix: {self.fix}" if self.fix and not self.ok else "")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _kernel_checks() -> list[Check]:
+    from ..capture import checks
+
+    k = checks.kernel_support()
+    tracefs = Path("/sys/kernel/tracing/events").is_dir() or Path("/sys/kernel/debug/tracing/events").is_dir()
+    return [
+        Check(True, f"kernel {platform.release()} ({platform.machine()})"),
+        Check(k.bpf_syscall, "bpf() system call", "a kernel with CONFIG_BPF_SYSCALL=y"),
+        Check(k.uprobes, "uprobes (uprobe PMU or uprobe_events)", "a kernel with CONFIG_UPROBE_EVENTS=y"),
+        Check(k.btf, "kernel BTF (/sys/kernel/btf/vmlinux)", "a kernel with CONFIG_DEBUG_INFO_BTF=y (optional)"),
+        # pasta-trace uses raw tracepoints only, so tracefs is informational
+        Check(True, "tracefs " + ("mounted" if tracefs else "not mounted (not needed: raw tracepoints only)")),
+    ]
+
+
+def _privilege_check() -> Check:
+    from ..capture import checks
+
+    missing = checks.missing_caps()
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    if not missing:
+        return Check(True, f"privileges ({who}): CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)")
+    return Check(False, f"privileges ({who}): missing {' and '.join(missing)}",
+                 "run pasta-trace with sudo (or grant CAP_BPF,CAP_PERFMON)")
+
+
+def _bcc_checks() -> tuple[list[Check], object]:
+    from ..capture import checks
+    from ..errors import PastaError
+
+    try:
+        bcc = checks.import_bcc()
+    except PastaError as e:
+        return [Check(False, f"BCC: {e}", checks.BCC_HINT)], None
+    version = getattr(bcc, "__version__", "?")
+    return [Check(True, f"BCC {version} ({Path(bcc.__file__).parent})")], bcc
+
+
+def _header_check() -> Check:
+    build = Path(f"/lib/modules/{platform.release()}/build")
+    if not build.exists():
+        if Path("/sys/kernel/kheaders.ko").exists() or Path("/sys/kernel/kheaders.tar.xz").exists():
+            return Check(True, "kernel headers: none installed, BCC will use /sys/kernel/kheaders.tar.xz")
+        return Check(False, f"kernel headers: {build} is missing",
+                     "apt-get install linux-headers-$(uname -r), or run scripts/setup.sh (it links Debian's "
+                     "headers when the running kernel has none)")
+    target = os.path.realpath(build)
+    debian = target.startswith("/usr/src/linux-headers-")
+    note = ""
+    if debian and platform.release() not in target:
+        note = " (Debian's headers of another kernel: the fallback scripts/setup.sh sets up; fine for uprobes)"
+    return Check(True, f"kernel headers: {build} -> {target}{note}")
+
+
+def _bpf_load_check(bcc) -> Check:
+    """Compile and load a one-line program: headers, clang and the verifier together."""
+    if bcc is None or os.geteuid() != 0:
+        return Check(True, "BPF load test skipped (needs root and BCC)")
+    try:
+        b = bcc.BPF(text="#include <uapi/linux/ptrace.h>\nint f(struct pt_regs *ctx) { return 0; }\n")
+        b.load_func("f", bcc.BPF.KPROBE)
+        b.cleanup()
+    except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
+        return Check(False, f"BCC could not compile and load a test program: {str(e).splitlines()[0]}",
+                     "check the kernel headers (above) and the BCC install")
+    return Check(True, "BCC compiles and loads a BPF program")
+
+
+def _library_files() -> dict[str, set[str]]:
+    """Traced library files on this machine -> where they were found."""
+    from ..capture import discovery
+
+    found: dict[str, set[str]] = {}
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    for line in out.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        if target and discovery.family_of(name.split(" ")[0]):
+            found.setdefault(os.path.realpath(target), set()).add("ldconfig")
+    for p in discovery.scan_all(skip={os.getpid()}):
+        for lib in p.traced:
+            found.setdefault(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, set()).add(
+                f"PID {p.pid}")
+    for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
+        if discovery.family_of(f) and os.path.isfile(f):
+            found.setdefault(os.path.realpath(f), set()).add("vendor cache")
+    return found
+
+
+def _library_checks(verbose: bool) -> list[Check]:
+    from ..capture import discovery
+    from ..capture.dry_run import probe_plan
+
+    files = _library_files()
+    if not files:
+        return [Check(True, "GPU libraries: no libcuda.so* or libamdhip64.so* found (nothing to trace yet; "
+                            "libraries loaded later are caught when opened)")]
+    out = []
+    for path, where in sorted(files.items()):
+        fam = discovery.family_of(path)
+        try:
+            attach, missing = probe_plan(path, fam)
+        except Exception as e:  # noqa: BLE001 - an unreadable or damaged ELF
+            out.append(Check(False, f"{path} ({fam}): cannot read its symbols: {e}", "check the file"))
+            continue
+        what = (f"{path} ({fam}; {', '.join(sorted(where))}): {len(attach)} probes would attach, "
+                f"{len(missing)} probed functions missing")
+        if verbose and missing:
+            what += "\n     missing: " + ", ".join(missing)
+        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime library?"))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    results = _kernel_checks()
+    results.append(_privilege_check())
+    bcc_results, bcc = _bcc_checks()
+    results += bcc_results
+    results.append(_header_check())
+    results.append(_bpf_load_check(bcc))
+    results += _library_checks(args.verbose)
+    for c in results:
+        print(c.line())
+    problems = [c for c in results if not c.ok]
+    print(f"\n{len(problems)} problem(s)" if problems else "\nall good: `sudo pasta-trace -p PID` will work")
+    return 0 if not problems else 1

@@ -1,0 +1,154 @@
+"""`pasta-trace record` (the default verb): trace CUDA driver and HIP API calls."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+
+HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
+
+EXAMPLES = """\
+  sudo pasta-trace -p 1234                  trace PID 1234 until Ctrl-C
+  sudo pasta-trace -p 1234,1240 -d 30       trace two processes for 30 s
+  sudo pasta-trace -a -d 10 -o capture/     every process that uses libcuda/libamdhip64, 10 s
+  sudo pasta-trace -- python train.py       launch a command (as you, under sudo) and trace it
+  sudo pasta-trace --buffer-pages 4096 -p 1234   a bigger ring buffer when events are lost
+  sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
+  sudo pasta-trace --device cupti -- ./app  add device-side data (issue 4's backends)
+  pasta-trace --print-bpf                   show the BPF program (no root needed)
+  pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
+"""
+
+
+def _pids(text: str) -> list[int]:
+    try:
+        pids = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a PID list: {text!r} (expected PID[,PID...])") from None
+    if not pids:
+        raise argparse.ArgumentTypeError("empty PID list")
+    return pids
+
+
+def _pages(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if n < 1 or n & (n - 1):
+        raise argparse.ArgumentTypeError(f"{n} is not a power of two")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if s <= 0:
+        raise argparse.ArgumentTypeError("the duration must be positive")
+    return s
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..capture.session import DEFAULT_BUFFER_PAGES
+
+    who = p.add_argument_group("what to trace (one of)")
+    who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
+                     help="running processes; events from these PIDs (and children they start) only")
+    who.add_argument("-a", "--system-wide", action="store_true",
+                     help="every process that uses libcuda or libamdhip64, including later ones and containers")
+    who.add_argument("command", nargs="*", metavar="-- CMD ARGS",
+                     help="start CMD (as SUDO_USER under sudo), trace it and its children, stop when it exits")
+    p.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="stop after SEC seconds")
+    p.add_argument("-o", "--output", type=Path, metavar="DIR",
+                   help="capture directory (default pasta-<host>-<YYYYmmddTHHMMSS>)")
+    p.add_argument("--force", action="store_true", help="overwrite the capture in an existing DIR")
+    p.add_argument("--buffer-pages", type=_pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
+                   help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES} = "
+                        f"{DEFAULT_BUFFER_PAGES * os.sysconf('SC_PAGE_SIZE') >> 20} MiB); raise it when events are lost")
+    p.add_argument("--aggregate", action="store_true",
+                   help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
+                        "events; writes aggregate.parquet")
+    p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),
+                   help="also record device-side data with this backend (only with -- CMD)")
+    p.add_argument("--print-bpf", action="store_true", help="print the BPF program and exit (no root needed)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="show the libraries and probes that would be attached, and exit (no root needed)")
+
+
+def _options(args: argparse.Namespace):
+    from ..capture.session import Options, default_out_dir
+
+    chosen = [bool(args.pid), bool(args.system_wide), bool(args.command)]
+    if sum(chosen) != 1 and not args.print_bpf:
+        raise UsageError("say what to trace: exactly one of -p PID, -a, or -- CMD ARGS")
+    if args.device and not args.command:
+        raise UsageError("--device needs a launched command: pasta-trace --device BACKEND -- CMD ARGS")
+    mode = "pid" if args.pid else "system" if args.system_wide else "launch"
+    return Options(
+        mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],
+        pids=args.pid or [], command=args.command, duration=args.duration, force=args.force,
+        buffer_pages=args.buffer_pages, aggregate=args.aggregate, verbose=args.verbose, device=args.device,
+    )
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..capture import dry_run, summary
+    from ..capture.session import Session
+
+    if args.print_bpf:
+        sys.stdout.write(dry_run.bpf_text(args))
+        return 0
+    opts = _options(args)
+    if args.dry_run:
+        sys.stdout.write(dry_run.plan(opts))
+        return 0
+    with _status_line() as status:
+        result = Session(opts, say=status.say, status=status.update if status.live else None).run()
+    if result.exit_code is not None:
+        _say(f"{' '.join(opts.command)} exited with code {result.exit_code}")
+    _say(summary.render(result.out_dir, result.by_kind, result.names, result.lost, opts.buffer_pages))
+    _say(f"Wrote {result.out_dir}")
+    _say(f"You can now run: pasta-trace report {result.out_dir}")
+    return 0
+
+
+class _status_line:
+    """A live one-line status on stderr when it is a terminal (rich); messages
+    print above it.  Without a terminal there is no status line at all."""
+
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+        self._live = None
+
+    def __enter__(self) -> "_status_line":
+        if self.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._live = Live("", console=Console(stderr=True), refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def update(self, text: str) -> None:
+        if self._live is not None:
+            self._live.update(text)
+
+    def say(self, msg: str) -> None:
+        if self._live is not None:
+            self._live.console.print(msg, markup=False, highlight=False)
+        else:
+            _say(msg)
