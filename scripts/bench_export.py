@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -146,6 +147,7 @@ def main() -> int:
                   f"{a.events / (t + t_model) / 1e6:.2f} M calls/s; "
                   f"per API call {ours * 1e6:.2f} us vs per-event baseline {per_base * 1e6:.2f} us "
                   f"= {per_base / ours:.1f}x")
+    print(f"peak RSS of this run: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB")
     return 0
 
 

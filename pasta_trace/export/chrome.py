@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO
 
 import polars as pl
 
@@ -81,27 +81,29 @@ def _common(pid: str = "pid", tid: str = "tid") -> list[pl.Expr]:
     return [_arg("pid", pl.col(pid).cast(pl.String)), _arg("tid", pl.col(tid).cast(pl.String))]
 
 
-def _metadata(model: TraceModel, streams: pl.DataFrame) -> pl.Series:
-    procs = model.processes.with_columns(j=json_strings(model.processes["name"])).select(
-        _event("M", [pl.lit('"name":"process_name"'), _arg("pid", pl.col("pid").cast(pl.String)),
-                     _name_object("j")]).alias("line"))
+Part = tuple[pl.DataFrame, pl.Expr]  # rows, and the expression that makes each row's line (null: none)
+
+
+def _metadata(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
+    procs = model.processes.with_columns(j=json_strings(model.processes["name"]))
     threads = pl.concat([
         model.threads.select("pid", pl.col("tid").cast(pl.Int64), "name"),
         streams.select("pid", "tid", name="label"),
     ])
-    threads = threads.with_columns(j=json_strings(threads["name"])).select(
-        _event("M", [pl.lit('"name":"thread_name"'), *_common(), _name_object("j")])
-        .alias("line"))
-    return pl.concat([procs, threads])["line"]
+    threads = threads.with_columns(j=json_strings(threads["name"]))
+    return [
+        (procs, _event("M", [pl.lit('"name":"process_name"'), _arg("pid", pl.col("pid").cast(pl.String)),
+                             _name_object("j")])),
+        (threads, _event("M", [pl.lit('"name":"thread_name"'), *_common(), _name_object("j")])),
+    ]
 
 
-def _api(model: TraceModel) -> pl.DataFrame:
+def _api(model: TraceModel) -> list[Part]:
     api = _with_hex(model.api, ("func", "ptr", "dst", "src"))
     api = api.with_columns(jname=json_strings(api["api"]))
-    dur = pl.col("dur_ns").fill_null(0)
     line = _event("X", [
         pl.format('"cat":"{}","name":{}', pl.col("cat"), pl.col("jname")), *_common(),
-        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(dur)),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns").fill_null(0))),
         _arg("args", _object(
             _arg("kind", pl.format('"{}"', pl.col("kind"))), _num("ret"),
             _num("stream"), _hexarg("func"), _hexarg("ptr"), _num("size"), _hexarg("dst"), _hexarg("src"),
@@ -114,10 +116,10 @@ def _api(model: TraceModel) -> pl.DataFrame:
     ])
     flow = _event("s", [pl.lit('"cat":"ac2g","name":"ac2g"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
-    return api.select(line.alias("line"), pl.when(pl.col("corr").is_not_null()).then(flow).alias("flow"))
+    return [(api, line), (api, pl.when(pl.col("corr").is_not_null()).then(flow))]
 
 
-def _gpu(model: TraceModel, streams: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _gpu(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
     kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left")
     kernels = kernels.with_columns(jname=json_strings(kernels["name"]))
     kline = _event("X", [
@@ -134,26 +136,24 @@ def _gpu(model: TraceModel, streams: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
     ])
     flow = _event("f", [pl.lit('"cat":"ac2g","name":"ac2g","bp":"e"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
-    kernels = kernels.select(kline.alias("line"), flow.alias("flow"))
-
     ops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left")
     oline = _event("X", [
         pl.format('"cat":"{}","name":"{}"', pl.col("cat"), pl.col("name")), *_common(),
         _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns"))),
         _arg("args", _object(_num("bytes"), _num("stream"), _num("stream_id"), _num("device"),
-                           _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
-                           pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))),
-                           _num("overlap_ns"))),
+                             _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
+                             pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))),
+                             _num("overlap_ns"))),
     ])
-    return kernels, ops.select(oline.alias("line"))
+    return [(kernels, kline), (kernels, pl.when(pl.col("corr").is_not_null()).then(flow)), (ops, oline)]
 
 
-def _counters(model: TraceModel) -> pl.Series:
+def _counters(model: TraceModel) -> list[Part]:
     mem = model.memory.with_columns(jname=json_strings(model.memory["label"]))
-    return mem.select(_event("C", [
+    return [(mem, _event("C", [
         pl.format('"name":{}', pl.col("jname")), _arg("pid", pl.col("pid").cast(pl.String)),
         _arg("ts", _us(pl.col("ts_ns"))), _arg("args", _object(_num("live_bytes"))),
-    ]).alias("line"))["line"]
+    ]))]
 
 
 def stream_tids(model: TraceModel) -> pl.DataFrame:
@@ -162,26 +162,27 @@ def stream_tids(model: TraceModel) -> pl.DataFrame:
         "pid", "label", tid=pl.col("tid").cast(pl.Int64) + STREAM_TID_BASE)
 
 
-def write(model: TraceModel, out: TextIO, chunk_rows: int = CHUNK_ROWS) -> int:
-    """Write the trace to `out`; returns the number of trace events written."""
+def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Write the trace to `out` (seekable); returns the number of trace events.
+
+    Lines are made chunk by chunk and written by Polars' CSV writer (one
+    unquoted column, ",\n" after each line); the last separator is then
+    overwritten by the end of the array."""
     streams = stream_tids(model)
-    api = _api(model)
-    kernels, ops = _gpu(model, streams)
-    parts = [
-        _metadata(model, streams), api["line"], api["flow"].drop_nulls(), kernels["line"],
-        kernels["flow"].drop_nulls(), ops["line"], _counters(model),
-    ]
-    out.write('{"displayTimeUnit":"ns","traceEvents":[\n')
+    parts = [*_metadata(model, streams), *_api(model), *_gpu(model, streams), *_counters(model)]
+    out.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
     n = 0
-    for part in parts:
-        for start in range(0, part.len(), chunk_rows):
-            chunk = part.slice(start, chunk_rows)
-            out.write((",\n" if n else "") + ",\n".join(chunk.to_list()))
-            n += chunk.len()
-    out.write("\n]}\n")
+    for frame, line in parts:
+        for start in range(0, frame.height, chunk_rows):
+            lines = frame.slice(start, chunk_rows).select(line.alias("line")).drop_nulls()
+            lines.write_csv(out, include_header=False, quote_style="never", line_terminator=",\n")
+            n += lines.height
+    if n:
+        out.seek(out.tell() - 2)
+    out.write(b"\n]}\n")
     return n
 
 
 def write_file(model: TraceModel, path: Path) -> int:
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "wb") as f:
         return write(model, f)

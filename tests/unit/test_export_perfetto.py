@@ -206,3 +206,20 @@ def test_negative_counter_round_trips() -> None:
     trace = pb.Trace()
     trace.ParseFromString(protowire.field_bytes(1, protowire.field_bytes(11, body.tobytes())))
     assert trace.packet[0].track_event.counter_value == -5
+
+
+def test_capture_without_calls(tmp_path: Path) -> None:
+    cap = write_capture(tmp_path / "cap", [])
+    out = tmp_path / "t.pftrace"
+    assert main(["export", str(cap), "-o", str(out)]) == 0
+    t = Parsed(out.read_bytes())
+    assert sorted(t.tracks.values()) == ["process 100 train", "process 200 hipapp"]
+    assert not t.slices and not t.counters
+
+
+def test_from_a_merged_timeline(tmp_path: Path) -> None:
+    cap = write_capture(tmp_path / "cap")
+    assert main(["merge", str(cap), "-o", str(tmp_path / "timeline")]) == 0
+    out = tmp_path / "t.pftrace"
+    assert main(["export", str(tmp_path / "timeline"), "-o", str(out)]) == 0
+    assert Parsed(out.read_bytes()).slices == _export(tmp_path / "again").slices
