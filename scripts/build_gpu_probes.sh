@@ -80,6 +80,12 @@ fi
 [ -z "$nvbit_note" ] || echo "SKIPPED: $nvbit_note"
 if [ "${1:-}" = --gpu-tests ]; then targets+=(gpu-tests); fi
 
+# make does not see a changed architecture list: start over when it changes.
+mkdir -p "$out"
+if [ "$(cat "$out/.gencode" 2>/dev/null)" != "$gencode" ]; then
+  rm -f "$out"/*.fatbin "$out"/*.o "$out"/*.so "$out"/*.c "$out"/vecadd
+  printf '%s' "$gencode" > "$out/.gencode"
+fi
 "${mk[@]}" "${targets[@]}"
 
 "$py" - "$out" "$nvcc" "$nvcc_ver" "${san_ver:-}" "$gencode" "$nvbit_note" <<'PY'

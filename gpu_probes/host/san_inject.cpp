@@ -19,7 +19,10 @@
  *   GPU_PROBES_SAMPLE       off | warp:N | cta:K   raw access samples (default off)
  *   GPU_PROBES_SAMPLE_CAP   samples kept per launch (default 4096)
  */
+#include <dlfcn.h>
+#include <limits.h>
 #include <sanitizer.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -390,8 +393,20 @@ int init_once() {
     return rc;
 }
 
+/* True when CUDA_INJECTION64_PATH names this very library: the driver will
+ * then call InitializeInjection from cuInit, the documented place to subscribe. */
+bool loaded_as_injection() {
+    const char *inj = std::getenv("CUDA_INJECTION64_PATH");
+    Dl_info self{};
+    if (!inj || !*inj || !dladdr((void *)&loaded_as_injection, &self) || !self.dli_fname) return false;
+    char a[PATH_MAX], b[PATH_MAX];
+    return realpath(inj, a) && realpath(self.dli_fname, b) && std::strcmp(a, b) == 0;
+}
+
 /* LD_PRELOAD has no InitializeInjection call: start from the constructor. */
-__attribute__((constructor)) void preload_init() { init_once(); }
+__attribute__((constructor)) void preload_init() {
+    if (!loaded_as_injection()) init_once();
+}
 
 } // namespace
 

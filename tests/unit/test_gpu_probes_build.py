@@ -177,3 +177,28 @@ def test_build_is_fast_and_says_nvbit_skipped_when_up_to_date(manifest: dict) ->
     r = subprocess.run([str(BUILD)], capture_output=True, text=True, env=env)
     assert r.returncode == 0
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("SKIPPED")] == ["SKIPPED: NVBIT_HOME not set"]
+
+
+def test_as_cuda_injection_the_constructor_waits_for_initialize_injection(manifest: dict, tmp_path: Path) -> None:
+    """Loaded through CUDA_INJECTION64_PATH, only the driver's InitializeInjection call starts it."""
+    lib = manifest["artifacts"]["sanitizer"]
+    code = ("import ctypes, os, sys\n"
+            f"lib = ctypes.CDLL({lib!r})\n"
+            "before = sorted(os.listdir(sys.argv[1]))\n"
+            "rc = lib.InitializeInjection()\n"
+            "print(len(before), rc, len(os.listdir(sys.argv[1])))\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       env=os.environ | {"GPU_PROBES_DIR": str(tmp_path), "CUDA_INJECTION64_PATH": lib})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "0", "1"]
+
+
+def test_gpu_check_program_compiles_here(manifest: dict) -> None:
+    r = subprocess.run([str(BUILD), "--gpu-tests"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((ROOT / "gpu_probes/build/manifest.json").read_text())
+    exe = Path(m["artifacts"]["vecadd"])
+    with exe.open("rb") as f:
+        cubins = fatbin_cubins(ELFFile(f).get_section_by_name(".nv_fatbin").data())
+    assert sorted(f"sm_{a}" for a in cubins) == sorted(m["archs"])
+    assert all({"_Z6vecaddPKfS0_Pfi", "_Z9timer_resPyi"} <= global_funcs(c) for c in cubins.values())

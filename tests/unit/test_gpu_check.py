@@ -1,0 +1,118 @@
+"""scripts/gpu_check: without a GPU it stops at once with one clear line and
+exit 3; its vecadd verdict passes exact counts and fails loudly on a wrong one
+(checked on a synthetic device file, read both through pasta_trace.device and
+through the script's stdlib fallback that parses record.h)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.device.writer import DeviceFileWriter, entries
+from pasta_trace.schema import DeviceBackend
+from pasta_trace.schema import DeviceRecordType as RT
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts/gpu_check"
+NO_GPU = "gpu_check: no usable NVIDIA GPU here ({}): nothing was checked. " \
+         "Run it on a machine with an NVIDIA GPU and driver.\n"
+
+
+def gpu_check_module():
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("gpu_check", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def run(path_dirs: list[Path], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    env["PATH"] = os.pathsep.join(map(str, path_dirs))
+    return subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60, env=env,
+                          cwd=tmp_path)
+
+
+def fake_smi(tmp_path: Path, body: str) -> Path:
+    d = tmp_path / "bin"
+    d.mkdir()
+    p = d / "nvidia-smi"
+    p.write_text("#!/bin/sh\n" + body + "\n")
+    p.chmod(0o755)
+    return d
+
+
+def test_without_nvidia_smi_it_exits_3_at_once(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run([empty], tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "", NO_GPU.format("nvidia-smi not found"))
+
+
+def test_driver_not_loaded_is_reported_with_nvidia_smis_reason(tmp_path: Path) -> None:
+    msg = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."
+    r = run([fake_smi(tmp_path, f"echo \"{msg}\"; exit 9")], tmp_path)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "", NO_GPU.format(f"nvidia-smi failed: {msg}"))
+
+
+def test_gpu_listed_but_no_libcuda_is_still_no_gpu(tmp_path: Path) -> None:
+    r = run([fake_smi(tmp_path, "echo 'NVIDIA H200, 580.159, 9.0'")], tmp_path)
+    assert r.returncode == 3 and r.stdout == ""
+    assert r.stderr.startswith("gpu_check: no usable NVIDIA GPU here (libcuda.so.1 cannot be loaded (")
+    assert r.stderr.count("\n") == 1
+
+
+def synthetic_vecadd(path: Path, n: int, bases: list[int], gld: int) -> None:
+    """What the Sanitizer backend writes for one vecadd launch of n floats (a, b, c 2 MiB aligned)."""
+    shift = 16
+    w = DeviceFileWriter(path, pid=77, backend=DeviceBackend.sanitizer, page_shift=shift)
+    w.string(1, "_Z6vecaddPKfS0_Pfi")
+    for b in bases:
+        w.record(RT.ALLOC, address=b, size=4 * n)
+    w.record(RT.LAUNCH, launch_id=1, name_id=1, grid_x=n // 256, block_x=256, host_mono_begin=10,
+             host_mono_end=20)
+    w.record(RT.CLOCK_SYNC, launch_id=1, host_mono_before=10, gpu_globaltimer=5_000, host_mono_after=90)
+    w.record(RT.KERNEL_SUMMARY, launch_id=1, gpu_t_first=5_000, gpu_t_last=9_000, gld=gld, gst=n,
+             gld_warp=2 * n // 32, gst_warp=n // 32, bytes=12 * n, blocks_in=n // 256, blocks_out=n // 256)
+    pages = np.concatenate([np.arange(b >> shift, (b + 4 * n) >> shift, dtype=np.uint64) for b in bases])
+    counts = np.full(len(pages), (1 << shift) // 4, dtype=np.uint64)
+    w.page_hist(1, pages, counts, page_shift=shift)
+    ent = entries(schema.DEV_ALLOC_TOUCH_ENTRY, alloc_base=np.array(bases, dtype=np.uint64),
+                  touches=np.full(3, n, dtype=np.uint64), bytes=np.full(3, 4 * n, dtype=np.uint64),
+                  unique_pages=np.full(3, (4 * n) >> shift, dtype=np.uint32))
+    w._with_entries(RT.ALLOC_TOUCH, 1, entries(schema.DEV_ALLOC_TOUCH_HEADER, n=np.array([3])), ent)
+    w.close()
+
+
+@pytest.mark.parametrize("reader", ["pasta", "fallback"])
+def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
+    gc = gpu_check_module()
+    n = 1 << 22
+    bases = [0x7F0000000000, 0x7F0001000000, 0x7F0002000000]
+
+    def verdict(gld: int) -> "gc.Table":
+        p = tmp_path / f"gpu_probes.{gld}.sanitizer.bin"
+        synthetic_vecadd(p, n, bases, gld)
+        d = gc.read_fallback([p]) if reader == "fallback" else gc.read_device([p], sys.executable)[0]
+        tab = gc.Table()
+        gc.check_vecadd(tab, d, n, bases, "test")
+        return tab
+
+    good = verdict(2 * n)
+    assert not good.failed, good.rows
+    rows = {r[0]: r for r in good.rows}
+    assert rows["[test] thread-level global loads"] == ("[test] thread-level global loads", str(2 * n), str(2 * n),
+                                                        "ok")
+    assert rows["[test] distinct 64 KiB pages of a"][1:] == ("256", "256", "ok")
+    bad = verdict(2 * n - 1)
+    assert bad.failed
+    assert [r for r in bad.rows if r[3] == "FAIL"] == [
+        ("[test] thread-level global loads", str(2 * n), str(2 * n - 1), "FAIL")]
