@@ -159,7 +159,6 @@ def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> s
     the peak marked.  Within one pixel the line rises to that pixel's maximum and
     settles at its last value, so no peak is lost to thinning."""
     span = max(t1 - t0, 1)
-    keys = [c for c in ("pid", "device") if c in timeline.columns]
     ymax = max(int(timeline["live_bytes"].max() or 0), 1)
     plot_h = height - AXIS_H - 10
     top = 10
@@ -168,15 +167,15 @@ def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> s
         return (top + plot_h - v * plot_h / ymax).round(1)
 
     pts = (
-        timeline.lazy().sort([*keys, "ts_ns", "delta_bytes"])
+        timeline.lazy().sort(["pid", "ts_ns", "delta_bytes"])
         .with_columns(_px(pl.col("ts_ns"), t0, span).alias("px"))
-        .group_by([*keys, "px"], maintain_order=True)
+        .group_by(["pid", "px"], maintain_order=True)
         .agg(pl.col("live_bytes").max().alias("hi"), pl.col("live_bytes").last().alias("last"))
         .with_columns(pl.format("H{} V{} V{}", LEFT + pl.col("px"), y(pl.col("hi")), y(pl.col("last"))).alias("seg"))
-        .group_by(keys, maintain_order=True)
+        .group_by("pid", maintain_order=True)
         .agg(pl.col("seg").str.join(" "), pl.col("last").last(), pl.col("hi").max().alias("peak"),
              pl.col("px").get(pl.col("hi").arg_max()).alias("peak_px"))
-        .sort(keys)
+        .sort("pid")
         .collect()
     )
     parts = []
@@ -184,7 +183,7 @@ def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> s
     base = top + plot_h
     for i, row in enumerate(pts.iter_rows(named=True)):
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
-        label = " ".join(f"{k} {row[k]}" for k in keys)
+        label = f"pid {row['pid']}"
         end_y = round(top + plot_h - row["last"] * plot_h / ymax, 1)
         parts.append(
             f'<path class="series" data-series="{escape(label)}" fill="none" stroke="{colour}" stroke-width="1.6" '

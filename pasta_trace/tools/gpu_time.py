@@ -55,11 +55,14 @@ def launch_gaps(cap: Capture) -> pl.DataFrame:
 
 
 def gpu_idle(cap: Capture) -> pl.DataFrame:
-    """Per GPU (all processes and streams on it) when the merge knows the device,
-    else per process: how much of the kernels' span the GPU did no work."""
+    """Per GPU, all processes and streams on it together: how much of the span
+    of kernel activity the GPU did no work."""
     timed = _timed(cap)
-    keys = ["device"] if "device" in timed.collect_schema().names() else ["pid"]
-    return _gaps(timed, keys).select(*keys, *_COLUMNS).sort(keys).collect()
+    procs = timed.group_by("device").agg(pl.col("pid").n_unique().alias("processes"))
+    return (
+        _gaps(timed, ["device"]).join(procs, on="device")
+        .select("device", "processes", *_COLUMNS).sort("device").collect()
+    )
 
 
 TOOLS = [
@@ -79,9 +82,9 @@ TOOLS = [
         title="GPU idle time",
         compute=gpu_idle,
         needs_device=True,
-        description="per GPU (or process): span of kernel activity, busy time (union over streams) and idle time",
+        description="per GPU: processes, span of kernel activity, busy time (union over streams and processes), idle time",
         terminal_columns=(
-            "device", "pid", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
+            "device", "processes", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
             "launch_to_start_mean_ns",
         ),
     ),

@@ -14,15 +14,9 @@ from . import render
 from .registry import Tool
 
 
-def _keys(frame: pl.LazyFrame) -> list[str]:
-    # per device as well when the merge knows the device of each allocation
-    return ["pid", "device"] if "device" in frame.collect_schema().names() else ["pid"]
-
-
 def memory_timeline(cap: Capture) -> pl.DataFrame:
     allocs = merge.allocations(cap).filter(pl.col("kind") != "host")
-    keys = _keys(allocs)
-    cols = [*keys, pl.col("api").cast(pl.String)]
+    cols = ["pid", pl.col("api").cast(pl.String)]
     steps = pl.concat(
         [
             allocs.select(*cols, pl.col("alloc_ts_ns").alias("ts_ns"), pl.col("size").cast(pl.Int64).alias("delta_bytes")),
@@ -34,12 +28,12 @@ def memory_timeline(cap: Capture) -> pl.DataFrame:
     # frees sort before allocations at the same instant: a peak is only
     # reported when both blocks really coexisted
     return (
-        steps.sort([*keys, "ts_ns", "delta_bytes"])
+        steps.sort(["pid", "ts_ns", "delta_bytes"])
         .with_columns(
-            pl.col("delta_bytes").cum_sum().over(keys).alias("live_bytes"),
-            pl.col("delta_bytes").cum_sum().over([*keys, "api"]).alias("api_live_bytes"),
+            pl.col("delta_bytes").cum_sum().over("pid").alias("live_bytes"),
+            pl.col("delta_bytes").cum_sum().over(["pid", "api"]).alias("api_live_bytes"),
         )
-        .select(*keys, "ts_ns", "api", "delta_bytes", "live_bytes", "api_live_bytes")
+        .select("pid", "ts_ns", "api", "delta_bytes", "live_bytes", "api_live_bytes")
         .collect()
     )
 
@@ -48,7 +42,6 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
     """Per process: the peak of live device bytes and when it was first reached,
     overall (api = "all") and for each allocation API alone."""
     tl = memory_timeline(cap).lazy()
-    keys = [c for c in ("pid", "device") if c in tl.collect_schema().names()]
 
     def peaks(by: list[str], live: str) -> pl.LazyFrame:
         return tl.group_by(by).agg(
@@ -59,12 +52,12 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
             pl.col("delta_bytes").clip(lower_bound=0).sum().alias("allocated_bytes"),
         )
 
-    overall = peaks(keys, "live_bytes").with_columns(pl.lit("all").alias("api"))
-    by_api = peaks([*keys, "api"], "api_live_bytes")
-    cols = [*keys, "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    overall = peaks(["pid"], "live_bytes").with_columns(pl.lit("all").alias("api"))
+    by_api = peaks(["pid", "api"], "api_live_bytes")
+    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
     return (
         pl.concat([overall.select(cols), by_api.select(cols)])
-        .sort([*keys, pl.col("api") != "all", "api"])
+        .sort(["pid", pl.col("api") != "all", "api"])
         .collect()
     )
 
@@ -97,13 +90,11 @@ def sparkline(ts: pl.Series, live: pl.Series, width: int = 60) -> str:
 def render_timeline(df: pl.DataFrame) -> str:
     if df.height == 0:
         return "no device allocations\n"
-    keys = [c for c in ("pid", "device") if c in df.columns]
     out = []
-    for key, part in df.group_by(keys, maintain_order=True):
-        label = " ".join(f"{k} {v}" for k, v in zip(keys, key))
+    for (pid,), part in df.group_by("pid", maintain_order=True):
         peak = part["live_bytes"].max()
         out.append(
-            f"{label}: peak {render.human_bytes(peak)}, end {render.human_bytes(part['live_bytes'][-1])}, "
+            f"pid {pid}: peak {render.human_bytes(peak)}, end {render.human_bytes(part['live_bytes'][-1])}, "
             f"{part.height} steps\n  {sparkline(part['ts_ns'], part['live_bytes'])}"
         )
     return "\n".join(out) + "\n"

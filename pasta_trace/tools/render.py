@@ -11,10 +11,7 @@ with numbers made readable by column naming convention:
 
 from __future__ import annotations
 
-import io
-
 import polars as pl
-from rich.console import Console
 from rich.table import Table
 
 ADDRESS_COLUMNS = frozenset(
@@ -71,13 +68,3 @@ def table(df: pl.DataFrame, title: str | None = None, t0: int | None = None, lim
     if df.height > limit:
         t.caption = f"{limit} of {df.height} rows (--limit to see more)"
     return t
-
-
-def to_text(renderable: object, width: int = 120) -> str:
-    buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None, force_terminal=False).print(renderable)
-    return buf.getvalue()
-
-
-def text_table(df: pl.DataFrame, title: str | None = None, t0: int | None = None, limit: int = 20) -> str:
-    return to_text(table(df, title, t0, limit))

@@ -49,7 +49,9 @@ def test_gpu_idle_is_the_union_over_streams_and_processes(cap) -> None:
     df = REGISTRY["gpu_idle"].compute(cap)
     # device 0: [3000,5600] overlaps [5500,6500] (no gap, not counted twice), then gaps 100 and 1300;
     # span 3000..9500 = 6500, busy 5100; launch -> start 500, 600, 1900, 500 (mean 875)
-    assert rows(df) == [(0, 4, T0 + 3000, T0 + 9500, 6500, 5100, 1400, 1400 / 6500, 1300, 875.0, 1900)]
+    assert df.columns == ["device", "processes", "kernels", "first_ts_ns", "last_ts_ns", "span_ns", "busy_ns",
+                          "idle_ns", "idle_share", "max_gap_ns", "launch_to_start_mean_ns", "launch_to_start_max_ns"]
+    assert rows(df) == [(0, 2, 4, T0 + 3000, T0 + 9500, 6500, 5100, 1400, 1400 / 6500, 1300, 875.0, 1900)]
 
 
 def test_working_set_per_launch(cap) -> None:
