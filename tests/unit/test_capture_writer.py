@@ -1,0 +1,178 @@
+"""Decode ring records into the capture's Parquet files, and the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.capture import manifest as mf
+from pasta_trace.capture.decode import events_frame, names_frame
+from pasta_trace.capture.discovery import family_of
+from pasta_trace.capture.processes import container_id
+from pasta_trace.capture.writer import CaptureWriter
+from pasta_trace.read import open_capture
+
+APIS = ["cuLaunchKernel", "cuMemAlloc_v2", "cuMemcpyHtoD_v2", "cuModuleGetFunction", "cuKernelGetFunction"]
+
+
+def _event(api: int, kind: schema.Kind, **fields) -> np.ndarray:
+    rec = np.zeros(1, schema.HOST_EVENT.dtype)
+    rec["api"] = api
+    rec["kind"] = int(kind)
+    rec["pid"] = 100
+    rec["tid"] = 101
+    rec["comm"] = b"train.py"
+    for k, v in fields.items():
+        rec[k] = v
+    return rec
+
+
+def _launch(ts: int, func: int) -> np.ndarray:
+    v = (1 << schema.PAYLOAD_BITS["func"]) | (1 << schema.PAYLOAD_BITS["grid"]) | (1 << schema.PAYLOAD_BITS["block"])
+    return _event(0, schema.Kind.launch, ts_ns=ts, func=func, grid_x=4, grid_y=2, grid_z=1, block_x=128,
+                  block_y=1, block_z=1, stream=77, shmem=99, valid=v)
+
+
+def _alloc(ts: int, ptr: int, size: int) -> np.ndarray:
+    v = (1 << schema.PAYLOAD_BITS["ptr"]) | (1 << schema.PAYLOAD_BITS["size"])
+    return _event(1, schema.Kind.alloc, ts_ns=ts, ptr=ptr, size=size, valid=v, ret=0, dur_ns=1500,
+                  flags=schema.FLAG_HAS_RET | schema.FLAG_HAS_DUR)
+
+
+def test_events_frame_has_the_schema_and_nulls_where_unset():
+    recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096)])
+    df = events_frame(recs, APIS)
+    assert df.schema == schema.empty_frame(schema.EVENTS_SCHEMA).schema
+    launch, alloc = df.row(0, named=True), df.row(1, named=True)
+    assert launch["api"] == "cuLaunchKernel" and launch["kind"] == "launch"
+    assert (launch["func"], launch["grid_x"], launch["grid_y"], launch["block_x"], launch["shmem"]) == (
+        0xABC, 4, 2, 128, None)
+    assert launch["stream"] is None  # valid bit for stream unset although the field holds 77
+    assert launch["ret"] is None and launch["dur_ns"] is None and launch["ptr"] is None
+    assert launch["comm"] == "train.py" and launch["pid"] == 100 and launch["tid"] == 101
+    assert (alloc["api"], alloc["kind"], alloc["ptr"], alloc["size"], alloc["ret"], alloc["dur_ns"]) == (
+        "cuMemAlloc_v2", "alloc", 0x7000, 4096, 0, 1500)
+    assert alloc["func"] is None and alloc["grid_x"] is None
+
+
+def test_unknown_api_id_and_kind_decode_without_failing():
+    df = events_frame(_event(9, schema.Kind.other, ts_ns=1), APIS)
+    assert df["api"].to_list() == ["api#9"]
+    assert df["kind"].to_list() == ["other"]
+
+
+def test_copy_kind_is_an_enum_when_valid():
+    rec = _event(2, schema.Kind.memcpy, copy_kind=int(schema.CopyKind.h2d), size=64,
+                 valid=(1 << schema.PAYLOAD_BITS["copy_kind"]) | (1 << schema.PAYLOAD_BITS["size"]))
+    df = events_frame(rec, APIS)
+    assert df["copy_kind"].to_list() == ["h2d"]
+    assert df["size"].to_list() == [64]
+
+
+def _name(handle: int, name: bytes, source: schema.NameSource, alias: int = 0, api: int = 3, ts: int = 5):
+    rec = np.zeros(1, schema.HOST_NAME.dtype)
+    rec["pid"], rec["handle"], rec["alias"], rec["name"] = 100, handle, alias, name
+    rec["source"], rec["api"], rec["ts_ns"] = int(source), api, ts
+    return rec
+
+
+def test_names_resolve_kernel_get_function_aliases():
+    recs = np.concatenate([
+        _name(0x10, b"_Z3addPf", schema.NameSource.library_get_kernel, api=3, ts=1),
+        _name(0x20, b"", schema.NameSource.kernel_get_function, alias=0x10, api=4, ts=2),
+        _name(0x30, b"", schema.NameSource.kernel_get_function, alias=0x99, api=4, ts=3),  # alias never named
+    ])
+    df = names_frame(recs, APIS)
+    assert df.schema == schema.empty_frame(schema.NAMES_SCHEMA).schema
+    assert df.select("handle", "name", pl.col("source").cast(pl.String)).rows() == [
+        (0x10, "_Z3addPf", "library_get_kernel"),
+        (0x20, "_Z3addPf", "kernel_get_function"),
+    ]
+
+
+def test_name_bytes_after_the_nul_are_ignored():
+    df = names_frame(_name(0x10, b"kern\0garbage", schema.NameSource.module_get_function), APIS)
+    assert df["name"].to_list() == ["kern"]
+
+
+def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
+    w = CaptureWriter(tmp_path, APIS)
+    w.add_events(np.concatenate([_launch(1, 0xA), _launch(2, 0xB)]))
+    w.flush()
+    w.add_events(_alloc(3, 0x7000, 512))
+    w.add_names(_name(0xA, b"kernA", schema.NameSource.module_get_function))
+    w.flush_async()
+    w.close()
+    assert sorted(p.name for p in tmp_path.glob("events*.parquet")) == ["events-00000.parquet", "events-00001.parquet"]
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+    cap = open_capture(tmp_path)  # no manifest: what a killed tracer leaves
+    assert cap.complete is False
+    ev = cap.events.sort("ts_ns").collect()
+    assert ev["ts_ns"].to_list() == [1, 2, 3]
+    assert ev["kind"].cast(pl.String).to_list() == ["launch", "launch", "alloc"]
+    assert cap.names.collect()["name"].to_list() == ["kernA"]
+    assert w.events == 3 and w.names == 1
+    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert w.pids_and_comms() == [(100, "train.py")]
+
+
+def test_flush_with_nothing_pending_writes_no_file(tmp_path):
+    w = CaptureWriter(tmp_path, APIS)
+    w.flush()
+    w.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_manifest_complete_is_written_atomically_last(tmp_path):
+    start = mf.ClockSample.now()
+    m = mf.Manifest(command_line=["pasta-trace", "-p", "1"], mode="pid", start=start, pids=[1])
+    m.write(tmp_path, complete=False)
+    first = json.loads((tmp_path / "manifest.json").read_text())
+    assert first["complete"] is False and first["counts"] == {}
+    m.end = mf.ClockSample.now()
+    m.counts = mf.counts(events=5, names=2, lost=(3, 1, 0), by_kind={"launch": 5})
+    m.libraries = [mf.LibraryEntry("/usr/lib/libcuda.so.1", "/proc/1/root/usr/lib/libcuda.so.1", 1, 2, "ab",
+                                   "cuda", ["cuLaunchKernel"], ["cuLaunchKernelEx"], {"cuLaunchKernel": 10})]
+    m.write(tmp_path, complete=True)
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    assert data["complete"] is True
+    assert data["format_version"] == "1.0"
+    assert data["mode"] == "pid"
+    assert data["counts"]["lost_events"] == 3 and data["counts"]["lost_names"] == 1
+    assert data["clock"]["start_ns"] == start.mono_before_ns
+    assert data["clock"]["end_ns"] == m.end.mono_after_ns
+    s = data["clock"]["start_sample"]
+    assert s["mono_before_ns"] <= s["mono_after_ns"]
+    assert data["libraries"][0]["symbols_missing"] == ["cuLaunchKernelEx"]
+    assert data["libraries"][0]["placements"] == {"cuLaunchKernel": 10}
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.json"]
+    (tmp_path / "events-00000.parquet").write_bytes(b"")  # reader reads the counts back
+    assert open_capture(tmp_path).lost_events == 4
+
+
+@pytest.mark.parametrize(
+    "name,family",
+    [("libcuda.so.1", "cuda"), ("libcuda.so", "cuda"), ("libcuda.so.535.261.03", "cuda"),
+     ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", None),
+     ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda")],
+)
+def test_library_file_names(name, family):
+    assert family_of(name) == family
+
+
+@pytest.mark.parametrize(
+    "cgroup,cid",
+    [
+        ("/system.slice/docker-" + "a" * 64 + ".scope", "a" * 64),
+        ("/kubepods/besteffort/pod1/" + "0123456789abcdef" * 4, "0123456789abcdef" * 4),
+        ("/system.slice/cri-containerd-" + "b" * 64 + ".scope", "b" * 64),
+        ("/user.slice/user-1000.slice/session-2.scope", None),
+        ("/", None),
+    ],
+)
+def test_container_id_from_cgroup(cgroup, cid):
+    assert container_id(cgroup) == cid
