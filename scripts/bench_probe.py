@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""Overhead of pasta-trace's host probes per traced call (run as root).
+
+One run measures, on the same functions and interleaved rep by rep:
+
+* a -O0 stub ``libcuda.so.1`` built here from ``cuda.h``'s real signatures
+  (its exports start ``push %rbp``, like libcudart's and Debian HIP's):
+  untraced; an empty uprobe (the floor); pasta-trace's launch probe
+  (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
+  probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
+  uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* NVIDIA's real ``libcuda.so.1`` (no GPU: calls return an error at once):
+  untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
+  pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
+
+"Cost" is ns per call traced minus ns per call untraced, medians over reps.
+The calling loop is C (clock_gettime around N calls through a dlsym pointer),
+pinned to CPU 0; the drain runs in this process on CPU 1, reading the ring
+every 10 ms by mapping it (pasta_trace.capture.ringbuf), so nothing is lost.
+
+    sudo .venv/bin/python scripts/bench_probe.py --calls 200000 --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pasta_trace import schema  # noqa: E402
+from pasta_trace.capture import ringbuf  # noqa: E402
+from pasta_trace.probes import attach, catalog, elf, program  # noqa: E402
+
+CUDA_INCLUDE = "/usr/local/cuda-13.0/include"
+TRACED_CPU, DRAIN_CPU = 0, 1
+
+STUB_C = r"""
+#include <cuda.h>
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                void **kernelParams, void **extra)
+{
+    return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cuMemAlloc_v2 */
+{
+    *dptr = 0x100000 + bytesize;
+    return CUDA_SUCCESS;
+}
+"""
+
+LOOP_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        void *, void **, void **);
+typedef int (*alloc_t)(unsigned long long *, size_t);
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+int main(int argc, char **argv)
+{
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    long n = atol(argv[3]);
+    double t0, t1;
+    if (!strcmp(argv[2], "launch")) {
+        launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
+        t0 = now();
+        for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
+        t1 = now();
+    } else {
+        alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
+        unsigned long long p;
+        t0 = now();
+        for (long i = 0; i < n; i++) f(&p, 64);
+        t1 = now();
+    }
+    printf("%.3f\n", (t1 - t0) / n);
+    return 0;
+}
+"""
+
+EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
+
+
+def build(tmp: Path) -> tuple[Path, Path]:
+    (tmp / "stub.c").write_text(STUB_C)
+    (tmp / "loop.c").write_text(LOOP_C)
+    stub = tmp / "libcuda.so.1"
+    loop = tmp / "loop"
+    subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
+                    str(tmp / "stub.c"), "-o", str(stub)], check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O2", str(tmp / "loop.c"), "-o", str(loop), "-ldl"], check=True)
+    return stub, loop
+
+
+def real_libcuda() -> str | None:
+    proc = subprocess.run([str(ROOT / "scripts/fetch_vendor_libs.sh")], capture_output=True, text=True)
+    return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else None
+
+
+class Drain:
+    """Empties the events ring every 10 ms on DRAIN_CPU while a config runs."""
+
+    def __init__(self, bpf):
+        self.ring = ringbuf.open_table(bpf, b"events", schema.HOST_EVENT.dtype)
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        os.sched_setaffinity(0, {DRAIN_CPU})
+        while not self._stop.wait(0.01):
+            self.count += len(self.ring.drain())
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.count += len(self.ring.drain())
+        return self.count
+
+
+def run_loop(loop: Path, lib: Path | str, which: str, calls: int) -> float:
+    out = subprocess.run(["taskset", "-c", str(TRACED_CPU), str(loop), str(lib), which, str(calls)],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return float(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=200_000, help="calls per rep (default 200000)")
+    ap.add_argument("--reps", type=int, default=7, help="reps per configuration; medians are reported")
+    ap.add_argument("--skip-real", action="store_true", help="do not measure NVIDIA's libcuda.so.1")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench_probe.py needs root (uprobes)", file=sys.stderr)
+        return 77
+    from bcc import BPF
+
+    by = {x.symbol: x for x in catalog.APIS}
+    launch, alloc = by["cuLaunchKernel"], by["cuMemAlloc_v2"]
+    # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
+    pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
+    pasta = BPF(text=program.build_bpf_text(ring_pages=pages, apis=(launch, alloc)).encode())
+    empty = BPF(text=EMPTY_BPF)
+
+    def empty_probe(lib: str, sym: str, ret: bool):
+        def attach_it() -> None:
+            addr = elf.exported_symbols(lib)[sym].vaddr
+            empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+            if ret:
+                empty.attach_uretprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+
+        return attach_it, lambda: attach.detach_all(empty)
+
+    def pasta_probe(lib: str, api: catalog.Api, placements: dict):
+        def attach_it() -> None:
+            res = attach.attach_library(pasta, lib, "cuda", (api,))
+            if res.errors or res.attached != [api.symbol]:
+                raise SystemExit(f"attach failed: {res.errors or res.missing}")
+            placements[(lib, api.symbol)] = res.placements[api.symbol]
+
+        return attach_it, lambda: attach.detach_all(pasta)
+
+    def none():
+        return (lambda: None), (lambda: None)
+
+    with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
+        stub, loop = build(Path(d))
+        stub_s = str(stub)
+        placements: dict = {}
+        configs = {
+            "stub launch untraced": (stub_s, "launch", none(), False),
+            "stub launch empty uprobe": (stub_s, "launch", empty_probe(stub_s, "cuLaunchKernel", False), False),
+            "stub launch pasta-trace": (stub_s, "launch", pasta_probe(stub_s, launch, placements), True),
+            "stub alloc untraced": (stub_s, "alloc", none(), False),
+            "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
+            "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
+        }  # fmt: skip
+        real = None if a.skip_real else real_libcuda()
+        if real:
+            configs |= {
+                "real launch untraced": (real, "launch", none(), False),
+                "real launch empty uprobe at symbol": (real, "launch", empty_probe(real, "cuLaunchKernel", False), False),
+                "real launch pasta-trace at placement": (real, "launch", pasta_probe(real, launch, placements), True),
+                "real alloc untraced": (real, "alloc", none(), False),
+                "real alloc empty pair at symbol": (real, "alloc", empty_probe(real, "cuMemAlloc_v2", True), False),
+                "real alloc pasta-trace at placement": (real, "alloc", pasta_probe(real, alloc, placements), True),
+            }  # fmt: skip
+        times: dict[str, list[float]] = {k: [] for k in configs}
+        lost_before = sum(pasta[b"lost"].sum(i).value for i in range(4))
+        for rep in range(a.reps):
+            for name, (lib, which, (attach_it, detach_it), drained) in configs.items():
+                attach_it()
+                drain = Drain(pasta) if drained else None
+                try:
+                    times[name].append(run_loop(loop, lib, which, a.calls))
+                finally:
+                    captured = drain.stop() if drain else None
+                    if drain:
+                        drain.ring.close()
+                    detach_it()
+                if drained and captured != a.calls:
+                    raise SystemExit(f"{name}: captured {captured} events of {a.calls} calls")
+            print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
+        lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def cost(k: str) -> float:
+        """ns added per call: minus the untraced run of the same library and function"""
+        return med[k] - med[" ".join(k.split()[:2]) + " untraced"]
+
+    print(f"# {a.calls} calls x {a.reps} reps, medians; traced loop on CPU {TRACED_CPU}, drain on CPU {DRAIN_CPU}")
+    print("# probe offsets chosen: " + ", ".join(f"{lib}:{s}+{o}" for (lib, s), o in placements.items()))
+    print(f"{'configuration':44s} {'ns/call':>10s} {'cost ns':>10s}")
+    for k, v in med.items():
+        print(f"{k:44s} {v:10.1f} {cost(k):10.1f}")
+
+    rows = [
+        ("stub launch: pasta-trace / empty uprobe", cost("stub launch pasta-trace"),
+         cost("stub launch empty uprobe"), "<= 1.3"),
+        ("stub alloc: pasta-trace / empty uprobe+uretprobe", cost("stub alloc pasta-trace"),
+         cost("stub alloc empty uprobe+uretprobe"), "<= 1.3"),
+    ]  # fmt: skip
+    if real:
+        rows += [
+            ("real launch: empty uprobe at symbol / pasta-trace", cost("real launch empty uprobe at symbol"),
+             cost("real launch pasta-trace at placement"), ">= 5"),
+            ("real alloc: empty pair at symbol / pasta-trace", cost("real alloc empty pair at symbol"),
+             cost("real alloc pasta-trace at placement"), ">= 5"),
+        ]  # fmt: skip
+    print(f"\n{'ratio':52s} {'measured':>10s} {'baseline':>10s} {'ratio':>7s}  target")
+    for label, num, den, target in rows:
+        print(f"{label:52s} {num:10.1f} {den:10.1f} {num / den:7.2f}  {target}")
+    print(f"\nlost events: {lost}")
+    attach.detach_all(pasta)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
