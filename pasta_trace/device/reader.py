@@ -127,11 +127,7 @@ def _walk(buf: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def _run_length(buf: np.ndarray, p: int, ln: int) -> int:
     """How many consecutive records from ``p`` have total_len == ln (at least 2, known by the caller).
     Windows double, so the look-ahead costs at most twice the run it finds."""
-    n = len(buf)
-    max_k = (n - p) // ln
-    # a record needs its header in the file; the last slot may hold a partial header only
-    if p + (max_k - 1) * ln + _HDR.size > n:
-        max_k -= 1
+    max_k = (len(buf) - p) // ln  # records of this length that fit; one that does not is damage, found later
     k, w = 2, 64
     while k < max_k:
         m = min(w, max_k - k)

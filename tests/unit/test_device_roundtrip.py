@@ -336,3 +336,24 @@ def test_open_capture_reads_the_device_directory(tmp_path):
     cap = open_capture(tmp_path)
     assert_frames_equal({k: v.collect() for k, v in cap.device.items()}, s.expected)
     assert cap.problems == [f"{tmp_path / 'device' / 'gpu_probes.5.sanitizer.bin'}: not a pasta-trace device file"]
+
+
+@pytest.mark.parametrize("n_run", [1, 2, 3, 65, 66, 200, 1000])
+def test_runs_of_equal_length_records(tmp_path, n_run):
+    """Runs are walked with strided views in doubling windows; every run length and what
+    breaks it (another length, the end of the file, a record cut short) must come out exact."""
+    ks = [W.encode(RT.KERNEL_SUMMARY, W.pack(schema.DEV_KERNEL_SUMMARY, gld=i, gst=2 * i), launch_id=i) for i in range(n_run)]
+    other = W.encode(RT.CLOCK_SYNC, W.pack(schema.DEV_CLOCK_SYNC, host_mono_before=5, gpu_globaltimer=6, host_mono_after=7))
+    tail = [W.encode(RT.KERNEL_SUMMARY, W.pack(schema.DEV_KERNEL_SUMMARY, gld=10**6 + i), launch_id=10**6 + i) for i in range(n_run)]
+    p = tmp_path / "runs.bin"
+    data = _header() + b"".join(ks) + other + b"".join(tail)
+    cut = len(data) - 8  # the last record loses its last 8 bytes
+    p.write_bytes(data[:cut])
+    d = read_device_file(p)
+    want = [(i, i, 2 * i) for i in range(n_run)] + [(10**6 + i, 10**6 + i, 0) for i in range(n_run - 1)]
+    assert d.frames["kernel_summaries"].select("launch_id", "gld", "gst").rows() == want
+    assert d.frames["clock_sync"].select("host_mono_before", "gpu_globaltimer", "host_mono_after").rows() == [(5, 6, 7)]
+    last = len(data) - len(tail[-1])
+    assert d.problems == [
+        f"{p}: stopped at byte {last} of {cut}: record of {len(tail[-1])} bytes runs past the end of the file ({cut - last} bytes left)"
+    ]
