@@ -98,11 +98,10 @@ def _tracks(model: TraceModel) -> tuple[list[bytes], pl.DataFrame, pl.DataFrame,
     return packets, threads, streams, counters
 
 
-def _event_rows(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
-                counters: pl.DataFrame) -> pl.DataFrame:
-    """One row per TrackEvent, sorted so that nesting replays correctly: at one
-    instant ends come first (the inner slice's first), then begins (the outer
-    slice's first), then instants and counters."""
+def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
+             counters: pl.DataFrame) -> tuple[list[pl.DataFrame], pl.DataFrame]:
+    """The slices (API calls, kernels, copies) with their track, name, category
+    and argument columns, and the counter samples with their track."""
     api = model.api.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
                          maintain_order="left")
     api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.col("corr"))
@@ -112,20 +111,44 @@ def _event_rows(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
     memops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
         cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind")),
     ).drop("copy_kind")
-    slices = pl.concat([api, kernels, memops], how="diagonal_relaxed")
-    has_dur = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
-    begins = slices.with_columns(
-        ph=pl.when(has_dur).then(pl.lit(SLICE_BEGIN)).otherwise(pl.lit(INSTANT)),
-        order=pl.when(has_dur).then(pl.lit(1)).otherwise(pl.lit(2)),
-        sub=-pl.col("dur_ns").fill_null(0),
-    )
-    ends = slices.filter(has_dur).select(
-        "track", ts_ns=pl.col("ts_ns") + pl.col("dur_ns"), ph=pl.lit(SLICE_END), order=pl.lit(0),
-        sub=-pl.col("ts_ns"))
     counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
-        "track", "ts_ns", counter_value="live_bytes", ph=pl.lit(COUNTER), order=pl.lit(3), sub=pl.lit(0))
-    return pl.concat([begins, ends, counts], how="diagonal_relaxed").sort(
-        "ts_ns", "order", "sub", maintain_order=True)
+        "track", "ts_ns", counter_value="live_bytes")
+    return [api, kernels, memops], counts
+
+
+_HAS_DUR = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
+_END = pl.col("ts_ns") + pl.col("dur_ns")
+
+
+def _windows(slices: list[pl.DataFrame], counts: pl.DataFrame, rows: int) -> list[tuple[int, int]]:
+    """[lo, hi) time ranges holding about `rows` events each."""
+    ts = pl.concat([
+        *(f.select("ts_ns") for f in slices),
+        *(f.filter(_HAS_DUR).select(ts_ns=_END) for f in slices),
+        counts.select("ts_ns"),
+    ])["ts_ns"].sort()
+    if ts.len() == 0:
+        return []
+    bounds = ts.gather_every(rows).unique(maintain_order=True).to_list() + [int(ts[-1]) + 1]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _event_rows(slices: list[pl.DataFrame], counts: pl.DataFrame, lo: int, hi: int) -> pl.DataFrame:
+    """One row per TrackEvent in [lo, hi), sorted so that nesting replays
+    correctly: at one instant ends come first (the inner slice's first), then
+    begins (the outer slice's first), then instants and counters."""
+    parts = []
+    for f in slices:
+        parts.append(f.filter(pl.col("ts_ns").is_between(lo, hi, closed="left")).with_columns(
+            ph=pl.when(_HAS_DUR).then(pl.lit(SLICE_BEGIN)).otherwise(pl.lit(INSTANT)),
+            order=pl.when(_HAS_DUR).then(pl.lit(1)).otherwise(pl.lit(2)),
+            sub=-pl.col("dur_ns").fill_null(0),
+        ))
+        parts.append(f.filter(_HAS_DUR & _END.is_between(lo, hi, closed="left")).select(
+            "track", ts_ns=_END, ph=pl.lit(SLICE_END), order=pl.lit(0), sub=-pl.col("ts_ns")))
+    parts.append(counts.filter(pl.col("ts_ns").is_between(lo, hi, closed="left")).with_columns(
+        ph=pl.lit(COUNTER), order=pl.lit(3), sub=pl.lit(0)))
+    return pl.concat(parts, how="diagonal_relaxed").sort("ts_ns", "order", "sub", maintain_order=True)
 
 
 def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
@@ -191,19 +214,19 @@ def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
     return pw.gather(pw.merge(parts, positions))
 
 
-def _strings(model: TraceModel, rows: pl.DataFrame) -> dict[str, list[str]]:
-    def uniq(*cols: pl.Series) -> list[str]:
-        return sorted(set().union(*(c.drop_nulls().unique().cast(pl.String).to_list() for c in cols)))
+def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
+    def uniq(col: str) -> list[str]:
+        return sorted(set().union(*(f[col].drop_nulls().unique().cast(pl.String).to_list()
+                                    for f in slices if col in f.columns)))
 
-    str_args = [name for name, kind in ARGS if kind == "str" and name in rows.columns]
     return {
-        "names": uniq(rows["name"]) if "name" in rows.columns else [],
-        "categories": uniq(rows["cat"]) if "cat" in rows.columns else [],
-        "values": uniq(*(rows[c] for c in str_args)),
+        "names": uniq("name"),
+        "categories": uniq("cat"),
+        "values": sorted(set().union(*(uniq(name) for name, kind in ARGS if kind == "str"))),
     }
 
 
-def _header(model: TraceModel, strings: dict[str, list[str]], first_ts: int) -> bytes:
+def _header(strings: dict[str, list[str]], first_ts: int) -> bytes:
     clock = pw.field_bytes(1, pw.field_varint(1, BUILTIN_CLOCK_MONOTONIC) + pw.field_varint(2, first_ts))
     snapshot = _packet(pw.field_varint(_P_TIMESTAMP, first_ts)
                        + pw.field_bytes(_P_CLOCK_SNAPSHOT, clock + pw.field_varint(2, BUILTIN_CLOCK_MONOTONIC)))
@@ -218,16 +241,20 @@ def _header(model: TraceModel, strings: dict[str, list[str]], first_ts: int) -> 
 
 
 def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
-    """Write the trace to `out`; returns the number of TrackEvents written."""
+    """Write the trace to `out`, one time window of about `chunk_rows` events
+    at a time; returns the number of TrackEvents written."""
     descriptors, threads, streams, counters = _tracks(model)
-    rows = _event_rows(model, threads, streams, counters)
-    strings = _strings(model, rows)
-    first_ts = int(rows["ts_ns"].min() or 0) if rows.height else 0
-    out.write(_header(model, strings, first_ts))
+    slices, counts = _sources(model, threads, streams, counters)
+    strings = _strings(slices)
+    windows = _windows(slices, counts, chunk_rows)
+    out.write(_header(strings, windows[0][0] if windows else 0))
     out.write(b"".join(descriptors))
-    for start in range(0, rows.height, chunk_rows):
-        out.write(_encode(rows.slice(start, chunk_rows), strings).tobytes())
-    return rows.height
+    n = 0
+    for lo, hi in windows:
+        rows = _event_rows(slices, counts, lo, hi)
+        out.write(_encode(rows, strings).tobytes())
+        n += rows.height
+    return n
 
 
 def write_file(model: TraceModel, path: Path) -> int:
