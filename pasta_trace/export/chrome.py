@@ -77,8 +77,8 @@ def _with_hex(frame: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
     return frame.with_columns(hex_labels(frame[c], "0x").alias(f"{c}_hex") for c in cols if c in frame.columns)
 
 
-def _common(pid: str = "pid", tid: str = "tid") -> list[pl.Expr]:
-    return [_arg("pid", pl.col(pid).cast(pl.String)), _arg("tid", pl.col(tid).cast(pl.String))]
+def _common() -> list[pl.Expr]:
+    return [_arg("pid", pl.col("pid").cast(pl.String)), _arg("tid", pl.col("tid").cast(pl.String))]
 
 
 Part = tuple[pl.DataFrame, pl.Expr]  # rows, and the expression that makes each row's line (null: none)

@@ -8,8 +8,8 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
      (event names, categories, argument names, string argument values);
   3. one TrackDescriptor per process, thread, GPU stream (child of its process)
      and live-memory counter (child of its process);
-  4. the events, sorted by time, encoded column-wise in chunks and streamed to
-     the file: slice begin/end pairs (API calls on thread tracks, kernels and
+  4. the events, sorted by time, prepared and encoded column-wise one time
+     window (about CHUNK_ROWS events) at a time and streamed to the file: slice begin/end pairs (API calls on thread tracks, kernels and
      memcpy/memset on stream tracks), instants for calls without a duration and
      launches without device timing, counter values, and flows from each
      launch to its kernel.
@@ -55,6 +55,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"), ("overlap_ns", "uint"),
     ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
 )
+
 
 def _interned(field: int, strings: list[str]) -> bytes:
     """InternedData entries (iid = position + 1); every kind uses (iid=1, name=2)."""

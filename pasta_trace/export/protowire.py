@@ -10,7 +10,6 @@ scatters, so no Python runs per event.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,10 +38,6 @@ def field_varint(field: int, v: int) -> bytes:
 def field_bytes(field: int, payload: bytes | str) -> bytes:
     b = payload.encode() if isinstance(payload, str) else payload
     return tag(field, LEN) + varint(len(b)) + b
-
-
-def field_fixed64(field: int, v: int) -> bytes:
-    return tag(field, I64) + struct.pack("<Q", v)
 
 
 # --------------------------------------------------------------------------- column-wise
