@@ -11,14 +11,10 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
+from .exprs import measured_sum
 from .registry import Tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
-
-
-def _bytes_sum() -> pl.Expr:
-    # all-null stays null: "not reported" must not read as "zero bytes"
-    return pl.when(pl.col("bytes").count() > 0).then(pl.col("bytes").sum())
 
 
 def working_set(cap: Capture) -> pl.DataFrame:
@@ -29,7 +25,7 @@ def working_set(cap: Capture) -> pl.DataFrame:
             pl.col("page").n_unique().alias("pages"),
             (pl.col("page").n_unique() * PAGE_BYTES.first()).alias("ws_bytes"),
             pl.col("count").sum().alias("accesses"),
-            _bytes_sum().alias("accessed_bytes"),
+            measured_sum(pl.col("bytes")).alias("accessed_bytes"),
             pl.col("alloc_id").drop_nulls().n_unique().alias("allocations"),
             pl.col("page").filter(pl.col("alloc_id").is_null()).n_unique().alias("unattributed_pages"),
         )
@@ -48,7 +44,7 @@ def alloc_hotness(cap: Capture) -> pl.DataFrame:
         .group_by("pid", "alloc_id", "alloc_base", "alloc_size", pl.col("alloc_api").cast(pl.String))
         .agg(
             pl.col("count").sum().alias("accesses"),
-            _bytes_sum().alias("accessed_bytes"),
+            measured_sum(pl.col("bytes")).alias("accessed_bytes"),
             pl.col("page").n_unique().alias("pages_touched"),
             pl.col("pages_spanned").first(),
             pl.col("launch_id").n_unique().alias("launches"),
@@ -67,7 +63,7 @@ def page_hotness(cap: Capture) -> pl.DataFrame:
         .group_by("pid", "page", "alloc_base")
         .agg(
             pl.col("count").sum().alias("accesses"),
-            _bytes_sum().alias("accessed_bytes"),
+            measured_sum(pl.col("bytes")).alias("accessed_bytes"),
             pl.col("launch_id").n_unique().alias("launches"),
             pl.col("launch_id").min().alias("first_launch_id"),
         )

@@ -7,6 +7,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
+from .exprs import measured_sum
 from .registry import Tool
 from .span import duration_ns
 
@@ -34,17 +35,15 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
         pl.struct("grid", "block").n_unique().alias("shapes"),
         pl.col("ts_ns").min().alias("first_ts_ns"),
         pl.col("ts_ns").max().alias("last_ts_ns"),
-        pl.col("dur_ns").sum().alias("api_ns"),
+        measured_sum(pl.col("dur_ns")).alias("api_ns"),
         pl.col("dur_ns").mean().alias("api_mean_ns"),
-        pl.col("gpu_ns").count().alias("gpu_timed"),
-        pl.col("gpu_ns").sum().alias("gpu_ns"),
+        measured_sum(pl.col("gpu_ns")).alias("gpu_ns"),
         pl.col("gpu_ns").mean().alias("gpu_mean_ns"),
     )
     return (
         summary.join(top_shape, on=_KEY, how="left", nulls_equal=True)
         .with_columns(
             (pl.col("launches") / dur_s if dur_s > 0 else pl.lit(None, pl.Float64)).alias("launches_per_s"),
-            pl.when(pl.col("gpu_timed") > 0).then(pl.col("gpu_ns")).alias("gpu_ns"),
         )
         .select(
             "pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block",

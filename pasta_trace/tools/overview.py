@@ -8,6 +8,7 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from .memory import memory_peaks
+from .exprs import measured_sum
 from .registry import Tool
 
 
@@ -32,7 +33,9 @@ def overview(cap: Capture) -> pl.DataFrame:
         pl.col("tid").n_unique().alias("threads"),
         (pl.col("kind") == "launch").sum().alias("launches"),
         pl.col("size").filter(pl.col("kind") == "memcpy").sum().alias("copy_bytes"),
-        pl.col("dur_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
+        # no sync call blocked 0 ns; sync calls without measured durations: unknown
+        pl.when((pl.col("kind") == "sync").sum() == 0).then(pl.lit(0, pl.Int64))
+        .otherwise(measured_sum(pl.col("dur_ns").filter(pl.col("kind") == "sync"))).alias("sync_ns"),
     )
     allocated = (
         merge.allocations(cap).filter(pl.col("kind") != "host")
@@ -67,8 +70,8 @@ TOOLS = [
         compute=overview,
         description="per process: command, threads, API calls, launches, kernels, device memory, copies, syncs, GPUs used",
         terminal_columns=(
-            "pid", "comm", "threads", "api_calls", "launches", "kernels", "device_alloc_bytes",
-            "peak_live_bytes", "copy_bytes", "sync_ns", "gpus",
+            "pid", "comm", "api_calls", "launches", "kernels", "device_alloc_bytes", "peak_live_bytes", "copy_bytes",
+            "sync_ns", "gpus",
         ),
     ),
 ]

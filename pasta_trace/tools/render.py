@@ -61,8 +61,8 @@ def cell(col: str, value: object, t0: int | None) -> str:
 def table(df: pl.DataFrame, title: str | None = None, t0: int | None = None, limit: int = 20) -> Table:
     t = Table(title=title, title_justify="left", header_style="bold")
     for c in df.columns:
-        numeric = df.schema[c].is_numeric()
-        t.add_column(c, justify="right" if numeric else "left", overflow="fold")
+        # headers wrap at word breaks
+        t.add_column(c.replace("_", " "), justify="right" if df.schema[c].is_numeric() else "left", overflow="fold")
     for row in df.head(limit).iter_rows():
         t.add_row(*(cell(c, v, t0) for c, v in zip(df.columns, row)))
     if df.height > limit:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
+from .exprs import measured_sum
 from .registry import Tool
 from .span import duration_ns
 
@@ -16,7 +17,7 @@ def synchronisation(cap: Capture) -> pl.DataFrame:
         .group_by("pid", "tid", pl.col("api").cast(pl.String), "stream")
         .agg(
             pl.len().alias("calls"),
-            pl.col("dur_ns").sum().alias("blocked_ns"),
+            measured_sum(pl.col("dur_ns")).alias("blocked_ns"),
             pl.col("dur_ns").max().alias("max_blocked_ns"),
             pl.col("dur_ns").mean().alias("mean_blocked_ns"),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
+from .exprs import measured_sum
 from .registry import Tool
 
 #: Copies at or below this size are dominated by per-call latency, not bandwidth.
@@ -29,7 +30,7 @@ def transfers_by_direction(cap: Capture) -> pl.DataFrame:
         .agg(
             pl.len().alias("copies"),
             pl.col("size").sum().alias("bytes"),
-            pl.col("dur_ns").sum().alias("api_ns"),
+            measured_sum(pl.col("dur_ns")).alias("api_ns"),
             (pl.col("size") <= SMALL_COPY_BYTES).sum().alias("small_copies"),
             pl.col("size").mean().alias("mean_bytes"),
         )
@@ -60,7 +61,7 @@ def copy_storms(
             pl.col("ts_ns").min().alias("start_ts_ns"),
             (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("end_ts_ns"),
             pl.col("size").sum().alias("bytes"),
-            pl.col("dur_ns").sum().alias("api_ns"),
+            measured_sum(pl.col("dur_ns")).alias("api_ns"),
             pl.col("direction").unique().sort().str.join(",").alias("directions"),
         )
         .filter(pl.col("copies") >= min_copies)
@@ -87,7 +88,7 @@ def repeated_copies(cap: Capture) -> pl.DataFrame:
             pl.len().alias("copies"),
             pl.col("ts_ns").min().alias("first_ts_ns"),
             pl.col("ts_ns").max().alias("last_ts_ns"),
-            pl.col("dur_ns").sum().alias("api_ns"),
+            measured_sum(pl.col("dur_ns")).alias("api_ns"),
         )
         .filter(pl.col("copies") > 1)
         .with_columns(((pl.col("copies") - 1) * pl.col("size")).alias("repeated_bytes"))

@@ -176,3 +176,20 @@ def test_device_tools_without_device_data_are_empty(cap, name: str) -> None:
     tool = REGISTRY[name]
     assert tool.needs_device is True
     assert tool.compute(cap).height == 0
+
+
+def test_unmeasured_durations_stay_null(tmp_path: Path) -> None:
+    # entry-only probes (launches, async copies) leave dur_ns null: API time is unknown, not 0
+    entry_only = [
+        (1000, None, 5, 5, "cuLaunchKernel", "launch", {"func": 0xF1, "stream": 0x5, "grid": (1, 1, 1), "block": (32, 1, 1)}),
+        (2000, None, 5, 5, "cuMemcpyHtoDAsync_v2", "memcpy", {"dst": 0xD000, "src": 0x5000, "size": 64, "copy_kind": "h2d"}),
+        (3000, 700, 5, 5, "cuMemcpyHtoD_v2", "memcpy", {"dst": 0xD000, "src": 0x6000, "size": 128, "copy_kind": "h2d"}),
+    ]
+    cap = open_capture(write_capture(tmp_path / "c", rows=entry_only, names=[(5, 0xF1, "k")], processes=[]))
+    k = REGISTRY["kernels"].compute(cap)
+    assert rows(k.select("name", "launches", "api_ns", "api_mean_ns")) == [("k", 1, None, None)]
+    # the one measured copy's 700 ns is the sum; both copies' bytes count
+    t = REGISTRY["transfers"].compute(cap)
+    assert rows(t.select("direction", "copies", "bytes", "api_ns")) == [("h2d", 2, 192, 700)]
+    # no sync call at all: 0 ns blocked
+    assert REGISTRY["processes"].compute(cap)["sync_ns"].to_list() == [0]
