@@ -229,8 +229,8 @@ def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
 
 def _header(strings: dict[str, list[str]], first_ts: int) -> bytes:
     clock = pw.field_bytes(1, pw.field_varint(1, BUILTIN_CLOCK_MONOTONIC) + pw.field_varint(2, first_ts))
-    snapshot = _packet(pw.field_varint(_P_TIMESTAMP, first_ts)
-                       + pw.field_bytes(_P_CLOCK_SNAPSHOT, clock + pw.field_varint(2, BUILTIN_CLOCK_MONOTONIC)))
+    # no packet timestamp: it would be read on the default clock (BOOTTIME), which the trace does not use
+    snapshot = _packet(pw.field_bytes(_P_CLOCK_SNAPSHOT, clock + pw.field_varint(2, BUILTIN_CLOCK_MONOTONIC)))
     interned = (_interned(1, strings["categories"]) + _interned(2, strings["names"])
                 + _interned(3, [name for name, _ in ARGS]) + _interned(29, strings["values"]))
     first = _packet(

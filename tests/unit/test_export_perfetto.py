@@ -99,6 +99,7 @@ def _export(tmp_path: Path) -> Parsed:
 
 def test_clock_is_declared_monotonic(tmp_path: Path) -> None:
     t = _export(tmp_path)
+    assert not t.packets[0].HasField("timestamp")
     snap = t.packets[0].clock_snapshot
     assert snap.primary_trace_clock == pb.BUILTIN_CLOCK_MONOTONIC
     assert [(c.clock_id, c.timestamp) for c in snap.clocks] == [(pb.BUILTIN_CLOCK_MONOTONIC, T0 + 1000)]
