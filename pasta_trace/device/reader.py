@@ -275,7 +275,8 @@ def read_device_file(path: str | os.PathLike) -> DeviceData:
             np.ndarray((int(c),), dtype=erec.dtype, buffer=buf, offset=int(o) + hsize)
             for o, c in zip(payload[idx].tolist(), n.tolist())
         ]
-        cols = {k: (np.concatenate([v[k] for v in views]) if views else np.zeros(0, erec.dtype[k])) for k in erec.dtype.names}
+        wanted = [k for k in erec.dtype.names if k in schema.DEVICE_FRAMES[fname]]  # not the padding
+        cols = {k: (np.concatenate([v[k] for v in views]) if views else np.zeros(0, erec.dtype[k])) for k in wanted}
         cols["pid"] = np.full(int(n.sum()), pid, dtype=np.uint32)
         cols["launch_id"] = np.repeat(lids[idx], n)
         if rt is RT.PAGE_HIST:
