@@ -353,3 +353,128 @@ def test_aggregate_mode_counts_in_the_kernel(tracer, libcuda):
     _, names = t.drain()
     assert [n["name"] for n in names] == [b"k"]
     assert all(v.first_ts <= v.last_ts for v in t.bpf[b"agg"].values())
+
+
+class CUDA_MEMCPY3D(C.Structure):
+    _fields_ = [
+        ("srcXInBytes", C.c_size_t), ("srcY", C.c_size_t), ("srcZ", C.c_size_t), ("srcLOD", C.c_size_t),
+        ("srcMemoryType", C.c_int), ("srcHost", C.c_void_p), ("srcDevice", C.c_uint64), ("srcArray", C.c_void_p),
+        ("reserved0", C.c_void_p), ("srcPitch", C.c_size_t), ("srcHeight", C.c_size_t),
+        ("dstXInBytes", C.c_size_t), ("dstY", C.c_size_t), ("dstZ", C.c_size_t), ("dstLOD", C.c_size_t),
+        ("dstMemoryType", C.c_int), ("dstHost", C.c_void_p), ("dstDevice", C.c_uint64), ("dstArray", C.c_void_p),
+        ("reserved1", C.c_void_p), ("dstPitch", C.c_size_t), ("dstHeight", C.c_size_t),
+        ("WidthInBytes", C.c_size_t), ("Height", C.c_size_t), ("Depth", C.c_size_t),
+    ]  # fmt: skip
+
+
+def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
+    """One call per remaining argument shape (the first test covers the
+    others): decoded fields and return codes as called."""
+    path, version, cu = libcuda
+    t = tracer(ring_pages=64, names_pages=16)
+    attach.attach_library(t.bpf, path, "cuda")
+    V, U64, SZ = C.c_void_p, C.c_uint64, C.c_size_t
+    p, h = C.c_uint64(0), C.c_void_p(0)
+    m2d = CUDA_MEMCPY2D(srcMemoryType=2, srcDevice=0x6000, dstMemoryType=1, dstHost=0x5000, WidthInBytes=10,
+                        Height=2)  # fmt: skip
+    m3d = CUDA_MEMCPY3D(srcMemoryType=4, srcDevice=0x7000, dstMemoryType=2, dstDevice=0x8000, WidthInBytes=8,
+                        Height=4, Depth=2)  # fmt: skip
+    image = C.create_string_buffer(64)
+    P = schema.CopyKind.peer
+    calls = [  # (symbol, args, expected fields; "ret" is added from the call for paired shapes)
+        ("cuLaunchHostFunc", (V(0x11), V(0x22), V(0x33)), {"kind": "launch", "stream": 0x11, "func": 0x22}),
+        ("cuGraphLaunch_ptsz", (V(0x44), V(0x55)), {"kind": "graph", "func": 0x44, "stream": 0x55}),
+        ("cuMemAllocManaged", (C.byref(p), SZ(512), C.c_uint(1)), {"kind": "alloc", "size": 512, "aux": 1}),
+        ("cuMemAllocAsync", (C.byref(p), SZ(256), V(0x66)), {"kind": "alloc", "size": 256, "stream": 0x66}),
+        ("cuMemAllocFromPoolAsync", (C.byref(p), SZ(128), V(0x77), V(0x88)),
+         {"kind": "alloc", "size": 128, "stream": 0x88}),
+        ("cuMemAddressReserve", (C.byref(p), SZ(1 << 21), SZ(0), U64(0), U64(0)), {"kind": "other", "size": 1 << 21}),
+        ("cuMemCreate", (C.byref(p), SZ(1 << 21), V(0), U64(0)), {"kind": "alloc", "size": 1 << 21}),
+        ("cuMemMap", (U64(0xA000), SZ(4096), SZ(0), U64(0xBB), U64(0)),
+         {"kind": "other", "ptr": 0xA000, "size": 4096, "src": 0xBB}),
+        ("cuMemUnmap", (U64(0xA000), SZ(4096)), {"kind": "other", "ptr": 0xA000, "size": 4096}),
+        ("cuMemRelease", (U64(0xBB),), {"kind": "free", "ptr": 0xBB}),
+        ("cuMemFreeAsync", (U64(0xC000), V(0x99)), {"kind": "free", "ptr": 0xC000, "stream": 0x99}),
+        ("cuMemcpy", (U64(1), U64(2), SZ(3)), {"kind": "memcpy", "dst": 1, "src": 2, "size": 3,
+                                                "copy_kind": schema.CopyKind.default}),
+        ("cuMemcpyAsync_ptsz", (U64(1), U64(2), SZ(3), V(4)),
+         {"kind": "memcpy", "dst": 1, "src": 2, "size": 3, "copy_kind": schema.CopyKind.default, "stream": 4}),
+        ("cuMemcpyPeer", (U64(0x10), V(0x11), U64(0x20), V(0x21), SZ(48)),
+         {"kind": "memcpy", "dst": 0x10, "src": 0x20, "size": 48, "copy_kind": P}),
+        ("cuMemcpyPeerAsync", (U64(0x10), V(0x11), U64(0x20), V(0x21), SZ(48), V(5)),
+         {"kind": "memcpy", "dst": 0x10, "src": 0x20, "size": 48, "copy_kind": P, "stream": 5}),
+        ("cuMemcpy2DAsync_v2", (C.byref(m2d), V(6)),
+         {"kind": "memcpy", "dst": 0x5000, "src": 0x6000, "size": 20, "copy_kind": schema.CopyKind.d2h,
+          "stream": 6}),
+        ("cuMemcpy3D_v2", (C.byref(m3d),),
+         {"kind": "memcpy", "dst": 0x8000, "src": 0x7000, "size": 64, "copy_kind": schema.CopyKind.default}),
+        ("cuMemcpy3DPeerAsync", (C.byref(m3d), V(7)),
+         {"kind": "memcpy", "dst": 0x8000, "src": 0x7000, "size": 64, "copy_kind": P, "stream": 7}),
+        ("cuMemsetD8Async", (U64(0xD000), C.c_ubyte(0x5A), SZ(100), V(7)),
+         {"kind": "memset", "ptr": 0xD000, "size": 100, "aux": 0x5A, "stream": 7}),
+        ("cuMemsetD2D16_v2", (U64(0xE000), SZ(256), C.c_ushort(0x1234), SZ(10), SZ(3)),
+         {"kind": "memset", "ptr": 0xE000, "size": 60, "aux": 0x1234}),
+        ("cuMemsetD2D32Async", (U64(0xE000), SZ(256), C.c_uint(9), SZ(4), SZ(5), V(8)),
+         {"kind": "memset", "ptr": 0xE000, "size": 80, "aux": 9, "stream": 8}),
+        ("cuEventSynchronize", (V(0),), {"kind": "sync", "ptr": 0}),
+        ("cuLibraryGetKernel", (C.byref(h), V(0x12), b"kern2"), {"kind": "module", "src": 0x12}),
+        ("cuKernelGetFunction", (C.byref(h), V(0x34)), {"kind": "module", "src": 0x34}),
+        ("cuModuleLoadData", (C.byref(h), image), {"kind": "module", "src": C.addressof(image)}),
+        ("cuGetProcAddress", (b"cuMemFree", C.byref(h), 12000, U64(0)), {"kind": "other", "aux": 12000}),
+    ]  # fmt: skip
+    expected = []
+    for symbol, args, fields in calls:
+        rc = getattr(cu, symbol)(*args)
+        row = {"api": symbol, "kind": fields["kind"]}
+        if catalog.APIS[API[symbol]].ret:
+            row["ret"] = rc
+        if symbol == "cuGetProcAddress":
+            assert rc == 0
+            row["func"] = h.value
+        expected.append(row | fields)
+    ev, names = t.drain()
+    assert _rows(ev) == expected, f"driver {version}"
+    assert [(catalog.APIS[n["api"]].symbol, schema.NameSource(n["source"]).name, int(n["handle"]),
+             int(n["alias"]), n["name"]) for n in names] == [
+        ("cuLibraryGetKernel", "library_get_kernel", 0, 0, b"kern2"),
+        ("cuKernelGetFunction", "kernel_get_function", 0, 0x34, b""),
+        ("cuGetProcAddress", "get_proc_address", h.value, 0, b"cuMemFree"),
+    ]  # fmt: skip
+    exercised = {catalog.APIS[API[s]].shape for s, _, _ in calls} | {
+        "launch_cu", "launch_cfg_cu", "alloc", "alloc_pitch", "free", "copy", "copy_2d_cu", "memset",
+        "sync_stream", "sync_none", "name_lookup", "get_proc_address"}  # fmt: skip
+    cuda_shapes = {a.shape for a in catalog.for_family("cuda") if a.symbol not in CUDA_ABSENT_535}
+    assert cuda_shapes - exercised == set()
+
+
+def test_hip_specific_shapes_on_libamdhip64(tracer):
+    hip = _hip()
+    t = tracer(ring_pages=64, names_pages=16)
+    attach.attach_library(t.bpf, str(HIP_LIB), "hip")
+    V, SZ = C.c_void_p, C.c_size_t
+    ext = getattr(hip, catalog.HIP_EXT_MODULE_LAUNCH_MANGLED[0])
+    ext.argtypes = [V] + [C.c_uint] * 6 + [SZ, V, V, V, V, V, C.c_uint]
+    parms = C.create_string_buffer(160)  # hipMemcpy3DParms: extent 4x3x2 bytes, kind h2d
+    for off, val in ((32, 0x1000), (96, 0x2000), (128, 4), (136, 3), (144, 2)):
+        C.c_uint64.from_buffer(parms, off).value = val
+    C.c_uint32.from_buffer(parms, 152).value = 1
+    p, pitch = C.c_void_p(0), C.c_size_t(0)
+    rc = {
+        "ext": ext(0x1234, 256, 64, 8, 64, 16, 4, 100, 0x99, None, None, None, None, 0),
+        "hipMemcpy3D": hip.hipMemcpy3D(parms),
+        "hipMallocPitch": hip.hipMallocPitch(C.byref(p), C.byref(pitch), SZ(100), SZ(3)),
+        "hipMemcpyAsync": hip.hipMemcpyAsync(V(1), V(2), SZ(3), 1, V(5)),
+        "hipDeviceSynchronize": hip.hipDeviceSynchronize(),
+    }
+    ev, _ = t.drain()
+    assert _rows(ev) == [
+        {"api": catalog.HIP_EXT_MODULE_LAUNCH_MANGLED[0], "kind": "launch", "func": 0x1234, "grid": (4, 4, 2),
+         "block": (64, 16, 4), "shmem": 100, "stream": 0x99},
+        {"api": "hipMemcpy3D", "kind": "memcpy", "dst": 0x2000, "src": 0x1000, "size": 24,
+         "copy_kind": schema.CopyKind.h2d},
+        {"api": "hipMallocPitch", "kind": "alloc", "ret": rc["hipMallocPitch"]},
+        {"api": "hipMemcpyAsync", "kind": "memcpy", "dst": 1, "src": 2, "size": 3, "copy_kind": schema.CopyKind.h2d,
+         "stream": 5},
+        {"api": "hipDeviceSynchronize", "kind": "sync", "ret": rc["hipDeviceSynchronize"]},
+    ]  # fmt: skip
+    assert rc["ext"] != 0 and t.lost() == [0, 0, 0, 0]
