@@ -126,23 +126,24 @@ def main() -> int:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         cap = open_capture(synth_capture(Path(d) / "cap", a.events, a.seed))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model = trace_model.build(cap)
-        t_model = time.perf_counter() - t0
+        t_model, c_model = time.perf_counter() - t0, time.process_time() - c0
         print(f"capture: {a.events} API calls -> {model.kernels.height} kernel rows, "
               f"{model.memory.height} counter samples, {model.n_events} trace events")
-        print(f"trace model (Polars): {t_model:.2f} s, {a.events / t_model / 1e6:.2f} M calls/s")
+        print(f"trace model (Polars): {t_model:.2f} s wall ({c_model:.2f} s CPU), "
+              f"{a.events / t_model / 1e6:.2f} M calls/s")
         for name, writer, base, mode in (("perfetto", perfetto.write, perfetto_baseline, "wb"),
-                                         ("chrome", chrome.write, chrome_baseline, "w")):
+                                         ("chrome", chrome.write, chrome_baseline, "wb")):
             out = Path(d) / f"out.{name}"
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with open(out, mode) as f:
                 n = writer(model, f)
-            t = time.perf_counter() - t0
+            t, c = time.perf_counter() - t0, time.process_time() - c0
             per_base = base(model, min(a.baseline_events, model.api.height))
             # the baseline writes only API calls; compare per API call, with our time per call
             ours = t / model.api.height
-            print(f"{name}: {n} events in {t:.2f} s = {n / t / 1e6:.2f} M events/s, "
+            print(f"{name}: {n} events in {t:.2f} s wall ({c:.2f} s CPU) = {n / t / 1e6:.2f} M events/s, "
                   f"{out.stat().st_size / 1e6:.1f} MB; end to end with the model "
                   f"{a.events / (t + t_model) / 1e6:.2f} M calls/s; "
                   f"per API call {ours * 1e6:.2f} us vs per-event baseline {per_base * 1e6:.2f} us "
