@@ -45,6 +45,9 @@ class Capture:
     problems: list[str] = field(default_factory=list)
     #: schema.TIMELINE_FRAMES name -> frame, when read from a merged timeline
     merged: dict[str, pl.LazyFrame] = field(default_factory=dict)
+    #: small derived tables the merge computes once per capture (device
+    #: executions, allocation segments, launch times), keyed by name and options
+    cache: dict[tuple, object] = field(default_factory=dict, repr=False)
 
     @property
     def complete(self) -> bool:

@@ -133,7 +133,11 @@ def _events(launches: pl.DataFrame, allocs: pl.DataFrame) -> pl.DataFrame:
 
 def _device_launches(spec: Spec, rng: np.random.Generator, launches: pl.DataFrame) -> dict[str, pl.DataFrame]:
     n = launches.height
-    begin = launches["ts_ns"].to_numpy() + rng.integers(200, 2_000, n)
+    # the device callback runs inside the launch call: before that thread's next call
+    room = launches.select(
+        (pl.col("ts_ns").shift(-1).over(["pid", "tid"], order_by="ts_ns") - pl.col("ts_ns")).fill_null(10**6)
+    ).to_series().to_numpy()
+    begin = launches["ts_ns"].to_numpy() + np.minimum(rng.integers(200, 2_000, n), room - 1)
     start = begin + rng.integers(5_000, 50_000, n)
     end = start + rng.integers(10_000, 200_000, n)
     dev = launches.select(

@@ -30,35 +30,40 @@ ADDRESS_BITS = 48
 
 @dataclass(frozen=True)
 class Segments:
-    pids: np.ndarray  # sorted distinct pids (uint64)
-    kstart: np.ndarray  # sorted segment keys pid_index << 48 | start (uint64)
-    kend: np.ndarray  # exclusive end key of each segment
-    cover: pl.DataFrame  # seg_id, alloc_id, pid, alloc_ts_ns, free_ts_ns: instances covering each segment
+    """Every process's address space cut at every allocation start and end.
 
-    def lookup(self, pid: np.ndarray, addr: np.ndarray) -> np.ndarray:
-        """Segment index of each (pid, address), -1 where none."""
-        if self.kstart.size == 0:
-            return np.full(addr.shape, -1, dtype=np.int64)
-        pi = np.searchsorted(self.pids, pid)
-        pi_c = np.minimum(pi, self.pids.size - 1)
-        known = (self.pids[pi_c] == pid) & (addr < (1 << ADDRESS_BITS))
-        key = (pi_c.astype(np.uint64) << np.uint64(ADDRESS_BITS)) | addr
-        seg = np.searchsorted(self.kstart, key, side="right").astype(np.int64) - 1
-        seg_c = np.maximum(seg, 0)
-        inside = known & (seg >= 0) & (key < self.kend[seg_c])
-        return np.where(inside, seg, -1)
+    The segments tile each process's span from its lowest boundary on; the
+    last one of each process runs to the next process's first (a gap).  Gaps
+    are segments that no instance covers, so the lookup is a bare
+    searchsorted: no end check, no mask."""
+
+    pids: np.ndarray  # sorted distinct pids
+    kstart: np.ndarray  # sorted segment starts, keyed pid_index << 48 | address (uint64)
+    cover: pl.DataFrame  # seg_id, alloc_id, alloc_ts_ns, free_ts_ns: instances covering each segment
+
+    def lookup(self, key: np.ndarray) -> np.ndarray:
+        """Segment index of each key; -1 below the first segment."""
+        return np.searchsorted(self.kstart, key, side="right").astype(np.int64) - 1
+
+    def key(self, pid: pl.Expr, addr: pl.Expr) -> pl.Expr:
+        """pid_index << 48 | address as a native Polars expression (UInt64;
+        2^64-1 for a pid without allocations or an address beyond 48 bits,
+        which lands in the last gap).  A when/then chain, not replace_strict:
+        that one buffers the whole column in the streaming engine
+        (polars-merge.md §3.3)."""
+        idx: pl.Expr = pl.lit(None, pl.UInt64)
+        for i, p in enumerate(self.pids.tolist()):
+            idx = pl.when(pid == p).then(pl.lit(i << ADDRESS_BITS, pl.UInt64)).otherwise(idx)
+        return pl.when(addr < (1 << ADDRESS_BITS)).then(idx + addr).fill_null(np.iinfo(np.uint64).max)
 
     def expr(self, pid: str | pl.Expr, addr: pl.Expr) -> pl.Expr:
-        """Polars expression: segment id (Int64, null where none)."""
-
-        def f(s: list[pl.Series]) -> pl.Series:
-            p = s[0].to_numpy().astype(np.uint64, copy=False)
-            a = s[1].to_numpy().astype(np.uint64, copy=False)
-            return pl.Series(self.lookup(p, a))
-
-        seg = pl.map_batches([pl.col(pid) if isinstance(pid, str) else pid, addr], f,
-                             return_dtype=pl.Int64, is_elementwise=True)
-        return pl.when(seg >= 0).then(seg)
+        """Polars expression: segment id (Int64).  An elementwise numpy UDF:
+        it streams and runs on every core (np.searchsorted releases the GIL)."""
+        if self.kstart.size == 0:
+            return pl.lit(-1, pl.Int64)
+        key = self.key(pl.col(pid) if isinstance(pid, str) else pid, addr)
+        return key.map_batches(lambda s: pl.Series(self.lookup(s.to_numpy())), return_dtype=pl.Int64,
+                               is_elementwise=True)
 
 
 def segments(allocs: pl.DataFrame) -> Segments:
@@ -66,23 +71,14 @@ def segments(allocs: pl.DataFrame) -> Segments:
     a = allocs.filter(pl.col("size") > 0).select(
         "alloc_id", "pid", "base", (pl.col("base") + pl.col("size")).alias("end"), "alloc_ts_ns", "free_ts_ns"
     )
-    pids = np.sort(a["pid"].unique().to_numpy().astype(np.uint64))
-    bounds = (
-        pl.concat([a.select("pid", pl.col("base").alias("b")), a.select("pid", pl.col("end").alias("b"))])
-        .unique().sort(["pid", "b"])
-        .with_columns(pl.col("b").shift(-1).over("pid").alias("e"))
-        .drop_nulls("e")
-        .with_row_index("seg_id")
-    )
-    pidx = np.searchsorted(pids, bounds["pid"].to_numpy().astype(np.uint64)).astype(np.uint64)
+    pids = np.sort(a["pid"].unique().to_numpy())
     shift = np.uint64(ADDRESS_BITS)
-    kstart = (pidx << shift) | bounds["b"].to_numpy().astype(np.uint64)
-    kend = (pidx << shift) | bounds["e"].to_numpy().astype(np.uint64)
-    # segments are cut at every boundary, so an instance covers the contiguous
-    # run of segments from the one starting at its base to the one ending at its end
-    apid = np.searchsorted(pids, a["pid"].to_numpy().astype(np.uint64)).astype(np.uint64)
-    first = np.searchsorted(kstart, (apid << shift) | a["base"].to_numpy().astype(np.uint64))
-    stop = np.searchsorted(kstart, (apid << shift) | a["end"].to_numpy().astype(np.uint64))
+    pidx = np.searchsorted(pids, a["pid"].to_numpy()).astype(np.uint64) << shift
+    kbase = pidx | a["base"].to_numpy().astype(np.uint64)
+    kend = pidx | a["end"].to_numpy().astype(np.uint64)
+    kstart = np.unique(np.concatenate([kbase, kend]))
+    # an instance covers the contiguous run of segments from its base to its end
+    first, stop = np.searchsorted(kstart, kbase), np.searchsorted(kstart, kend)
     cover = (
         a.select("alloc_id", "alloc_ts_ns", "free_ts_ns")
         .with_columns(pl.int_ranges(pl.Series(first, dtype=pl.Int64), pl.Series(stop, dtype=pl.Int64))
@@ -91,7 +87,7 @@ def segments(allocs: pl.DataFrame) -> Segments:
         .drop_nulls("seg_id")
         .select("seg_id", "alloc_id", "alloc_ts_ns", "free_ts_ns")
     )
-    return Segments(pids, kstart, kend, cover)
+    return Segments(pids, kstart, cover)
 
 
 def resolve(keys: pl.LazyFrame, segs: Segments) -> pl.LazyFrame:

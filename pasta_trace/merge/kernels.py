@@ -129,6 +129,13 @@ def device_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     """One row per device kernel execution, with the host launch it matched:
     `launch_seq` (null if none), `match` ("exact" | "time"), `gpu_start_ns`,
     `gpu_end_ns` on the host clock, the host launch's `ts_ns` and its name."""
+    key = ("device_executions", tolerance_ns)
+    if key not in cap.cache:
+        cap.cache[key] = _device_executions(cap, tolerance_ns)
+    return cap.cache[key].lazy()
+
+
+def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     raw = _device_executions_raw(cap)
     maps = _clock_maps(cap, raw)
     execs = (
@@ -206,7 +213,7 @@ def device_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         .alias("launch_seq"),
     ).with_columns(pl.when(pl.col("launch_seq").is_null()).then(None).otherwise(pl.col("match")).alias("match"))
     return matched.drop("time_seq", "c_seq", "c_match", "_off", "_n_host", "_exact_seq", "_dev_row",
-                        "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False)
+                        "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False).collect()
 
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:

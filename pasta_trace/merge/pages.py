@@ -22,26 +22,32 @@ def _is_empty(lf: pl.LazyFrame) -> bool:
     return lf.select(pl.len()).collect().item() == 0
 
 
-def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
-    """(pid, launch_id) -> t (host time of the launch) and kernel name.
+def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS, names: bool = True) -> pl.LazyFrame:
+    """(pid, launch_id) -> t (host time of the launch) and, with `names`, the kernel name.
 
     t is the matched host launch's uprobe time, else the device's API-enter
     time, else the kernel's start on the host clock."""
-    host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
-    dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
-    out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
-        "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
-        "launch_seq", pl.col("dev_name"),
-    )
-    name_by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", "name")
-    return out.join(name_by_seq, on=["pid", "launch_seq"], how="left").select(
-        "pid", "launch_id", "t", pl.coalesce("name", "dev_name").alias("name")
-    ).unique(["pid", "launch_id"], keep="first")
+    key = ("launch_times", tolerance_ns, names)
+    if key not in cap.cache:
+        host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
+        dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
+        out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
+            "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
+            "launch_seq", pl.col("dev_name").alias("name"),
+        )
+        if names:
+            by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", pl.col("name").alias("h_name"))
+            out = out.join(by_seq, on=["pid", "launch_seq"], how="left").with_columns(
+                pl.coalesce("h_name", "name").alias("name"))
+        cap.cache[key] = out.select("pid", "launch_id", "t", "name").unique(["pid", "launch_id"], keep="first").collect()
+    return cap.cache[key].lazy()
 
 
 def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
-    allocs = allocations(cap).collect()
-    return segments(allocs), allocs
+    if ("segments",) not in cap.cache:
+        allocs = allocations(cap).collect()
+        cap.cache[("segments",)] = (segments(allocs), allocs)
+    return cap.cache[("segments",)]
 
 
 def _attribute(rows: pl.LazyFrame, segs: Segments, allocs: pl.DataFrame, times: pl.LazyFrame) -> pl.LazyFrame:
@@ -148,7 +154,8 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
              (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
     )
     keys = per_seg.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").join(
-        launch_times(cap, tolerance_ns).select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left"
+        launch_times(cap, tolerance_ns, names=False).select("pid", "launch_id", "t"), on=["pid", "launch_id"],
+        how="left"
     )
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (
