@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     out = output_path(args.path, args.format, args.output)
     _check_output(out, args.format, args.force)
     cap = merge.load(args.path)
+    for problem in cap.problems:
+        print(f"pasta-trace: warning: {problem}", file=sys.stderr)
     t0 = time.perf_counter()
     if args.format == "csv":
         from ..export import csv
@@ -80,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
         from ..export import trace_model
 
         model = trace_model.build(cap)
+        if model.api.height == 0:
+            print(f"pasta-trace: warning: {args.path} holds no API calls"
+                  + (" (an --aggregate capture keeps counts only: see pasta-trace report)" if cap.aggregate is not None
+                     else ""), file=sys.stderr)
         tmp = out.with_name(f".{out.name}.tmp")
         try:
             if args.format == "perfetto":

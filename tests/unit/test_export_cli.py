@@ -73,3 +73,14 @@ def test_default_output_names(tmp_path: Path, capsys: pytest.CaptureFixture, mon
         assert code == 0
         assert err[0].startswith(f"Wrote pasta-host-1{ {'perfetto': '.pftrace', 'chrome': '.json', 'csv': '-csv'}[fmt]} (")
     assert sorted(p.name for p in work.iterdir()) == ["pasta-host-1-csv", "pasta-host-1.json", "pasta-host-1.pftrace"]
+
+
+def test_capture_problems_and_no_calls_are_warned(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    cap = write_capture(tmp_path / "cap", [])
+    (cap / "manifest.json").unlink()  # a tracer killed before it finished
+    code, err = _run([str(cap), "-o", str(tmp_path / "t.pftrace")], capsys)
+    assert code == 0
+    assert [line for line in err if "warning" in line] == [
+        "pasta-trace: warning: no manifest.json: the tracer did not finish; the last interval may be missing",
+        f"pasta-trace: warning: {cap} holds no API calls",
+    ]
