@@ -67,6 +67,14 @@ if [ "$san_state" = ok ]; then
 else
   echo "SKIPPED: gpu_probes sanitizer backend: nvidia-cuda-sanitizer-api==${nvcc_ver}.* ${san:-missing} (pip install 'nvidia-cuda-sanitizer-api==${nvcc_ver}.*')"
 fi
+# The C CUPTI injection (for programs that are not Python) needs the toolkit's CUPTI headers.
+cupti_lib=$(dirname "$(ls "$cuda"/lib64/libcupti.so "$cuda"/extras/CUPTI/lib64/libcupti.so 2>/dev/null | head -n1)" 2>/dev/null || true)
+if [ -f "$cuda/include/cupti.h" ] && [ -n "$cupti_lib" ] && [ -f "$cupti_lib/libcupti.so" ]; then
+  targets+=(cupti)
+  mk+=(CUPTI_LIB="$cupti_lib")
+else
+  echo "SKIPPED: gpu_probes CUPTI injection: no cupti.h / libcupti.so in $cuda"
+fi
 nvbit_note="NVBIT_HOME not set"
 if [ -n "${NVBIT_HOME:-}" ]; then
   if [ -f "$NVBIT_HOME/core/libnvbit.a" ] && [ -f "$NVBIT_HOME/core/nvbit.h" ]; then
@@ -103,6 +111,7 @@ m = {
     "artifacts": {
         "sanitizer": art("libgpu_probes_sanitizer.so"),
         "sanitizer_patches": art("san_patches.fatbin"),
+        "cupti": art("libgpu_probes_cupti.so"),
         "nvbit": art("libgpu_probes_nvbit.so"),
         "nvbit_device": art("nvbit_inject.o"),
         "vecadd": art("vecadd"),

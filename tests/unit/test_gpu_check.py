@@ -116,3 +116,17 @@ def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
     assert bad.failed
     assert [r for r in bad.rows if r[3] == "FAIL"] == [
         ("[test] thread-level global loads", str(2 * n), str(2 * n - 1), "FAIL")]
+
+
+def test_fallback_reader_agrees_with_pasta_trace_device_on_the_golden_file() -> None:
+    gc = gpu_check_module()
+    golden = ROOT / "tests/fixtures/golden/device_all_records.bin"
+    fb = gc.read_fallback([golden])
+    pasta, reader = gc.read_device([golden], sys.executable)
+    assert reader == "pasta_trace.device"
+    for frame in ["kernel_summaries", "page_hist", "alloc_touch", "allocs", "clock_sync", "cupti_kernels",
+                  "cupti_memcpy", "launches"]:
+        cols = set(pasta[frame][0]) & set(fb[frame][0]) if pasta[frame] else set()
+        assert len(cols) >= 4, frame
+        assert [{c: r[c] for c in cols} for r in fb[frame]] == [{c: r[c] for c in cols} for r in pasta[frame]], frame
+    assert [r["name"] for r in fb["launches"]] == ["_Z6vecaddPKfS0_Pfi"]
