@@ -9,6 +9,8 @@ import os
 from html import escape
 from pathlib import Path
 
+import polars as pl
+
 from .. import __version__, merge
 from ..errors import PastaError, UsageError
 from ..read import Capture
@@ -80,24 +82,39 @@ def _section(sid: str, title: str, desc: str, content: str) -> str:
     return f'<section id="{sid}"><h2>{escape(title)}</h2><p class="desc">{escape(desc)}</p>{content}</section>'
 
 
+def _activity(cap: Capture, kernels: pl.LazyFrame) -> tuple[int | None, int | None]:
+    """First and last instant anything was recorded (host calls, kernel executions).
+    The plots span this window, not the tracer's: a program traced from its
+    launch may spend seconds before its first GPU call."""
+    host = cap.events.select(
+        pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("b")
+    )
+    gpu = kernels.select(pl.col("gpu_start_ns").min().alias("a"), pl.col("gpu_end_ns").max().alias("b"))
+    row = pl.concat([host, gpu]).select(pl.col("a").min(), pl.col("b").max()).collect().row(0)
+    return row[0], row[1]
+
+
 def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
-    t0, t1 = facts["start_ts_ns"], facts["end_ts_ns"]
     by_name = {r.tool.name: r for r in results}
     sections = []
-    if t0 is None:
+    kernels = merge.kernel_executions(cap)
+    w0, w1 = _activity(cap, kernels)
+    if w0 is None:
         sections.append(_section("timeline", "Timeline overview", "", '<p class="note">no events recorded</p>'))
     else:
-        kernels = merge.kernel_executions(cap)
+        since = "" if facts["start_ts_ns"] is None else f" ({human_ns(w0 - facts['start_ts_ns'])} after tracing started)"
         sections.append(_section(
             "timeline", "Timeline overview",
-            "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for details.",
-            html_plots.timeline_svg(cap.events, kernels, t0, t1),
+            "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for details. "
+            f"Time runs from the first traced call{since}.",
+            html_plots.timeline_svg(cap.events, kernels, w0, w1),
         ))
         mem_frame = by_name["memory"].frame if "memory" in by_name else memory_timeline(cap)
         sections.append(_section(
             "memory", "Device memory over time",
-            "Live device bytes per process (allocations minus frees; pinned host memory excluded); dots mark peaks.",
-            html_plots.memory_svg(mem_frame, t0, t1) if mem_frame.height else '<p class="note">no device allocations</p>',
+            "Live device bytes per process (allocations minus frees; pinned host memory excluded); dots mark peaks. "
+            "Same time axis as the timeline.",
+            html_plots.memory_svg(mem_frame, w0, w1) if mem_frame.height else '<p class="note">no device allocations</p>',
         ))
     if facts["device_data"]:
         matrix = page_launch_matrix(cap)
@@ -115,7 +132,7 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
         elif r.frame.height == 0:
             content = '<p class="note">nothing found</p>'
         else:
-            content = _table_html(r, t0)
+            content = _table_html(r, facts["start_ts_ns"])
         sections.append(_section(f"tool-{r.tool.name}", r.tool.title, r.tool.description, content))
     banner = incomplete_banner(facts)
     nav = "".join(

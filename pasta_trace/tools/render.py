@@ -4,7 +4,7 @@ with numbers made readable by column naming convention:
 * ``*ts_ns`` (and ``gpu_start_ns``/``gpu_end_ns``): absolute CLOCK_MONOTONIC
   timestamps, shown relative to the capture start as ``+1.234567 s``;
 * other ``*_ns``: durations (``12.3 µs``);
-* ``*bytes``/``size``: byte counts (``1.5 MiB``);
+* ``*bytes``, ``size``, ``*_size``: byte counts (``1.5 MiB``);
 * addresses and handles (``ADDRESS_COLUMNS``): hex;
 * ``*share``: a fraction, shown as a percentage.
 """
@@ -47,7 +47,7 @@ def cell(col: str, value: object, t0: int | None) -> str:
             return f"+{(value - (t0 or 0)) / 1e9:.6f} s"
         if col.endswith("_ns"):
             return human_ns(value)
-        if col.endswith("bytes") or col == "size":
+        if col.endswith("bytes") or col == "size" or col.endswith("_size"):
             return human_bytes(value)
         if col in ADDRESS_COLUMNS:
             return f"0x{int(value):x}"
