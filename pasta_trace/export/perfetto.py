@@ -157,7 +157,7 @@ def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
     return (col.cast(pl.Enum(table)).to_physical().cast(pl.UInt64) + 1).fill_null(0).to_numpy()
 
 
-def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> pw.Pieces:
+def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray]:
     """Packets of rows that share one layout (columns null in all of them are absent)."""
     n = rows.height
     every = np.ones(n, dtype=bool)
@@ -198,7 +198,7 @@ def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> pw.Piece
         *pw.message_field(_P_TRACK_EVENT, event, every),
         pw.const(_SEQUENCE_FIELDS, every),
     ]
-    return pw.pieces(pw.message_field(1, packet, every))
+    return pw.assemble(pw.message_field(1, packet, every))
 
 
 def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
@@ -212,7 +212,7 @@ def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
         g = g.select(c for c in g.columns if g[c].null_count() < g.height)
         parts.append(_encode_group(g.drop("_pos"), strings))
         positions.append(g["_pos"].to_numpy())
-    return pw.gather(pw.merge(parts, positions))
+    return pw.interleave(parts, positions)
 
 
 def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:

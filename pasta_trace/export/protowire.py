@@ -118,17 +118,11 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
 @dataclass
 class Pieces:
     """Rows as runs of bytes in `src`: row i is the runs (starts[i, k], lens[i, k])
-    for k in order.  Rows can be reordered and merged before the one gather."""
+    for k in order."""
 
     src: np.ndarray  # uint8
     starts: np.ndarray  # (rows, runs) int64
     lens: np.ndarray  # (rows, runs) int64
-
-    def padded(self, runs: int, base: int) -> Pieces:
-        """With `runs` columns (extra runs empty), indexing into a source placed at `base`."""
-        pad = runs - self.starts.shape[1]
-        st = np.pad(self.starts + base, ((0, 0), (0, pad)))
-        return Pieces(self.src, st, np.pad(self.lens, ((0, 0), (0, pad))))
 
 
 def pieces(segs: list[Segment]) -> Pieces:
@@ -144,18 +138,6 @@ def pieces(segs: list[Segment]) -> Pieces:
     return Pieces(np.concatenate([s.data.reshape(-1) for s in segs]), starts, lens)
 
 
-def merge(parts: list[Pieces], positions: list[np.ndarray]) -> Pieces:
-    """Rows of several Pieces, row positions[j][i] of the result taken from parts[j] row i."""
-    runs = max(p.starts.shape[1] for p in parts)
-    bases = np.concatenate(([0], np.cumsum([p.src.size for p in parts])[:-1]))
-    padded = [p.padded(runs, int(b)) for p, b in zip(parts, bases)]
-    order = np.empty(sum(len(p) for p in positions), dtype=np.int64)
-    order[np.concatenate(positions)] = np.arange(len(order))
-    src = np.concatenate([p.src for p in parts])
-    return Pieces(src, np.concatenate([p.starts for p in padded])[order],
-                  np.concatenate([p.lens for p in padded])[order])
-
-
 def gather(p: Pieces) -> np.ndarray:
     """Every row's runs, end to end: one np.repeat turns runs into byte indices."""
     lens = p.lens.reshape(-1)
@@ -167,6 +149,19 @@ def gather(p: Pieces) -> np.ndarray:
     return p.src[idx]
 
 
-def assemble(segs: list[Segment]) -> np.ndarray:
-    """All rows, each the concatenation of its segments, end to end (uint8)."""
-    return gather(pieces(segs))
+def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """All rows, each the concatenation of its segments, end to end (uint8),
+    and the length of each row."""
+    p = pieces(segs)
+    return gather(p), p.lens.sum(axis=1)
+
+
+def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
+    """Rows of several assembled parts (bytes, row lengths) laid out so that
+    row i of part j lands at row positions[j][i] of the result."""
+    row_lens = np.concatenate([lens for _, lens in parts])
+    starts = np.cumsum(row_lens) - row_lens
+    order = np.empty(len(row_lens), dtype=np.int64)
+    order[np.concatenate(positions)] = np.arange(len(row_lens))
+    src = np.concatenate([b for b, _ in parts])
+    return gather(Pieces(src, starts[order][:, None], row_lens[order][:, None]))

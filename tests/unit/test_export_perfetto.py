@@ -194,7 +194,8 @@ def test_varints_match_the_scalar_encoder() -> None:
     values = np.array([0, 1, 127, 128, 300, 2**32, 2**56 - 1, 2**63, 2**64 - 1], dtype=np.uint64)
     present = np.array([True] * 8 + [False])
     seg = protowire.varint_field(30, values, present)
-    got = protowire.assemble([seg])
+    got, lens = protowire.assemble([seg])
+    assert lens.tolist() == [3, 3, 3, 4, 4, 7, 10, 12, 0]  # a 2-byte tag, then 1..10 bytes
     want = b"".join(protowire.field_varint(30, int(v)) for v in values[:8])
     assert got.tobytes() == want
     # int64 -1 is written as its two's complement: ten bytes
@@ -202,7 +203,7 @@ def test_varints_match_the_scalar_encoder() -> None:
 
 
 def test_negative_counter_round_trips() -> None:
-    body = protowire.assemble([protowire.varint_field(30, np.array([-5], dtype=np.int64).view(np.uint64),
+    body, _ = protowire.assemble([protowire.varint_field(30, np.array([-5], dtype=np.int64).view(np.uint64),
                                                       np.array([True]))])
     trace = pb.Trace()
     trace.ParseFromString(protowire.field_bytes(1, protowire.field_bytes(11, body.tobytes())))
