@@ -29,6 +29,7 @@ namespace {
 constexpr size_t kBufferSize = 8 << 20;
 
 struct Tool {
+    uint64_t pid; /* a forked child inherits this state but none of its threads: it stays out */
     std::unique_ptr<gp::Writer> writer;
     std::mutex mu; /* names, from CUPTI's buffer thread and from exit */
     std::unordered_map<std::string, uint32_t> names;
@@ -58,6 +59,10 @@ void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_recor
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, size_t valid) {
     Tool &t = *g_tool;
+    if ((uint64_t)getpid() != t.pid) {
+        std::free(buffer);
+        return;
+    }
     CUpti_Activity *a = nullptr;
     while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
         if (a->kind == CUPTI_ACTIVITY_KIND_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
@@ -103,13 +108,14 @@ bool ok(CUptiResult r, const char *what) {
 }
 
 void finish() {
-    if (!g_tool) return;
+    if (!g_tool || (uint64_t)getpid() != g_tool->pid) return;
     cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     g_tool->writer->close();
 }
 
 int init() {
     std::unique_ptr<Tool> t(new Tool());
+    t->pid = (uint64_t)getpid();
     gp::Writer::Options o;
     o.backend = GP_BACKEND_CUPTI;
     o.pid = (uint64_t)getpid();

@@ -65,6 +65,7 @@ struct Allocation {
 /* All state of the injection library.  One per process, by nature of the
  * driver's injection hook. */
 struct Tool {
+    uint64_t pid; /* a forked child inherits this state but none of its threads: it stays out */
     gp::SlotConfig cfg;
     std::unique_ptr<gp::Writer> writer;
     Sanitizer_SubscriberHandle sub = nullptr;
@@ -303,6 +304,7 @@ void on_context_destroy(Tool &t, CUcontext ctx) {
 void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
                            const void *cbdata) {
     Tool &t = *static_cast<Tool *>(userdata);
+    if ((uint64_t)getpid() != t.pid) return;
     if (domain == SANITIZER_CB_DOMAIN_LAUNCH) {
         const auto *d = static_cast<const Sanitizer_LaunchData *>(cbdata);
         if (cbid == SANITIZER_CBID_LAUNCH_BEGIN) on_launch_begin(t, d);
@@ -355,13 +357,14 @@ void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sani
 }
 
 void finish() {
-    if (!g_tool) return;
+    if (!g_tool || (uint64_t)getpid() != g_tool->pid) return;
     if (g_tool->sub) sanitizerUnsubscribe(g_tool->sub);
     g_tool->writer->close();
 }
 
 int init() {
     Tool *t = new Tool();
+    t->pid = (uint64_t)getpid();
     t->cfg = config_from_env();
     gp::Writer::Options o;
     o.backend = GP_BACKEND_SANITIZER;

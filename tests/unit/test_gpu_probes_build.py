@@ -218,3 +218,19 @@ def test_cupti_injection_without_a_driver_says_so_and_leaves_no_file(manifest: d
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_probes: CUPTI unavailable: ")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_leaves_the_parents_file_alone(manifest: dict, tmp_path: Path) -> None:
+    code = ("import os, sys\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    sys.exit(0)\n"
+            "print(os.getpid(), pid, os.waitpid(pid, 0)[1])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=os.environ | {"GPU_PROBES_DIR": str(tmp_path),
+                                         "LD_PRELOAD": manifest["artifacts"]["sanitizer"]})
+    assert r.returncode == 0, r.stderr
+    parent, child, status = map(int, r.stdout.split())
+    assert status == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"gpu_probes.{parent}.sanitizer.bin"]
+    assert _header(tmp_path / f"gpu_probes.{parent}.sanitizer.bin")["size"] == 64
