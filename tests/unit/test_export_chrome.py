@@ -154,3 +154,12 @@ def test_capture_without_calls_is_valid(tmp_path: Path) -> None:
     assert main(["export", str(write_capture(tmp_path / "cap", [])), "--format", "chrome", "-o", str(out)]) == 0
     events = validate(json.loads(out.read_text()))
     assert [(e["ph"], e["name"], e["pid"]) for e in events] == [("M", "process_name", 100), ("M", "process_name", 200)]
+
+
+def test_names_are_escaped(tmp_path: Path) -> None:
+    odd = 'void k<"q">(char \\\\, float) ∂\n'
+    cap = write_capture(tmp_path / "cap", names=[(100, 0xF1, odd), (100, 0xF2, "reduce"), (200, 0xA1, "hip_fill")])
+    out = tmp_path / "t.json"
+    assert main(["export", str(cap), "--format", "chrome", "-o", str(out)]) == 0
+    events = validate(json.loads(out.read_text()))
+    assert [e["name"] for e in events if e.get("cat") == "kernel"] == [odd, "hip_fill", odd, "reduce"]

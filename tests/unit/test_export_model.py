@@ -58,13 +58,13 @@ def host_events(rows: list[tuple]) -> pl.DataFrame:
     return pl.DataFrame(cols, schema=schema.EVENTS_SCHEMA)
 
 
-def write_capture(path: Path, rows: list[tuple] = HOST_ROWS) -> Path:
+def write_capture(path: Path, rows: list[tuple] = HOST_ROWS, names: list[tuple] = NAMES) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     host_events(rows).write_parquet(path / "events-000.parquet")
     pl.DataFrame(
-        {"pid": [n[0] for n in NAMES], "handle": [n[1] for n in NAMES], "name": [n[2] for n in NAMES],
-         "source": ["module_get_function"] * len(NAMES), "ts_ns": [T0] * len(NAMES),
-         "api": ["cuModuleGetFunction"] * len(NAMES)},
+        {"pid": [n[0] for n in names], "handle": [n[1] for n in names], "name": [n[2] for n in names],
+         "source": ["module_get_function"] * len(names), "ts_ns": [T0] * len(names),
+         "api": ["cuModuleGetFunction"] * len(names)},
         schema=schema.NAMES_SCHEMA,
     ).write_parquet(path / "names.parquet")
     procs = {c: [None] * len(PROCESSES) for c in schema.PROCESSES_SCHEMA}

@@ -225,3 +225,11 @@ def test_from_a_merged_timeline(tmp_path: Path) -> None:
     out = tmp_path / "t.pftrace"
     assert main(["export", str(tmp_path / "timeline"), "-o", str(out)]) == 0
     assert Parsed(out.read_bytes()).slices == _export(tmp_path / "again").slices
+
+
+def test_names_keep_every_character(tmp_path: Path) -> None:
+    odd = 'void k<"q">(char \\\\, float) ∂\n'
+    cap = write_capture(tmp_path / "cap", names=[(100, 0xF1, odd), (100, 0xF2, "reduce"), (200, 0xA1, "hip_fill")])
+    out = tmp_path / "t.pftrace"
+    assert main(["export", str(cap), "-o", str(out)]) == 0
+    assert Parsed(out.read_bytes()).slices["100: GPU stream 0x5"] == [(2000, None, odd, "kernel"), (2500, None, odd, "kernel")]
