@@ -171,8 +171,9 @@ def _memory(cap: Capture) -> pl.DataFrame:
     """Live device bytes after each allocation and free, one counter track per
     process (and device, when the merge knows it)."""
     tl = memory_timeline(cap)
-    label = (pl.format("GPU memory (device {})", "device") if "device" in tl.columns
-             else pl.lit("GPU memory"))
+    label = pl.lit("GPU memory")
+    if "device" in tl.columns:
+        label = pl.format("GPU memory (device {})", "device").fill_null(label)
     return (
         tl.select("pid", label=label, ts_ns="ts_ns", live_bytes="live_bytes")
         .unique(["pid", "label", "ts_ns"], keep="last", maintain_order=True)
