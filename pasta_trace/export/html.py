@@ -102,7 +102,8 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
     if w0 is None:
         sections.append(_section("timeline", "Timeline overview", "", '<p class="note">no events recorded</p>'))
     else:
-        since = "" if facts["start_ts_ns"] is None else f" ({human_ns(w0 - facts['start_ts_ns'])} after tracing started)"
+        late = w0 - facts["start_ts_ns"] if facts["start_ts_ns"] is not None else 0
+        since = f" ({human_ns(late)} after tracing started)" if late > 0 else ""
         sections.append(_section(
             "timeline", "Timeline overview",
             "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for details. "

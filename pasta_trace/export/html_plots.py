@@ -217,10 +217,13 @@ _DARK = (127, 39, 4)
 
 
 def heatmap_svg(matrix: pl.DataFrame) -> str:
-    """Pages (rows, address order) x kernel executions (columns, launch order);
+    """Pages (rows, address order) x kernel executions (columns, in launch time order);
     colour is log(1 + accesses) against the hottest cell."""
     rows = matrix.select("pid", "page", "page_shift").unique(["pid", "page"]).sort(["pid", "page"]).with_row_index("r")
-    cols = matrix.select("pid", "launch_id", "name").unique(["pid", "launch_id"]).sort(["pid", "launch_id"]).with_row_index("c")
+    cols = (
+        matrix.select("pid", "launch_id", "name", "launch_ts_ns").unique(["pid", "launch_id"])
+        .sort(["launch_ts_ns", "pid", "launch_id"], nulls_last=True).with_row_index("c")
+    )
     cw = max(min(16.0, PLOT_W / max(cols.height, 1)), 2.0)
     ch = max(min(12.0, 640 / max(rows.height, 1)), 2.0)
     top = 8
@@ -252,8 +255,8 @@ def heatmap_svg(matrix: pl.DataFrame) -> str:
     yl = top + rows.height * ch + 6
     labels += [
         f'<text class="tlabel" transform="translate({LEFT + c * cw + cw / 2:.1f},{yl:.1f}) rotate(60)">'
-        f"#{lid} {escape(str(name or '?'))[:18]}</text>"
-        for c, lid, name in cols.select("c", "launch_id", "name").iter_rows()
+        f"{pid}#{lid} {escape(str(name or '?'))[:14]}</text>"
+        for c, pid, lid, name in cols.select("c", "pid", "launch_id", "name").iter_rows()
         if c % cstep == 0
     ]
     return (

@@ -73,22 +73,30 @@ def page_hotness(cap: Capture) -> pl.DataFrame:
 
 
 def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64) -> pl.DataFrame:
-    """Accesses per (page, kernel execution) for the `max_pages` hottest pages
-    and the first `max_launches` launches: the cells of the HTML heat map."""
+    """Accesses per (page, kernel execution): the cells of the HTML heat map.
+    The first `max_launches` launches in host time order (every process
+    together, so a system-wide capture shows all of them), then the
+    `max_pages` pages those launches touched most."""
     counts = merge.attributed_pages(cap).group_by("pid", "page", "page_shift", "launch_id").agg(
         pl.col("name").first(), pl.col("count").sum()
     )
+    launch_ts = merge.kernel_executions(cap).select("pid", "launch_id", pl.col("ts_ns").alias("launch_ts_ns"))
+    first = (
+        counts.select("pid", "launch_id").unique()
+        .join(launch_ts, on=["pid", "launch_id"], how="left")
+        .sort(["launch_ts_ns", "pid", "launch_id"], nulls_last=True)
+        .head(max_launches)
+    )
+    chosen = counts.join(first, on=["pid", "launch_id"])
     hot = (
-        counts.group_by("pid", "page").agg(pl.col("count").sum().alias("total"))
+        chosen.group_by("pid", "page").agg(pl.col("count").sum().alias("total"))
         .sort(["total", "pid", "page"], descending=[True, False, False])
         .head(max_pages)
     )
-    first = counts.select("pid", "launch_id").unique().sort(["pid", "launch_id"]).head(max_launches)
     return (
-        counts.join(hot, on=["pid", "page"], how="semi")
-        .join(first, on=["pid", "launch_id"], how="semi")
-        .sort(["pid", "page", "launch_id"])
-        .collect(engine="streaming")
+        chosen.join(hot.select("pid", "page"), on=["pid", "page"], how="semi")
+        .sort(["pid", "page", "launch_ts_ns", "launch_id"])
+        .collect()
     )
 
 

@@ -112,7 +112,16 @@ def test_processes_overview_counts_gpus(cap) -> None:
 
 def test_page_launch_matrix_limits(cap) -> None:
     m = page_launch_matrix(cap, max_pages=2, max_launches=2)
-    # hottest two pages: 16 (200) and 33 (60); first two launches: 1 and 2
+    # launches with pages, in host time order: pid 100 #1 (5000), #2 (6000); among them the
+    # hottest pages: 16 (100 + 100) and 33 (40 + 20)
     assert rows(m.select("pid", "page", "launch_id", "count")) == [
         (100, 16, 1, 100), (100, 16, 2, 100), (100, 33, 1, 40), (100, 33, 2, 20),
+    ]
+
+
+def test_page_launch_matrix_takes_launches_in_time_order(cap) -> None:
+    m = page_launch_matrix(cap, max_pages=1, max_launches=1)
+    # the first launch with pages is pid 100 #1 at 5000; its hottest page is 16
+    assert rows(m.select("pid", "page", "launch_id", "name", "count", "launch_ts_ns")) == [
+        (100, 16, 1, "axpy", 100, T0 + 5000),
     ]
