@@ -85,6 +85,11 @@ struct Tool {
 
 Tool *g_tool = nullptr;
 
+/* Set while this thread is inside our own callback work: any callback that our
+ * sanitizerAlloc/Memcpy/Free calls trigger is ours, not the program's, and
+ * must not take t.mu again. */
+thread_local bool in_tool = false;
+
 void warn(const char *what, SanitizerResult r) {
     const char *s = "?";
     sanitizerGetResultString(r, &s);
@@ -301,10 +306,7 @@ void on_context_destroy(Tool &t, CUcontext ctx) {
     t.patches_loaded.erase(ctx);
 }
 
-void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
-                           const void *cbdata) {
-    Tool &t = *static_cast<Tool *>(userdata);
-    if ((uint64_t)getpid() != t.pid) return;
+void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid, const void *cbdata) {
     if (domain == SANITIZER_CB_DOMAIN_LAUNCH) {
         const auto *d = static_cast<const Sanitizer_LaunchData *>(cbdata);
         if (cbid == SANITIZER_CBID_LAUNCH_BEGIN) on_launch_begin(t, d);
@@ -354,6 +356,15 @@ void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sani
     default:
         break;
     }
+}
+
+void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
+                           const void *cbdata) {
+    Tool &t = *static_cast<Tool *>(userdata);
+    if (in_tool || (uint64_t)getpid() != t.pid) return;
+    in_tool = true;
+    dispatch(t, domain, cbid, cbdata);
+    in_tool = false;
 }
 
 void finish() {
