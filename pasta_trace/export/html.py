@@ -90,7 +90,7 @@ def _activity(cap: Capture, kernels: pl.LazyFrame) -> tuple[int | None, int | No
         pl.col("ts_ns").min().alias("a"), (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("b")
     )
     gpu = kernels.select(pl.col("gpu_start_ns").min().alias("a"), pl.col("gpu_end_ns").max().alias("b"))
-    row = pl.concat([host, gpu]).select(pl.col("a").min(), pl.col("b").max()).collect().row(0)
+    row = pl.concat([host, gpu]).select(pl.col("a").min(), pl.col("b").max()).collect(engine="streaming").row(0)
     return row[0], row[1]
 
 

@@ -89,7 +89,7 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
         .with_columns(_px(pl.col("ts_ns"), t0, span).alias("px"))
         .group_by("pid", "tid", "kind", "px")
         .agg(pl.len().alias("n"), pl.col("ts_ns").min())
-        .collect()
+        .collect(engine="streaming")
     )
     kinds = [k for k in schema.KIND_NAMES if k in set(host["kind"].to_list())]
     band = 4
@@ -103,7 +103,7 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
         )
         .group_by("pid", "device", "stream", "px0", "px1")
         .agg(pl.len().alias("n"), pl.col("name").first(), pl.col("gpu_start_ns").min(), pl.col("gpu_end_ns").max())
-        .collect()
+        .collect(engine="streaming")
     )
     gpu_lanes = gpu.select("pid", "device", "stream").unique().sort(["pid", "device", "stream"]).with_row_index("lane")
     top = 6
@@ -176,7 +176,7 @@ def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> s
         .agg(pl.col("seg").str.join(" "), pl.col("last").last(), pl.col("hi").max().alias("peak"),
              pl.col("px").get(pl.col("hi").arg_max()).alias("peak_px"))
         .sort("pid")
-        .collect()
+        .collect(engine="streaming")
     )
     parts = []
     legend = []

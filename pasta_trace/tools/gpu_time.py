@@ -51,7 +51,7 @@ _COLUMNS = [
 def launch_gaps(cap: Capture) -> pl.DataFrame:
     """Per process and stream: gaps between consecutive kernels on that stream."""
     keys = ["pid", "stream"]
-    return _gaps(_timed(cap), keys).select(*keys, *_COLUMNS).sort(keys).collect()
+    return _gaps(_timed(cap), keys).select(*keys, *_COLUMNS).sort(keys).collect(engine="streaming")
 
 
 def gpu_idle(cap: Capture) -> pl.DataFrame:
@@ -61,7 +61,7 @@ def gpu_idle(cap: Capture) -> pl.DataFrame:
     procs = timed.group_by("device").agg(pl.col("pid").n_unique().alias("processes"))
     return (
         _gaps(timed, ["device"]).join(procs, on="device")
-        .select("device", "processes", *_COLUMNS).sort("device").collect()
+        .select("device", "processes", *_COLUMNS).sort("device").collect(engine="streaming")
     )
 
 

@@ -96,7 +96,7 @@ def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64
     return (
         chosen.join(hot.select("pid", "page"), on=["pid", "page"], how="semi")
         .sort(["pid", "page", "launch_ts_ns", "launch_id"])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

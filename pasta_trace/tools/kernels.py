@@ -50,7 +50,7 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
             "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns",
         )
         .sort(["launches", "pid", "name"], descending=[True, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

@@ -20,7 +20,7 @@ def leak_candidates(cap: Capture) -> pl.DataFrame:
             (pl.lit(end, pl.Int64) - pl.col("alloc_ts_ns")).alias("age_ns"),
         )
         .sort(["size", "alloc_ts_ns", "pid", "base"], descending=[True, False, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

@@ -34,7 +34,7 @@ def memory_timeline(cap: Capture) -> pl.DataFrame:
             pl.col("delta_bytes").cum_sum().over(["pid", "api"]).alias("api_live_bytes"),
         )
         .select("pid", "ts_ns", "api", "delta_bytes", "live_bytes", "api_live_bytes")
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -58,7 +58,7 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
     return (
         pl.concat([overall.select(cols), by_api.select(cols)])
         .sort(["pid", pl.col("api") != "all", "api"])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

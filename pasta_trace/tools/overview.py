@@ -59,7 +59,7 @@ def overview(cap: Capture) -> pl.DataFrame:
             "copy_bytes", "sync_ns", "gpus", "gpu_ids", "first_ts_ns", "last_ts_ns",
         )
         .sort("pid")
-        .collect()
+        .collect(engine="streaming")
     )
 
 

@@ -53,7 +53,7 @@ def prefetch_plan(cap: Capture) -> pl.DataFrame:
     plan = (
         ranges.join(launches, on=["pid", "launch_id"], how="left")
         .sort(["pid", "launch_id", "alloc_base", "page_first"])
-        .collect()
+        .collect(engine="streaming")
     )
     hip = pl.col("alloc_api").cast(pl.String).str.starts_with("hip")
     advice = pl.format(

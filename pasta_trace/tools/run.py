@@ -32,7 +32,7 @@ def with_merged(cap: Capture) -> Capture:
     if cap.merged:
         return cap
     frames = {"kernels": merge.kernel_executions, "allocations": merge.allocations, "pages": merge.attributed_pages}
-    return dataclasses.replace(cap, merged={name: fn(cap).collect().lazy() for name, fn in frames.items()})
+    return dataclasses.replace(cap, merged={name: fn(cap).collect(engine="streaming").lazy() for name, fn in frames.items()})
 
 
 def run_tools(
@@ -66,7 +66,7 @@ def capture_facts(cap: Capture) -> dict:
     m = cap.manifest
     start, end = bounds(cap)
     started = ((m.get("clock") or {}).get("start_sample") or {}).get("realtime_ns")
-    pids = cap.events.select(pl.col("pid").unique().sort()).collect()["pid"]
+    pids = cap.events.select(pl.col("pid").unique().sort()).collect(engine="streaming")["pid"]
     return {
         "path": str(cap.path),
         "command": shlex.join(m["command_line"]) if m.get("command_line") else None,
@@ -78,7 +78,7 @@ def capture_facts(cap: Capture) -> dict:
         "end_ts_ns": end,
         "duration_ns": None if start is None or end is None else end - start,
         "pids": pids.to_list(),
-        "events": cap.events.select(pl.len()).collect().item(),
+        "events": cap.events.select(pl.len()).collect(engine="streaming").item(),
         "lost_events": cap.lost_events,
         "complete": cap.complete,
         "problems": list(cap.problems),

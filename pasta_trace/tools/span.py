@@ -22,7 +22,7 @@ def bounds(cap: Capture) -> tuple[int | None, int | None]:
                 pl.col("ts_ns").min(),
                 (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("end"),
             )
-            .collect()
+            .collect(engine="streaming")
             .row(0)
         )
         start = first if start is None else start

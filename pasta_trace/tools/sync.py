@@ -24,7 +24,7 @@ def synchronisation(cap: Capture) -> pl.DataFrame:
         # share of the whole capture this thread spent blocked in this call site
         .with_columns((pl.col("blocked_ns") / span if span else pl.lit(None, pl.Float64)).alias("share"))
         .sort(["blocked_ns", "pid", "tid", "api"], descending=[True, False, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 

@@ -37,7 +37,7 @@ def transfers_by_direction(cap: Capture) -> pl.DataFrame:
         # bytes per API nanosecond = GB/s; only meaningful for blocking copies
         .with_columns(pl.when(pl.col("api_ns") > 0).then(pl.col("bytes") / pl.col("api_ns")).alias("api_gb_per_s"))
         .sort(["pid", "bytes", "direction"], descending=[False, True, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -68,7 +68,7 @@ def copy_storms(
         .with_columns((pl.col("end_ts_ns") - pl.col("start_ts_ns")).alias("span_ns"))
         .select("pid", "tid", "start_ts_ns", "end_ts_ns", "span_ns", "copies", "bytes", "api_ns", "directions")
         .sort(["copies", "pid", "start_ts_ns"], descending=[True, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
@@ -94,7 +94,7 @@ def repeated_copies(cap: Capture) -> pl.DataFrame:
         .with_columns(((pl.col("copies") - 1) * pl.col("size")).alias("repeated_bytes"))
         .select("pid", "direction", "host_addr", "size", "copies", "repeated_bytes", "first_ts_ns", "last_ts_ns", "api_ns")
         .sort(["repeated_bytes", "pid", "host_addr"], descending=[True, False, False])
-        .collect()
+        .collect(engine="streaming")
     )
 
 
