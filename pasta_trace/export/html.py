@@ -75,7 +75,10 @@ def _table_html(r: ToolResult, t0: int | None) -> str:
         f"<caption>{TABLE_ROWS} of {df.height} rows; all of them: pasta-trace report --json, "
         f"or pasta-trace export --format csv</caption>" if df.height > TABLE_ROWS else ""
     )
-    return f'<div class="scroll"><table class="tool" id="table-{r.tool.name}">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (
+        f'<div class="scroll"><table class="tool" id="table-{r.tool.name}">{caption}'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
 
 
 def _section(sid: str, title: str, desc: str, content: str) -> str:

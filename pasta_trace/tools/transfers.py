@@ -7,6 +7,7 @@ import polars as pl
 
 from ..read import Capture
 from .exprs import measured_sum
+from .render import human_bytes, human_ns
 from .registry import Tool
 
 #: Copies at or below this size are dominated by per-call latency, not bandwidth.
@@ -107,7 +108,10 @@ TOOLS = [
     ),
     Tool(
         name="copy_storms",
-        title=f"Small-copy storms (<= {SMALL_COPY_BYTES // 1024} KiB, >= {STORM_MIN_COPIES} copies, gaps <= {STORM_GAP_NS // 1000} µs)",
+        title=(
+            f"Small-copy storms (<= {human_bytes(SMALL_COPY_BYTES)}, >= {STORM_MIN_COPIES} copies, "
+            f"gaps <= {human_ns(STORM_GAP_NS)})"
+        ),
         compute=copy_storms,
         description="runs of small copies on one thread in quick succession: batch them into one copy",
         terminal_columns=(

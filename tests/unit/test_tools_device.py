@@ -4,7 +4,6 @@ GPU times on the host clock, and pages touched per launch; 4 KiB pages)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import polars as pl
 import pytest
