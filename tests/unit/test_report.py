@@ -4,6 +4,10 @@ and one-line errors with the documented exit codes, run through the real CLI."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +156,27 @@ def test_unknown_tool_is_a_usage_error(tmp_path: Path, capsys) -> None:
         cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
     assert e.value.code == EXIT_USAGE
     assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
+    """stderr on a pseudo-terminal gets a progress bar; stdout still carries only the JSON."""
+    cap = write_capture(tmp_path / "cap")
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "pasta_trace.cli", "report", str(cap), "--json"],
+                            stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    out = proc.communicate(timeout=120)[0]
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.returncode == EXIT_OK
+    assert list(json.loads(out)["tools"]) == list(REGISTRY)
+    assert b"merging" in seen and b"100%" in seen
