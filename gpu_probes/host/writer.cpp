@@ -132,12 +132,15 @@ bool Writer::submit(std::vector<uint8_t> &&rec) {
     return false;
 }
 
-void Writer::drain() {
+size_t Writer::drain() {
+    size_t n = 0;
     while (std::vector<uint8_t> *r = q_.pop()) {
         std::fwrite(r->data(), 1, r->size(), f_);
         delete r;
+        ++n;
     }
     write_dropped_delta();
+    return n;
 }
 
 void Writer::write_dropped_delta() {
@@ -151,11 +154,17 @@ void Writer::write_dropped_delta() {
 }
 
 void Writer::run() {
-    /* Polling keeps producers free of any wake-up syscall; 1 ms bounds the latency. */
-    const timespec nap{0, 1000000};
+    /* Polling keeps producers free of any wake-up syscall: 1 ms naps while
+     * records flow, up to 16 ms when idle. */
+    long nap_ms = 1;
     while (!stop_.load(std::memory_order_acquire)) {
-        drain();
-        std::fflush(f_);
+        if (drain()) {
+            std::fflush(f_);
+            nap_ms = 1;
+        } else if (nap_ms < 16) {
+            nap_ms *= 2;
+        }
+        const timespec nap{0, nap_ms * 1000000};
         nanosleep(&nap, nullptr);
     }
 }

@@ -90,7 +90,7 @@ class Writer {
   private:
     Writer(FILE *f, std::string path, size_t capacity);
     void run();
-    void drain();
+    size_t drain(); /* records written */
     void write_dropped_delta();
 
     FILE *f_;
