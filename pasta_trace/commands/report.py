@@ -71,7 +71,7 @@ def print_terminal(console: Console, facts: dict, results: list[ToolResult], lim
         ("capture", facts["path"]), ("command", facts["command"]), ("host", facts["host"]),
         ("started", facts["started_utc"]),
         ("duration", None if facts["duration_ns"] is None else f"{facts['duration_ns'] / 1e9:.6f} s"),
-        ("processes", ", ".join(map(str, facts["pids"]))), ("events", facts["events"]),
+        ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", facts["events"]),
         ("lost events", facts["lost_events"]), ("device data", "yes" if facts["device_data"] else "no"),
     ]
     for k, v in head:

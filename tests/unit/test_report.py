@@ -180,3 +180,16 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     assert proc.returncode == EXIT_OK
     assert list(json.loads(out)["tools"]) == list(REGISTRY)
     assert b"merging" in seen and b"100%" in seen
+
+
+def test_a_capture_without_events_reports_nothing_found(tmp_path: Path, capsys) -> None:
+    cap = str(write_capture(tmp_path / "cap", rows=[], names=[], processes=[]))
+    rc, out, _ = run(capsys, cap)
+    assert rc == EXIT_OK
+    assert "processes  none" in out and "events  0" in out
+    assert out.count(": nothing found") == 9  # the host tools; the 6 device tools say they need device data
+    rc, out, _ = run(capsys, cap, "--json")
+    assert all(t["rows"] == [] for t in json.loads(out)["tools"].values())
+    rc, _, _ = run(capsys, cap, "--html", str(tmp_path / "r.html"))
+    assert rc == EXIT_OK
+    assert '<p class="note">no events recorded</p>' in (tmp_path / "r.html").read_text()
