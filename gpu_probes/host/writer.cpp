@@ -1,5 +1,8 @@
 #include "writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +45,18 @@ std::vector<uint8_t> Rec::finish() {
     uint32_t len = (uint32_t)buf_.size();
     std::memcpy(buf_.data() + offsetof(gp_record_header, total_len), &len, sizeof len);
     return std::move(buf_);
+}
+
+/* Whole buffer or nothing more to do: a full disk loses data, never the program. */
+static bool write_all(int fd, const uint8_t *p, size_t n) {
+    while (n) {
+        ssize_t w = ::write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        p += w;
+        n -= (size_t)w;
+    }
+    return true;
 }
 
 static size_t pow2_at_least(size_t n) {
@@ -91,8 +106,8 @@ std::vector<uint8_t> *RecordQueue::pop() {
 
 std::unique_ptr<Writer> Writer::open(const std::string &path, const Options &opt, const Clocks &clocks,
                                      std::string *err) {
-    FILE *f = std::fopen(path.c_str(), "wb");
-    if (!f) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
         if (err) *err = path + ": " + std::strerror(errno);
         return nullptr;
     }
@@ -108,17 +123,17 @@ std::unique_ptr<Writer> Writer::open(const std::string &path, const Options &opt
     h.backend = opt.backend;
     h.device_count = opt.device_count;
     h.page_shift = opt.page_shift;
-    if (std::fwrite(&h, sizeof h, 1, f) != 1) {
+    if (!write_all(fd, reinterpret_cast<const uint8_t *>(&h), sizeof h)) {
         if (err) *err = path + ": " + std::strerror(errno);
-        std::fclose(f);
+        ::close(fd);
         return nullptr;
     }
-    std::unique_ptr<Writer> w(new Writer(f, path, opt.queue_capacity));
+    std::unique_ptr<Writer> w(new Writer(fd, path, opt.queue_capacity));
     if (opt.writer_thread) w->thread_ = std::thread(&Writer::run, w.get());
     return w;
 }
 
-Writer::Writer(FILE *f, std::string path, size_t capacity) : f_(f), path_(std::move(path)), q_(capacity) {}
+Writer::Writer(int fd, std::string path, size_t capacity) : fd_(fd), path_(std::move(path)), q_(capacity) {}
 
 Writer::~Writer() { close(); }
 
@@ -133,24 +148,26 @@ bool Writer::submit(std::vector<uint8_t> &&rec) {
 }
 
 size_t Writer::drain() {
+    std::vector<uint8_t> out;
     size_t n = 0;
     while (std::vector<uint8_t> *r = q_.pop()) {
-        std::fwrite(r->data(), 1, r->size(), f_);
+        out.insert(out.end(), r->begin(), r->end());
         delete r;
         ++n;
     }
-    write_dropped_delta();
+    append_dropped_delta(out);
+    if (!out.empty()) write_all(fd_, out.data(), out.size());
     return n;
 }
 
-void Writer::write_dropped_delta() {
+void Writer::append_dropped_delta(std::vector<uint8_t> &out) {
     uint64_t d = dropped_.load(std::memory_order_relaxed);
     if (d == dropped_written_) return;
     gp_dropped p{};
     p.records = d - dropped_written_;
     dropped_written_ = d;
     std::vector<uint8_t> r = Rec(GP_REC_DROPPED, 0).put(p).finish();
-    std::fwrite(r.data(), 1, r.size(), f_);
+    out.insert(out.end(), r.begin(), r.end());
 }
 
 void Writer::run() {
@@ -158,12 +175,10 @@ void Writer::run() {
      * records flow, up to 16 ms when idle. */
     long nap_ms = 1;
     while (!stop_.load(std::memory_order_acquire)) {
-        if (drain()) {
-            std::fflush(f_);
+        if (drain())
             nap_ms = 1;
-        } else if (nap_ms < 16) {
+        else if (nap_ms < 16)
             nap_ms *= 2;
-        }
         const timespec nap{0, nap_ms * 1000000};
         nanosleep(&nap, nullptr);
     }
@@ -175,7 +190,7 @@ void Writer::close() {
     stop_.store(true, std::memory_order_release);
     if (thread_.joinable()) thread_.join();
     drain();
-    std::fclose(f_);
+    ::close(fd_);
 }
 
 std::string default_path(uint64_t pid, const char *backend_name) {

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -88,12 +87,14 @@ class Writer {
     const std::string &path() const { return path_; }
 
   private:
-    Writer(FILE *f, std::string path, size_t capacity);
+    Writer(int fd, std::string path, size_t capacity);
     void run();
     size_t drain(); /* records written */
-    void write_dropped_delta();
+    void append_dropped_delta(std::vector<uint8_t> &out);
 
-    FILE *f_;
+    /* A plain descriptor, no stdio buffer: a forked child that calls exit()
+     * has nothing of ours to flush a second time. */
+    int fd_;
     std::string path_;
     RecordQueue q_;
     std::atomic<uint64_t> dropped_{0};
