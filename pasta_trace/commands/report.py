@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.text import Text
 
@@ -76,7 +77,7 @@ def print_terminal(console: Console, facts: dict, results: list[ToolResult], lim
     ]
     for k, v in head:
         if v is not None:
-            console.print(f"[bold]{k:>12}[/bold]  {v}", highlight=False)
+            console.print(f"[bold]{k:>12}[/bold]  {escape(str(v))}", highlight=False)
     if facts["merge"]:
         for line in merge.MergeStats(**facts["merge"]).lines():
             console.print(f"{'merge':>12}  {line}", highlight=False)

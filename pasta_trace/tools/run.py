@@ -32,7 +32,8 @@ def with_merged(cap: Capture) -> Capture:
     if cap.merged:
         return cap
     frames = {"kernels": merge.kernel_executions, "allocations": merge.allocations, "pages": merge.attributed_pages}
-    return dataclasses.replace(cap, merged={name: fn(cap).collect(engine="streaming").lazy() for name, fn in frames.items()})
+    held = {name: fn(cap).collect(engine="streaming").lazy() for name, fn in frames.items()}
+    return dataclasses.replace(cap, merged=held)
 
 
 def run_tools(

@@ -193,3 +193,13 @@ def test_a_capture_without_events_reports_nothing_found(tmp_path: Path, capsys) 
     rc, _, _ = run(capsys, cap, "--html", str(tmp_path / "r.html"))
     assert rc == EXIT_OK
     assert '<p class="note">no events recorded</p>' in (tmp_path / "r.html").read_text()
+
+
+def test_header_text_is_not_read_as_markup(tmp_path: Path, capsys) -> None:
+    cap = write_capture(tmp_path / "cap")
+    manifest = json.loads((cap / "manifest.json").read_text())
+    manifest["command_line"] = ["python", "train.py", "--layers", "[bold]3[/bold]"]
+    (cap / "manifest.json").write_text(json.dumps(manifest))
+    rc, out, _ = run(capsys, str(cap), "--tool", "sync")
+    assert rc == EXIT_OK
+    assert "command  python train.py --layers '[bold]3[/bold]'" in out
