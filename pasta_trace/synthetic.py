@@ -41,6 +41,7 @@ class Spec:
     span_ns: int = 60_000_000_000  # capture length
     drift_ppm: float = 20.0  # GPU timer rate error against CLOCK_MONOTONIC
     outside_share: float = 0.01  # accesses to no allocation at all
+    args_per_launch: int = 4  # allocation slots each launch touches (a kernel's buffer arguments)
     page_hist: bool = True  # also write page_hist and alloc_touch derived from the samples
     chunk_rows: int = 5_000_000  # access rows generated per chunk (bounds the generator's memory)
 
@@ -187,7 +188,9 @@ def _access_chunk(spec: Spec, rng: np.random.Generator, n: int, launches: pl.Dat
     lid = launches["launch_id"].to_numpy()[li]
     t = launches["ts_ns"].to_numpy()[li]
     pidx = np.searchsorted(np.unique(launches["pid"].to_numpy()), pid)
-    slot = rng.integers(0, per_pid_slots, n)
+    # each launch reads and writes a few buffers: its argument slots, fixed per launch
+    arg = rng.integers(0, spec.args_per_launch, n).astype(np.int64)
+    slot = (lid.astype(np.int64) * 2_654_435_761 + pidx * 97 + arg * 40_503) % per_pid_slots
     gslot = pidx.astype(np.int64) * per_pid_slots + slot
     key = (gslot << 40) | (t - MONO0)
     inst = np.searchsorted(inst_key, key, side="right") - 1

@@ -12,8 +12,9 @@ never joined to anything but small tables (reference/polars-merge.md §3.1,
    48 bits), inside an elementwise `map_batches`: it streams and runs on every
    core, and needs no sort and no `join_asof(by=)`.
 3. Rows are aggregated to (pid, launch, segment, ...) *before* any time
-   check; only then do the few distinct (pid, launch, segment) find the
-   instance live at the launch's host time (a small equi-join + filter).
+   check; only then does each aggregate find the instance live at its
+   launch's host time: a second searchsorted, over (segment, alloc-time rank)
+   keys of the instances covering each segment.  No sort, no range join.
 """
 
 from __future__ import annotations
@@ -39,7 +40,12 @@ class Segments:
 
     pids: np.ndarray  # sorted distinct pids
     kstart: np.ndarray  # sorted segment starts, keyed pid_index << 48 | address (uint64)
-    cover: pl.DataFrame  # seg_id, alloc_id, alloc_ts_ns, free_ts_ns: instances covering each segment
+    # instances covering each segment, sorted by ckey = seg_id << rank_bits | (alloc time rank + 1)
+    ckey: np.ndarray
+    c_alloc_id: np.ndarray
+    c_free: np.ndarray  # free time, int64 max when never freed
+    alloc_times: np.ndarray  # sorted distinct alloc times: ranks keep ckey in 64 bits
+    rank_bits: int
 
     def lookup(self, key: np.ndarray) -> np.ndarray:
         """Segment index of each key; -1 below the first segment."""
@@ -66,6 +72,31 @@ class Segments:
                                is_elementwise=True)
 
 
+    def instance(self, seg: np.ndarray, t: np.ndarray, t_known: np.ndarray) -> np.ndarray:
+        """alloc_id live in segment `seg` at host time `t` (the latest one
+        allocated at or before t, unless it was freed by then); where t is
+        unknown, the latest instance of the segment.  -1 where none."""
+        if self.ckey.size == 0:
+            return np.full(seg.shape, -1, dtype=np.int64)
+        rank = np.where(t_known, np.searchsorted(self.alloc_times, t, side="right"), self.alloc_times.size)
+        q = (np.maximum(seg, 0) << self.rank_bits) | rank
+        i = np.searchsorted(self.ckey, q, side="right") - 1
+        ic = np.maximum(i, 0)
+        ok = (seg >= 0) & (i >= 0) & ((self.ckey[ic] >> self.rank_bits) == seg) & (~t_known | (t < self.c_free[ic]))
+        return np.where(ok, self.c_alloc_id[ic].astype(np.int64), -1)
+
+    def instance_expr(self, seg: pl.Expr, t: pl.Expr) -> pl.Expr:
+        """Polars expression: alloc_id (UInt32, null where no instance was live)."""
+
+        def f(cols: list[pl.Series]) -> pl.Series:
+            s, tt = cols
+            known = tt.is_not_null().to_numpy()
+            return pl.Series(self.instance(s.to_numpy(), tt.fill_null(0).to_numpy(), known))
+
+        out = pl.map_batches([seg, t], f, return_dtype=pl.Int64, is_elementwise=True)
+        return pl.when(out >= 0).then(out).cast(pl.UInt32)
+
+
 def segments(allocs: pl.DataFrame) -> Segments:
     """Cut each process's address space at every allocation start and end."""
     a = allocs.filter(pl.col("size") > 0).select(
@@ -79,28 +110,16 @@ def segments(allocs: pl.DataFrame) -> Segments:
     kstart = np.unique(np.concatenate([kbase, kend]))
     # an instance covers the contiguous run of segments from its base to its end
     first, stop = np.searchsorted(kstart, kbase), np.searchsorted(kstart, kend)
-    cover = (
-        a.select("alloc_id", "alloc_ts_ns", "free_ts_ns")
-        .with_columns(pl.int_ranges(pl.Series(first, dtype=pl.Int64), pl.Series(stop, dtype=pl.Int64))
-                      .alias("seg_id"))
-        .explode("seg_id")
-        .drop_nulls("seg_id")
-        .select("seg_id", "alloc_id", "alloc_ts_ns", "free_ts_ns")
-    )
-    return Segments(pids, kstart, cover)
-
-
-def resolve(keys: pl.LazyFrame, segs: Segments) -> pl.LazyFrame:
-    """For distinct (pid, launch_id, seg_id, t): the instance covering the
-    segment that was live at host time t (alloc <= t < free).  Where the
-    launch time is unknown (t null), the latest instance covering it."""
-    live = (pl.col("alloc_ts_ns") <= pl.col("t")) & (
-        pl.col("free_ts_ns").is_null() | (pl.col("t") < pl.col("free_ts_ns"))
-    )
-    return (
-        keys.join(segs.cover.lazy(), on="seg_id", how="inner")
-        .filter(live | pl.col("t").is_null())
-        .sort("alloc_ts_ns")
-        .group_by(["pid", "launch_id", "seg_id"])
-        .agg(pl.col("alloc_id").last())
-    )
+    n_cov = stop - first
+    c_seg = np.repeat(first, n_cov) + (np.arange(n_cov.sum()) - np.repeat(np.cumsum(n_cov) - n_cov, n_cov))
+    c_inst = np.repeat(np.arange(a.height), n_cov)
+    alloc_ts = a["alloc_ts_ns"].to_numpy()
+    alloc_times = np.unique(alloc_ts)
+    rank_bits = max(1, int(alloc_times.size + 1).bit_length())
+    if kstart.size >= 1 << (63 - rank_bits):
+        raise ValueError(f"{kstart.size} segments x {alloc_times.size} allocation times do not fit 63 bits")
+    ckey = (c_seg.astype(np.int64) << rank_bits) | (np.searchsorted(alloc_times, alloc_ts[c_inst]) + 1)
+    order = np.argsort(ckey, kind="stable")
+    free = a["free_ts_ns"].fill_null(np.iinfo(np.int64).max).to_numpy()
+    return Segments(pids, kstart, ckey[order], a["alloc_id"].to_numpy()[c_inst][order], free[c_inst][order],
+                    alloc_times, rank_bits)

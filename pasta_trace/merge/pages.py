@@ -8,7 +8,7 @@ import polars as pl
 from .. import schema
 from ..read import Capture
 from .allocations import allocations
-from .attribution import Segments, resolve, segments
+from .attribution import Segments, segments
 from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
@@ -52,15 +52,12 @@ def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
 
 def _attribute(rows: pl.LazyFrame, segs: Segments, allocs: pl.DataFrame, times: pl.LazyFrame) -> pl.LazyFrame:
     """rows carry pid, launch_id, seg_id: add alloc_id/base/size/api and name."""
-    keys = rows.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").unique()
-    keys = keys.join(times.select("pid", "launch_id", "t"), on=["pid", "launch_id"], how="left")
-    found = resolve(keys, segs)
     inst = allocs.lazy().select("alloc_id", pl.col("base").alias("alloc_base"),
                                 pl.col("size").alias("alloc_size"), pl.col("api").alias("alloc_api"))
     return (
-        rows.join(found, on=["pid", "launch_id", "seg_id"], how="left")
+        rows.join(times, on=["pid", "launch_id"], how="left")
+        .with_columns(segs.instance_expr(pl.col("seg_id"), pl.col("t")).alias("alloc_id"))
         .join(inst, on="alloc_id", how="left")
-        .join(times.select("pid", "launch_id", "name"), on=["pid", "launch_id"], how="left")
     )
 
 
@@ -153,13 +150,12 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
         .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
              (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
     )
-    keys = per_seg.select("pid", "launch_id", "seg_id").drop_nulls("seg_id").join(
-        launch_times(cap, tolerance_ns, names=False).select("pid", "launch_id", "t"), on=["pid", "launch_id"],
-        how="left"
-    )
+    times = launch_times(cap, tolerance_ns, names=False)
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (
-        per_seg.join(resolve(keys, segs), on=["pid", "launch_id", "seg_id"], how="inner")
+        per_seg.join(times, on=["pid", "launch_id"], how="left")
+        .with_columns(segs.instance_expr(pl.col("seg_id"), pl.col("t")).alias("alloc_id"))
+        .drop_nulls("alloc_id")
         .group_by("alloc_id")
         .agg(pl.col("samples").sum(), pl.col("accesses").sum(), pl.col("bytes").sum(),
              pl.col("launch_id").n_unique().alias("launches"))
