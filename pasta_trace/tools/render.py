@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 from rich.table import Table
+from rich.text import Text
 
 ADDRESS_COLUMNS = frozenset(
     {"base", "ptr", "alloc_base", "host_addr", "src", "dst", "stream", "func", "prefetch_ptr"}
@@ -64,7 +65,8 @@ def table(df: pl.DataFrame, title: str | None = None, t0: int | None = None, lim
         # headers wrap at word breaks
         t.add_column(c.replace("_", " "), justify="right" if df.schema[c].is_numeric() else "left", overflow="fold")
     for row in df.head(limit).iter_rows():
-        t.add_row(*(cell(c, v, t0) for c, v in zip(df.columns, row)))
+        # Text, not str: kernel names like `k<float[4]>` are not rich markup
+        t.add_row(*(Text(cell(c, v, t0)) for c, v in zip(df.columns, row)))
     if df.height > limit:
         t.caption = f"{limit} of {df.height} rows (--limit to see more)"
     return t

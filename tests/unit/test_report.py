@@ -195,11 +195,14 @@ def test_a_capture_without_events_reports_nothing_found(tmp_path: Path, capsys) 
     assert '<p class="note">no events recorded</p>' in (tmp_path / "r.html").read_text()
 
 
-def test_header_text_is_not_read_as_markup(tmp_path: Path, capsys) -> None:
-    cap = write_capture(tmp_path / "cap")
+def test_text_is_not_read_as_markup(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    names = [(100, 0xF1, "void k<float[4]>(float*)"), (100, 0xF2, "[/red]"), (200, 0xA1, "hip_fill")]
+    cap = write_capture(tmp_path / "cap", names=names)
     manifest = json.loads((cap / "manifest.json").read_text())
     manifest["command_line"] = ["python", "train.py", "--layers", "[bold]3[/bold]"]
     (cap / "manifest.json").write_text(json.dumps(manifest))
-    rc, out, _ = run(capsys, str(cap), "--tool", "sync")
+    rc, out, _ = run(capsys, str(cap), "--tool", "kernels")
     assert rc == EXIT_OK
     assert "command  python train.py --layers '[bold]3[/bold]'" in out
+    assert "void k<float[4]>(float*)" in out and "[/red]" in out
