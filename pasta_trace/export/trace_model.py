@@ -220,7 +220,7 @@ def serialized(frame: pl.DataFrame) -> pl.DataFrame:
 
 def build(cap: Capture) -> TraceModel:
     api = _api_calls(cap)
-    ex = merge.kernel_executions(cap)
+    ex = merge.kernel_executions(cap).collect().lazy()  # used twice: computed once
     api, kernels = _kernels(api, ex)
     kernels = serialized(kernels)
     memops = serialized(_memops(cap, ex))
