@@ -498,7 +498,7 @@ DEV_DROPPED = Record(
         [
             ("records", "u64", "", "records the writer could not queue"),
             ("accesses", "u64", "", "raw access samples dropped on the device"),
-            ("page_overflow", "u64", "", "page-hash inserts that found no slot"),
+            ("page_overflow", "u64", "", "thread-level accesses whose page found no hash slot (histogram + overflow = all global accesses)"),
         ]
     ),
 )
