@@ -126,7 +126,7 @@ def _gpu(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
         pl.format('"cat":"kernel","name":{}', pl.col("jname")), *_common(),
         _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns").fill_null(0))),
         _arg("args", _object(
-            _arg("correlation", pl.col("corr").cast(pl.String)), _num("stream"),
+            _arg("correlation", pl.col("corr").cast(pl.String)), _num("stream"), _num("device"),
             pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),

@@ -47,7 +47,8 @@ class TraceModel:
     #: API_ARGS columns, corr (launches only)
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
-    #: cupti_correlation, grid_*/block_*, overlap_ns (see `serialized`)
+    #: cupti_correlation, device (with device timing), grid_*/block_*,
+    #: overlap_ns (see `serialized`)
     kernels: pl.DataFrame
     #: pid, label, stream (host handle, when CUPTI's stream id maps to one),
     #: stream_id (CUPTI's), cat (gpu_memcpy | gpu_memset), name ("Memcpy HtoD",
@@ -124,6 +125,7 @@ def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.Data
         dur_ns=pl.when(has_gpu).then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns")),
         corr="corr",
         cupti_correlation="correlation_id",
+        device=pl.when(has_gpu).then(pl.col("device")),
         grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
         block_x="block_x", block_y="block_y", block_z="block_z",
     )

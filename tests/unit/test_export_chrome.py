@@ -121,6 +121,7 @@ def test_device_timing_and_memops(tmp_path: Path) -> None:
         ("hip_fill", tid["GPU stream 0x0"], _us(2200), 0.0, 2, None),
         ("axpy", tid["GPU stream 0x5"], _us(2700), 0.2, 3, 2),
         ("reduce", tid["GPU stream 0x6"], _us(3100), 0.8, 4, 3)]
+    assert [e["args"].get("device") for e in events if e.get("cat") == "kernel"] == [0, None, 0, 0]
     ops = [(e["cat"], e["name"], e["tid"], e["ts"], e["dur"], e["args"]) for e in events
            if e.get("cat") in ("gpu_memcpy", "gpu_memset")]
     assert ops == [

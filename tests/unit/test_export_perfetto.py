@@ -170,6 +170,9 @@ def test_device_timing_memops_and_flows(tmp_path: Path) -> None:
         (2100, 2600, "axpy", "kernel"), (2700, 2900, "axpy", "kernel"), (4100, 4250, "Memcpy DtoH", "gpu_memcpy")]
     assert t.slices["100: GPU stream 0x6"] == [(3100, 3900, "reduce", "kernel")]
     assert t.slices["100: GPU stream #9"] == [(4400, 4420, "Memset", "gpu_memset")]
+    assert t.args[("100: GPU stream 0x6", 3100)] == {
+        "stream": 0x6, "grid_x": 4, "grid_y": 1, "grid_z": 1, "block_x": 64, "block_y": 1, "block_z": 1,
+        "correlation": 4, "cupti_correlation": 3, "device_timing": True, "device": 0}
     assert t.args[("100: GPU stream 0x5", 4100)] == {
         "bytes": 1024, "cupti_copy_kind": 2, "stream": 0x5, "stream_id": 7, "cupti_correlation": 4, "device": 0}
     assert t.flows() == {
