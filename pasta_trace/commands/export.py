@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import merge
 from ..errors import PastaError, UsageError
+from ..read import Capture
 
 HELP = "a capture or timeline as a Perfetto trace, Chrome trace JSON, or CSV files"
 EXAMPLES = """\
@@ -61,6 +62,40 @@ def _check_output(out: Path, fmt: str, force: bool) -> None:
         raise PastaError(f"{out.parent}: no such directory")
 
 
+OPEN_HINT = {"perfetto": "open it at https://ui.perfetto.dev (Open trace file)",
+             "chrome": "open it at chrome://tracing or https://ui.perfetto.dev"}
+
+
+def _csv(cap: Capture, out: Path) -> tuple[str, list[str]]:
+    from ..export import csv
+
+    out.mkdir(exist_ok=True)
+    _owned(out)
+    results = csv.write(cap, out, _publish)
+    empty = [r.tool.name for r in results if r.note]
+    notes = [f"note: {', '.join(empty)}: header only (they need device data)"] if empty else []
+    return f"events.csv and {len(results)} tool tables", notes
+
+
+def _trace(cap: Capture, out: Path, fmt: str) -> tuple[str, list[str]]:
+    from ..export import chrome, perfetto, trace_model
+
+    model = trace_model.build(cap)
+    if model.api.height == 0:
+        why = " (an --aggregate capture keeps counts only: see pasta-trace report)" if cap.aggregate is not None else ""
+        print(f"pasta-trace: warning: {cap.path} holds no API calls{why}", file=sys.stderr)
+    if fmt == "chrome" and model.n_events > chrome.LARGE_EVENTS:
+        print(f"pasta-trace: warning: {model.n_events} events make a large JSON trace that chrome://tracing "
+              "may not load; --format perfetto is smaller and faster", file=sys.stderr)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        n = (perfetto if fmt == "perfetto" else chrome).write_file(model, tmp)
+        _publish(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return f"{n} events", [OPEN_HINT[fmt]]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         raise UsageError(f"unknown format {args.format!r}; choose one of: {', '.join(FORMATS)}")
@@ -70,47 +105,10 @@ def run(args: argparse.Namespace) -> int:
     for problem in cap.problems:
         print(f"pasta-trace: warning: {problem}", file=sys.stderr)
     t0 = time.perf_counter()
-    if args.format == "csv":
-        from ..export import csv
-
-        out.mkdir(exist_ok=True)
-        _owned(out)
-        results = csv.write(cap, out, _publish)
-        what = f"events.csv and {len(results)} tool tables"
-        notes = [r.tool.name for r in results if r.note]
-    else:
-        from ..export import trace_model
-
-        model = trace_model.build(cap)
-        if model.api.height == 0:
-            print(f"pasta-trace: warning: {args.path} holds no API calls"
-                  + (" (an --aggregate capture keeps counts only: see pasta-trace report)" if cap.aggregate is not None
-                     else ""), file=sys.stderr)
-        tmp = out.with_name(f".{out.name}.tmp")
-        try:
-            if args.format == "perfetto":
-                from ..export import perfetto
-
-                n = perfetto.write_file(model, tmp)
-            else:
-                from ..export import chrome
-
-                if model.n_events > chrome.LARGE_EVENTS:
-                    print(f"pasta-trace: warning: {model.n_events} events make a large JSON trace that "
-                          "chrome://tracing may not load; --format perfetto is smaller and faster",
-                          file=sys.stderr)
-                n = chrome.write_file(model, tmp)
-            _publish(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
-        what = f"{n} events"
+    what, hints = _csv(cap, out) if args.format == "csv" else _trace(cap, out, args.format)
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    if args.format == "csv" and notes:
-        print(f"note: {', '.join(notes)}: header only (they need device data)", file=sys.stderr)
-    elif args.format == "perfetto":
-        print("open it at https://ui.perfetto.dev (Open trace file)", file=sys.stderr)
-    elif args.format == "chrome":
-        print("open it at chrome://tracing or https://ui.perfetto.dev", file=sys.stderr)
+    for line in hints:
+        print(line, file=sys.stderr)
     if cap.lost_events:
         print(f"pasta-trace: warning: INCOMPLETE: {cap.lost_events} events were lost during capture",
               file=sys.stderr)
