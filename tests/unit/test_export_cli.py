@@ -3,6 +3,7 @@ no traceback, no half-written output; default output names."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,6 @@ def test_capture_problems_and_no_calls_are_warned(tmp_path: Path, capsys: pytest
 
 
 def test_lost_events_are_reported_and_the_trace_still_written(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import json
-
     cap = write_capture(tmp_path / "cap")
     manifest = json.loads((cap / "manifest.json").read_text())
     manifest["counts"]["lost_events"] = 7
