@@ -1,0 +1,266 @@
+"""The mmap drain, the late-load program and the capture files against the
+real kernel: real BPF ring buffers, real raw tracepoints, a real tracer
+process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pasta_trace import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+SYS_GETPPID = 110
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for BPF"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "BCC (python3-bpfcc) is not importable"
+    return None
+
+
+pytestmark = [pytest.mark.live, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+
+# Each getppid() of the test process writes PER_CALL records numbered from 0;
+# the ones with i % 7 == 3 are reserved then discarded.
+PER_CALL = 200
+FILL = schema.bpf_c_header() + r"""
+#include <uapi/linux/ptrace.h>
+BPF_RINGBUF_OUTPUT(events, RING_PAGES);
+BPF_PERCPU_ARRAY(lost, u64, 1);
+BPF_ARRAY(cfg, u32, 1);
+BPF_ARRAY(seq, u64, 1);
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+    if (ctx->args[1] != SYS_NR)
+        return 0;
+    int k = 0;
+    u32 *pid = cfg.lookup(&k);
+    if (!pid || *pid != (bpf_get_current_pid_tgid() >> 32))
+        return 0;
+    u64 *s = seq.lookup(&k);
+    if (!s)
+        return 0;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < PER_CALL; i++) {
+        u64 n = __sync_fetch_and_add(s, 1);
+        struct pt_event *e = events.ringbuf_reserve(sizeof(struct pt_event));
+        if (!e) {
+            u64 *l = lost.lookup(&k);
+            if (l)
+                (*l)++;
+            continue;
+        }
+        __builtin_memset(e, 0, sizeof(*e));
+        e->size = n;
+        e->pid = bpf_get_current_pid_tgid() >> 32;
+        e->kind = PT_KIND_ALLOC;
+        e->valid = PT_V_SIZE;
+        if (n % 7 == 3)
+            events.ringbuf_discard(e, BPF_RB_NO_WAKEUP);
+        else
+            events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    }
+    return 0;
+}
+"""
+
+
+def _fill_program(ring_pages: int):
+    from bcc import BPF
+
+    text = FILL.replace("RING_PAGES", str(ring_pages)).replace("SYS_NR", str(SYS_GETPPID)).replace(
+        "PER_CALL", str(PER_CALL))
+    b = BPF(text=text)
+    b["cfg"][b["cfg"].Key(0)] = b["cfg"].Leaf(os.getpid())
+    return b
+
+
+def _lost(b) -> int:
+    return int(sum(b["lost"][b["lost"].Key(0)]))
+
+
+def test_drain_returns_every_committed_record_in_order_across_wraps():
+    from pasta_trace.capture.ringbuf import open_table
+
+    b = _fill_program(ring_pages=16)  # 64 KiB: 455 records, so 3 calls wrap it
+    ring = open_table(b, "events", schema.HOST_EVENT.dtype)
+    got = []
+    for _ in range(20):
+        os.getppid()
+        got.append(ring.drain())
+    seqs = np.concatenate(got)["size"]
+    expected = [n for n in range(20 * PER_CALL) if n % 7 != 3]
+    assert seqs.tolist() == expected
+    assert ring.pending_bytes == 0
+    assert _lost(b) == 0
+    ring.close()
+    b.cleanup()
+
+
+def test_full_ring_counts_every_lost_record_exactly():
+    from pasta_trace.capture.ringbuf import open_table
+
+    b = _fill_program(ring_pages=1)  # 4 KiB: 28 records of 144 bytes
+    ring = open_table(b, "events", schema.HOST_EVENT.dtype)
+    for _ in range(5):
+        os.getppid()  # no drain in between: the ring overflows
+    captured = ring.drain()
+    produced = 5 * PER_CALL
+    slots = ring.size // 144  # 28 records of 8 + 136 bytes fit in 4 KiB
+    # every reservation either failed (counted lost) or took a slot; discarded
+    # records hold their slot until consumed, like committed ones
+    assert slots == 28
+    assert _lost(b) == produced - slots
+    assert captured["size"].tolist() == [n for n in range(slots) if n % 7 != 3]
+    ring.close()
+    b.cleanup()
+
+
+def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path):
+    """discover.bpf.c: an open of a libcuda.so* name stops the opener before
+    the open returns; the watcher's callback sees it stopped; a second open
+    of a now-known path does not stop; a forked child joins pid_filter; exits
+    are reported."""
+    from bcc import BPF
+
+    from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+
+    lib = tmp_path / "venv" / "lib" / "libcuda.so.1"
+    lib.parent.mkdir(parents=True)
+    shutil.copy("/bin/true", lib)
+    b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+    seen: list = []
+
+    def on_library(opened):
+        state = Path(f"/proc/{opened.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        seen.append(("lib", opened.pid, opened.path, opened.ns_path, state, opened.inode))
+
+    w = LateLoadWatcher(
+        b, on_library=on_library, on_fork=lambda pid, ppid, ts: seen.append(("fork", pid, ppid)),
+        on_exec=lambda pid: seen.append(("exec", pid)), on_exit=lambda pid, ts: seen.append(("exit", pid)),
+    )
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        f"a = open({str(lib)!r}, 'rb')\n"
+        f"b = open({str(lib)!r}, 'rb')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(pid, flush=True)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pf = b["pid_filter"]
+    pf[pf.Key(child.pid)] = pf.Leaf(1)
+    go.touch()
+    deadline = time.monotonic() + 20
+    while child.poll() is None and time.monotonic() < deadline:
+        w.poll()
+        time.sleep(0.005)
+    time.sleep(0.05)
+    w.poll()
+    grandchild = int(child.stdout.read().strip())
+    assert child.returncode == 0
+    # the interpreter's own exec may or may not land after pid_filter was set
+    assert [e for e in seen if e[0] != "exec"] == [
+        ("lib", child.pid, str(lib), str(lib), "T", lib.stat().st_ino),
+        ("fork", grandchild, child.pid),
+        ("exit", grandchild),
+        ("exit", child.pid),
+    ]
+    assert w.stops == 1
+    w.close()
+    b.cleanup()
+
+
+def _stub_workload(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    try:
+        import build
+    except ImportError as e:
+        pytest.skip(f"test fixtures are missing: {e}")
+    try:
+        return build.cuda_stub(tmp_path / "build"), build.cuda_workload(tmp_path / "build")
+    except build.Unavailable as e:
+        pytest.skip(str(e))
+
+
+def _wait_user_space_gone(pid: int) -> None:
+    """Until the killed process has no memory left (it can write nothing more).
+    Not wait(): the kernel then still closes its few hundred uprobes, which
+    takes about a minute and changes nothing on disk."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"PID {pid} still has its memory 30 s after SIGKILL")
+
+
+def test_sigkilled_tracer_leaves_readable_events_of_all_but_the_last_interval(tmp_path):
+    """A real `pasta-trace -- workload` is killed with SIGKILL mid-capture:
+    the events files it finished are readable, and they hold every call of
+    the workload's first rounds (written >= 1 s before the kill)."""
+    lib, workload = _stub_workload(tmp_path)
+    out = tmp_path / "cap"
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tracer = subprocess.Popen(
+        [sys.executable, "-m", "pasta_trace.cli", "-o", str(out), "--", str(workload), "--lib", str(lib),
+         "--report", str(report), "--threads", "1", "--flood", "100000000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(out.glob("events-*.parquet"))) < 3:
+            time.sleep(0.1)
+        assert len(list(out.glob("events-*.parquet"))) >= 3, tracer.stderr.read() if tracer.poll() else "timeout"
+        traced = json.loads((out / "manifest.json").read_text())["pids"]
+        kill_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        tracer.send_signal(signal.SIGKILL)
+        _wait_user_space_gone(tracer.pid)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+    for pid in traced:  # the workload we launched through the tracer
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    from pasta_trace.read import open_capture
+
+    cap = open_capture(out)
+    assert not cap.complete
+    assert cap.problems == ["manifest says the capture is incomplete"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and manifest["mode"] == "launch"
+    files = sorted(out.glob("events-*.parquet"))
+    per_file = [pl.read_parquet(f) for f in files]
+    assert all(f.height > 0 for f in per_file)
+    ev = cap.events.collect()
+    assert ev.height == sum(f.height for f in per_file)
+    assert ev.filter(pl.col("api") == "cuLaunchKernel").height > 0
+    # each interval is written once: consecutive files do not overlap in time
+    bounds = [(f["ts_ns"].min(), f["ts_ns"].max()) for f in per_file]
+    assert all(bounds[i][1] < bounds[i + 1][0] for i in range(len(bounds) - 1))
+    # and at most the last ~interval before the kill is missing (flushes every 1 s)
+    assert bounds[-1][1] >= kill_ns - 2_000_000_000
