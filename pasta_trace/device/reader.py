@@ -283,7 +283,12 @@ def read_device_file(path: str | os.PathLike) -> DeviceData:
             cols["page_shift"] = np.repeat(h["page_shift"], n)
         if rt is RT.OPCODE_HIST:
             cols["opcode"] = resolve(cols["opcode_id"])
-        frames[fname] = _frame(fname, cols)
+        frame = _frame(fname, cols)
+        if len(idx) and bool(np.all(lids[idx][1:] >= lids[idx][:-1])):
+            # records came launch by launch (the usual case): telling Polars lets a
+            # group_by on launch_id work on slices instead of hashing (4x at 1e7 rows)
+            frame = frame.with_columns(pl.col("launch_id").set_sorted())
+        frames[fname] = frame
 
     idx, h = keep(RT.WS_BITMAP)
     raw = h["encoding"] == 0

@@ -357,3 +357,14 @@ def test_runs_of_equal_length_records(tmp_path, n_run):
     assert d.problems == [
         f"{p}: stopped at byte {last} of {cut}: record of {len(tail[-1])} bytes runs past the end of the file ({cut - last} bytes left)"
     ]
+
+
+@pytest.mark.parametrize("order, flagged", [([1, 1, 2, 5], True), ([1, 2, 2, 1], False)])
+def test_launch_id_is_flagged_sorted_only_when_it_is(tmp_path, order, flagged):
+    p = tmp_path / "o.bin"
+    with W.DeviceFileWriter(p, pid=1, backend=schema.DeviceBackend.synthetic) as w:
+        for i, lid in enumerate(order):
+            w.access_samples(lid, W.entries(schema.DEV_ACCESS_SAMPLE, address=np.arange(3) + 10 * i))
+    col = read_device_file(p).frames["access_samples"]["launch_id"]
+    assert col.to_list() == [lid for lid in order for _ in range(3)]
+    assert col.flags["SORTED_ASC"] is flagged
