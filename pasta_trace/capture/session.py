@@ -85,6 +85,19 @@ def prepare_out_dir(path: Path, force: bool) -> None:
             for pattern in CAPTURE_FILES:
                 for f in path.glob(pattern):
                     f.unlink()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PastaError(f"cannot create the output directory {path}: {e.strerror}") from None
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its parent has exited already)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def check_pids(pids: list[int]) -> None:
@@ -221,20 +234,23 @@ class Session:
             self.say(f"PID {pid} exited; still tracing the others" if self._alive_pids() else f"PID {pid} exited")
 
     def _alive_pids(self) -> list[int]:
-        return [p for p in self.opts.pids if Path(f"/proc/{p}").is_dir()]
+        return [p for p in self.opts.pids if alive(p)]
 
     # ------------------------------------------------------------------ run
 
-    def setup(self, env: dict[str, str] | None = None) -> HeldCommand | None:
-        """Check the machine, load the BPF program and attach to the libraries
-        of the chosen processes.  In launch mode, returns the command, started
-        and held before exec (release() it once ready)."""
-        opts = self.opts
+    def check(self) -> None:
+        """Everything that can refuse the capture before anything is loaded."""
         checks.import_bcc()
         checks.check_kernel()
         checks.check_privileges()
-        if opts.mode == "pid":
-            check_pids(opts.pids)
+        if self.opts.mode == "pid":
+            check_pids(self.opts.pids)
+
+    def setup(self, env: dict[str, str] | None = None) -> HeldCommand | None:
+        """Load the BPF program and attach to the libraries of the chosen
+        processes (call check() first).  In launch mode, returns the command,
+        started and held before exec (release() it once ready)."""
+        opts = self.opts
         self.bpf = self._load_bpf()
         self.watcher = LateLoadWatcher(
             self.bpf, on_library=self._on_library, on_fork=self._on_fork, on_exec=self._on_exec, on_exit=self._on_exit
@@ -258,6 +274,9 @@ class Session:
                 self._filter(pid)
                 self._attach_pid(pid, announce=True)
             self._banner("PID " + ",".join(map(str, opts.pids)))
+            for pid in opts.pids:
+                if not alive(pid):  # exited while the program compiled: no exit event will come
+                    self._on_exit(pid, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
         else:
             for found in discovery.scan_all(skip={os.getpid()}):
                 for lib in found.traced:
@@ -270,6 +289,7 @@ class Session:
 
     def run(self) -> Result:
         opts = self.opts
+        self.check()
         prepare_out_dir(opts.out_dir, opts.force)
         env = dict(os.environ)
         device = None

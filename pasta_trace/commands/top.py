@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                    pids=args.pid or [], aggregate=True, verbose=args.verbose)
     tty = sys.stdout.isatty()
     session = Session(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
+    session.check()
     session.setup()
     stop = False
 

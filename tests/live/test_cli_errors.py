@@ -1,0 +1,217 @@
+"""Each user error of `pasta-trace record`: the real CLI in a subprocess, one
+line on stderr, the documented exit code (0 ok, 1 runtime, 2 usage, 77 no
+privileges), and the cases that are not errors at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (runs the tracer, drops privileges itself)"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "BCC (python3-bpfcc) is not importable"
+    if shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is missing"
+    return None
+
+
+pytestmark = [pytest.mark.live, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
+
+
+def cli(*args: str, prefix: tuple[str, ...] = (), python: str = sys.executable, env: dict | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([*prefix, python, "-m", "pasta_trace.cli", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("pasta-trace: error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_not_root_is_exit_77_with_the_sudo_hint_and_the_capabilities(sleeper, tmp_path):
+    r = cli("-p", str(sleeper.pid), "-o", str(tmp_path / "cap"),
+            prefix=("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"))
+    assert r.returncode == 77
+    line = one_error_line(r)
+    assert "tracing needs CAP_BPF and CAP_PERFMON (not root)" in line
+    assert "sudo pasta-trace" in line
+    assert not (tmp_path / "cap").exists()
+
+
+def test_root_without_capabilities_is_exit_77_naming_them(sleeper, tmp_path):
+    r = cli("-p", str(sleeper.pid), "-o", str(tmp_path / "cap"),
+            prefix=("setpriv", "--inh-caps=-all", "--bounding-set=-all"))
+    assert r.returncode == 77
+    assert "tracing needs CAP_BPF and CAP_PERFMON (root without the needed capabilities)" in one_error_line(r)
+
+
+def test_no_such_pid_is_exit_1(tmp_path):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a PID that existed a moment ago and does not now
+    r = cli("-p", str(gone.pid), "-o", str(tmp_path / "cap"))
+    assert r.returncode == 1
+    assert one_error_line(r) == f"pasta-trace: error: no such process: {gone.pid}"
+
+
+def test_existing_output_directory_is_usage_error_2_and_force_overwrites(tmp_path, sleeper):
+    out = tmp_path / "cap"
+    out.mkdir()
+    (out / "events-00000.parquet").write_bytes(b"old")
+    (out / "mine.txt").write_text("keep")
+    r = cli("-p", str(sleeper.pid), "-o", str(out))
+    assert r.returncode == 2
+    assert one_error_line(r) == (f"pasta-trace: error: output directory {out} already exists "
+                                 "(use --force to overwrite it)")
+    r = cli("-p", str(sleeper.pid), "-o", str(out), "-d", "1", "--force")
+    assert r.returncode == 0, r.stderr
+    assert (out / "mine.txt").read_text() == "keep"  # --force removes capture files only
+    assert not (out / "events-00000.parquet").exists()  # the old file; the idle process made no events
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True
+
+
+def test_no_mode_is_usage_error_2():
+    r = cli("-d", "1")
+    assert r.returncode == 2
+    assert one_error_line(r) == "pasta-trace: error: say what to trace: exactly one of -p PID, -a, or -- CMD ARGS"
+
+
+def test_kernel_without_uprobes_is_exit_1(tmp_path, sleeper):
+    # The only way to show this message on a kernel that has uprobes: point the
+    # check at an empty sysfs (PASTA_TRACE_SYSFS_ROOT exists for this test).
+    fake = tmp_path / "sys"
+    fake.mkdir()
+    r = cli("-p", str(sleeper.pid), "-o", str(tmp_path / "cap"), env={"PASTA_TRACE_SYSFS_ROOT": str(fake)})
+    assert r.returncode == 1
+    line = one_error_line(r)
+    assert "the kernel has no uprobes (CONFIG_UPROBE_EVENTS)" in line
+    assert "CONFIG_UPROBE_EVENTS" in line
+
+
+def test_bcc_missing_says_how_to_install_it(tmp_path, sleeper):
+    # a real Python without Debian's dist-packages: a venv without system site
+    # packages that sees only our venv's packages and the source tree
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    ours = next((ROOT / ".venv" / "lib").glob("python3*/site-packages"), None) or Path(
+        [p for p in sys.path if p.endswith("site-packages") and "dist-packages" not in p][0])
+    (site / "pasta.pth").write_text(f"{ours}\n{ROOT}\n")
+    check = subprocess.run([str(venv / "bin/python"), "-c", "import bcc"], capture_output=True)
+    assert check.returncode != 0  # the premise: bcc really is absent
+    r = cli("-p", str(sleeper.pid), "-o", str(tmp_path / "cap"), python=str(venv / "bin/python"))
+    assert r.returncode == 1
+    line = one_error_line(r)
+    assert "BCC is not available" in line
+    assert "apt-get install python3-bpfcc" in line
+
+
+def _maps_gpu_runtime(tmp_path: Path) -> subprocess.Popen:
+    """A process that maps a library named libcudart.so.12 (a renamed libz)
+    and no libcuda: like a CUDA program before its first driver call."""
+    libz = next(Path(p) for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1")
+                if Path(p).exists())
+    fake = tmp_path / "libcudart.so.12"
+    shutil.copy(libz, fake)
+    p = subprocess.Popen([sys.executable, "-c", f"import ctypes, time; ctypes.CDLL({str(fake)!r}); "
+                          "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
+    proc = _maps_gpu_runtime(tmp_path)
+    try:
+        out = tmp_path / "cap"
+        r = cli("-p", str(proc.pid), "-o", str(out), "-d", "2")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode == 0, r.stderr
+    assert (f"PID {proc.pid} has not loaded libcuda.so or libamdhip64.so yet (it maps libcudart.so.12): "
+            "waiting for it to load one; its first call will be traced") in r.stderr
+    assert f"Wrote {out}" in r.stderr
+    assert r.stdout == ""  # messages on stderr only
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] is True and m["pids"] == [proc.pid] and m["counts"]["events"] == 0
+
+
+def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
+    short = subprocess.Popen(["sleep", "120"])
+    out = tmp_path / "cap"
+    tracer = subprocess.Popen([sys.executable, "-m", "pasta_trace.cli", "-p", str(short.pid), "-o", str(out),
+                               "-d", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any(line.startswith("Tracing ") for line in lines):
+            lines.append(tracer.stderr.readline())
+            assert lines[-1], "the tracer ended before its banner: " + "".join(lines)
+        t0 = time.monotonic()
+        short.terminate()
+        short.wait()
+        _, rest = tracer.communicate(timeout=60)
+    finally:
+        short.kill()
+        tracer.kill()
+    stderr = "".join(lines) + rest
+    assert tracer.returncode == 0, stderr
+    assert time.monotonic() - t0 < 30  # it stopped on the exit, not at the duration
+    assert f"PID {short.pid} exited\n" in stderr
+    assert "all traced processes exited\n" in stderr
+    procs = pl.read_parquet(out / "processes.parquet")
+    row = procs.filter(pl.col("pid") == short.pid).row(0, named=True)
+    assert row["comm"] == "sleep" and row["exit_ns"] is not None and row["exit_ns"] > row["start_ns"]
+    assert json.loads((out / "manifest.json").read_text())["complete"] is True
+
+
+def test_device_without_a_command_is_usage_error_2(sleeper):
+    r = cli("-p", str(sleeper.pid), "--device", "cupti")
+    assert r.returncode == 2
+    assert one_error_line(r) == ("pasta-trace: error: --device needs a launched command: "
+                                 "pasta-trace --device BACKEND -- CMD ARGS")
+
+
+def test_print_bpf_and_dry_run_need_no_root(tmp_path):
+    as_nobody = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    r = cli("--print-bpf", "-a", prefix=as_nobody)
+    assert r.returncode == 0, r.stderr
+    assert "RAW_TRACEPOINT_PROBE(sys_enter)" in r.stdout and "BPF_RINGBUF_OUTPUT(events" in r.stdout
+    assert "#define PT_DISCOVER_FILTER 0" in r.stdout
+    mine = subprocess.Popen(["sleep", "30"], user=NOBODY, group=NOBODY)
+    try:
+        r = cli("--dry-run", "-p", str(mine.pid), prefix=as_nobody)
+    finally:
+        mine.kill()
+        mine.wait()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64 mapped yet (no GPU library); "
+                                        "would wait for one")
