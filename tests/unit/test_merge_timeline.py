@@ -121,26 +121,26 @@ def test_device_record_file_argument(tmp_path: Path) -> None:
 
 
 def _big_side_nodes(lf: pl.LazyFrame) -> list[list[str]]:
-    """Physical streaming nodes from each scan that reads access samples
-    (its chain mentions `lanes`) down to its first group-by."""
+    """Physical streaming nodes on every path from a scan that reads access
+    samples (its paths mention `lanes`) down to the first group-by."""
     g = lf.show_graph(engine="streaming", plan_stage="physical", raw_output=True)
     labels = {m[0]: m[1] for m in re.findall(r'^(\d+) \[label="(.*?)"[,\]]', g, re.M)}
     edges: dict[str, list[str]] = {}
     for a, b in re.findall(r"^(\d+) -> (\d+);", g, re.M):
         edges.setdefault(a, []).append(b)
+
+    def paths(node: str) -> list[list[str]]:
+        here = labels[node]
+        if here.startswith("group-by") or not edges.get(node):
+            return [[here]]
+        return [[here, *rest] for nxt in edges[node] for rest in paths(nxt)]
+
     chains = []
     for node, label in labels.items():
-        if not label.startswith("multi-scan"):
-            continue
-        chain, cur = [], node
-        while cur is not None:
-            chain.append(labels[cur])
-            if labels[cur].startswith("group-by"):
-                break
-            nxt = edges.get(cur, [])
-            cur = nxt[0] if len(nxt) == 1 else None
-        if any("lanes" in c for c in chain):
-            chains.append([c.split("\\n")[0] for c in chain])
+        if label.startswith("multi-scan"):
+            for chain in paths(node):
+                if any("lanes" in c for c in chain):
+                    chains.append([c.split("\\n")[0] for c in chain])
     return chains
 
 
@@ -153,8 +153,9 @@ def test_big_side_streams_without_sorts_or_whole_column_nodes(tmp_path: Path) ->
         assert chains, "no access-sample scan found in the plan"
         for chain in chains:
             assert chain[0] == "multi-scan[parquet]" and chain[-1] == "group-by", chain
-            # no sort, no in-memory fallback, no columnar-function buffering the column
-            assert set(chain[1:-1]) <= {"select", "with-columns", "filter"}, chain
+            # no sort, no in-memory fallback, no columnar-function buffering the
+            # column; a multiplexer feeds one scan to two group-bys
+            assert set(chain[1:-1]) <= {"select", "with-columns", "filter", "multiplexer"}, chain
 
 
 def test_synthetic_capture_merges_to_the_generators_truth(tmp_path: Path) -> None:
