@@ -13,9 +13,11 @@ One run measures, on the same functions and interleaved rep by rep:
   untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
   pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
 
-"Cost" is ns per call traced minus ns per call untraced, medians over reps.
-The calling loop is C (clock_gettime around N calls through a dlsym pointer),
-pinned to CPU 0; the drain runs in this process on CPU 1, reading the ring
+"Cost" is ns per call traced minus ns per call untraced in the same rep, in
+the calling thread's CPU time (the kernel runs the probe in that thread; on a
+shared machine, wall time also counts other processes); ratios are medians of
+per-rep ratios.  The calling loop is C (clock_gettime around N calls through a
+dlsym pointer), pinned to CPU 0; the drain runs in this process on CPU 1, reading the ring
 every 10 ms by mapping it (pasta_trace.capture.ringbuf), so nothing is lost.
 
     sudo .venv/bin/python scripts/bench_probe.py --calls 200000 --reps 7
@@ -67,31 +69,33 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+#define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
+#define STOP double c1 = clk(CLOCK_THREAD_CPUTIME_ID), w1 = clk(CLOCK_MONOTONIC); \
+    printf("%.3f %.3f\n", (c1 - c0) / n, (w1 - w0) / n)
 int main(int argc, char **argv)
 {
     void *h = dlopen(argv[1], RTLD_NOW);
     if (!h) { fprintf(stderr, "%s\n", dlerror()); return 1; }
     long n = atol(argv[3]);
-    double t0, t1;
     if (!strcmp(argv[2], "launch")) {
         launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
-        t0 = now();
+        START;
         for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
-        t1 = now();
+        STOP;
     } else {
         alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
         unsigned long long p;
-        t0 = now();
+        START;
         for (long i = 0; i < n; i++) f(&p, 64);
-        t1 = now();
+        STOP;
     }
-    printf("%.3f\n", (t1 - t0) / n);
     return 0;
 }
 """
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
+
 
 
 def build(tmp: Path) -> tuple[Path, Path]:
@@ -132,10 +136,12 @@ class Drain:
         return self.count
 
 
-def run_loop(loop: Path, lib: Path | str, which: str, calls: int) -> float:
+def run_loop(loop: Path, lib: Path | str, which: str, calls: int) -> tuple[float, float]:
+    """(thread CPU ns per call, wall ns per call) of one run of the C loop."""
     out = subprocess.run(["taskset", "-c", str(TRACED_CPU), str(loop), str(lib), which, str(calls)],
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
-    return float(out)
+    cpu, wall = out.split()
+    return float(cpu), float(wall)
 
 
 def main() -> int:
@@ -199,7 +205,7 @@ def main() -> int:
                 "real alloc empty pair at symbol": (real, "alloc", empty_probe(real, "cuMemAlloc_v2", True), False),
                 "real alloc pasta-trace at placement": (real, "alloc", pasta_probe(real, alloc, placements), True),
             }  # fmt: skip
-        times: dict[str, list[float]] = {k: [] for k in configs}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in configs}
         lost_before = sum(pasta[b"lost"].sum(i).value for i in range(4))
         for rep in range(a.reps):
             for name, (lib, which, (attach_it, detach_it), drained) in configs.items():
@@ -217,34 +223,43 @@ def main() -> int:
             print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
         lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
 
-    med = {k: statistics.median(v) for k, v in times.items()}
+    def untraced(k: str) -> str:
+        return " ".join(k.split()[:2]) + " untraced"
 
-    def cost(k: str) -> float:
-        """ns added per call: minus the untraced run of the same library and function"""
-        return med[k] - med[" ".join(k.split()[:2]) + " untraced"]
+    def cost(k: str, rep: int, col: int = 0) -> float:
+        """ns a probe adds to one call: minus the untraced run of the same rep"""
+        return times[k][rep][col] - times[untraced(k)][rep][col]
+
+    def med(f) -> float:
+        return statistics.median(f(r) for r in range(a.reps))
 
     print(f"# {a.calls} calls x {a.reps} reps, medians; traced loop on CPU {TRACED_CPU}, drain on CPU {DRAIN_CPU}")
+    print("# cpu = the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID: probe handling runs in that thread,")
+    print("#       time other processes take from it does not count); wall = CLOCK_MONOTONIC")
     print("# probe offsets chosen: " + ", ".join(f"{lib}:{s}+{o}" for (lib, s), o in placements.items()))
-    print(f"{'configuration':44s} {'ns/call':>10s} {'cost ns':>10s}")
-    for k, v in med.items():
-        print(f"{k:44s} {v:10.1f} {cost(k):10.1f}")
+    print(f"{'configuration':40s} {'cpu ns/call':>12s} {'cpu cost':>9s} {'wall ns/call':>13s} {'wall cost':>10s}")
+    for k in times:
+        print(f"{k:40s} {med(lambda r: times[k][r][0]):12.1f} {med(lambda r: cost(k, r)):9.1f} "
+              f"{med(lambda r: times[k][r][1]):13.1f} {med(lambda r: cost(k, r, 1)):10.1f}")  # fmt: skip
 
     rows = [
-        ("stub launch: pasta-trace / empty uprobe", cost("stub launch pasta-trace"),
-         cost("stub launch empty uprobe"), "<= 1.3"),
-        ("stub alloc: pasta-trace / empty uprobe+uretprobe", cost("stub alloc pasta-trace"),
-         cost("stub alloc empty uprobe+uretprobe"), "<= 1.3"),
+        ("stub launch: pasta-trace / empty uprobe", "stub launch pasta-trace", "stub launch empty uprobe", "<= 1.3"),
+        ("stub alloc: pasta-trace / empty uprobe+uretprobe", "stub alloc pasta-trace",
+         "stub alloc empty uprobe+uretprobe", "<= 1.3"),
     ]  # fmt: skip
     if real:
         rows += [
-            ("real launch: empty uprobe at symbol / pasta-trace", cost("real launch empty uprobe at symbol"),
-             cost("real launch pasta-trace at placement"), ">= 5"),
-            ("real alloc: empty pair at symbol / pasta-trace", cost("real alloc empty pair at symbol"),
-             cost("real alloc pasta-trace at placement"), ">= 5"),
+            ("real launch: empty uprobe at symbol / pasta-trace", "real launch empty uprobe at symbol",
+             "real launch pasta-trace at placement", ">= 5"),
+            ("real alloc: empty pair at symbol / pasta-trace", "real alloc empty pair at symbol",
+             "real alloc pasta-trace at placement", ">= 5"),
         ]  # fmt: skip
-    print(f"\n{'ratio':52s} {'measured':>10s} {'baseline':>10s} {'ratio':>7s}  target")
+    print("\nratios of cpu cost, each rep against its own baseline run, median over reps")
+    print(f"{'ratio':52s} {'measured':>10s} {'baseline':>10s} {'ratio':>7s} {'min..max':>13s}  target")
     for label, num, den, target in rows:
-        print(f"{label:52s} {num:10.1f} {den:10.1f} {num / den:7.2f}  {target}")
+        ratios = [cost(num, r) / cost(den, r) for r in range(a.reps)]
+        print(f"{label:52s} {med(lambda r: cost(num, r)):10.1f} {med(lambda r: cost(den, r)):10.1f} "
+              f"{statistics.median(ratios):7.2f} {min(ratios):6.2f}..{max(ratios):<6.2f}  {target}")  # fmt: skip
     print(f"\nlost events: {lost}")
     attach.detach_all(pasta)
     return 0
