@@ -161,3 +161,13 @@ def test_staging_belongs_to_the_sudo_user(tmp_path, built, monkeypatch):
     s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
     st = s.staging.stat()
     assert (st.st_uid, st.st_gid) == (65534, 65534)
+
+
+def test_cupti_without_cupti_python(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as on a machine without the wheel
+    with pytest.raises(PastaError) as e:
+        DeviceSession("cupti", tmp_path / "cap")
+    assert e.value.one_line() == "CUPTI backend needs cupti-python (pip install 'pasta-trace[cupti]' (cupti-python 13.0))"
+    assert not (tmp_path / "cap").exists()
