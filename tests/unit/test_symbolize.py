@@ -65,3 +65,31 @@ def test_parse_maps_keeps_file_mappings():
         {"start": 0x55D0C0A00000, "end": 0x55D0C0A01000, "offset": 0x1000, "path": "/usr/bin/x"},
         {"start": 0x7F0000000000, "end": 0x7F0000002000, "offset": 0x2000, "path": "/lib/y.so"},
     ]
+
+
+
+def test_name_capture_names_runtime_launches(kernels_lib, tmp_path):
+    """A capture directory whose runtime-style launches carry this process's host
+    stubs: those are named; a driver-API launch handle is left to the run-time lookups."""
+    import os
+
+    import polars as pl
+
+    from pasta_trace import schema
+    from pasta_trace.capture.symbolize import name_capture
+
+    _, stubs, _ = kernels_lib
+    given = {"ts_ns": [10, 20, 30, 40], "pid": [os.getpid()] * 4, "tid": [1] * 4,
+             "api": ["hipLaunchKernel", "hipLaunchKernel_spt", "hipLaunchKernel", "cuLaunchKernel"],
+             "kind": ["launch"] * 4, "func": [stubs[0], stubs[1], stubs[0], 0x1234]}
+    events = pl.DataFrame(given).with_columns(
+        [pl.lit(None).alias(c) for c in schema.EVENTS_SCHEMA if c not in given]
+    ).select(list(schema.EVENTS_SCHEMA)).cast(schema.EVENTS_SCHEMA)
+    events.write_parquet(tmp_path / "events-00000.parquet")
+    got = name_capture(tmp_path).sort("ts_ns")
+    assert got.select("pid", "handle", "name", pl.col("source").cast(pl.String), "ts_ns",
+                      pl.col("api").cast(pl.String)).rows() == [
+        (os.getpid(), stubs[0], "_Z6vecAddPKfS0_Pfi", "elf_stub", 10, "hipLaunchKernel"),
+        (os.getpid(), stubs[1], "_Z5scaleIfEvPT_S0_i", "elf_stub", 20, "hipLaunchKernel_spt"),
+    ]
+    assert name_capture(tmp_path / "empty").is_empty()
