@@ -14,7 +14,6 @@ SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c")
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
-INFLIGHT_MAX = 10240
 AGG_MAX = 65536
 PID_FILTER_MAX = 4096
 
@@ -40,7 +39,6 @@ def build_bpf_text(
     aggregate: bool = False,
     filter_pids: bool = False,
     apis: tuple[catalog.Api, ...] = catalog.APIS,
-    inflight_max: int = INFLIGHT_MAX,
 ) -> str:
     """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
     are compiled (attach only those); their ids stay the catalog's."""
@@ -49,7 +47,6 @@ def build_bpf_text(
     config = [
         f"#define PT_RING_PAGES {ring_pages}",
         f"#define PT_NAMES_PAGES {names_pages}",
-        f"#define PT_INFLIGHT_MAX {inflight_max}",
         f"#define PT_AGG_MAX {AGG_MAX}",
         f"#define PT_PID_FILTER_MAX {PID_FILTER_MAX}",
     ]
