@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pasta_trace import schema, synthetic  # noqa: E402
+from pasta_trace import synthetic  # noqa: E402
 
 ENGINES = ("pasta", "duckdb", "numpy")
 WS_SHIFT = 12

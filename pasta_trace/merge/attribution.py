@@ -19,14 +19,17 @@ never joined to anything but small tables (reference/polars-merge.md §3.1,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from ..read import Capture
 
 ADDRESS_BITS = 48
+#: a morsel is split across threads only above this many rows per part
+SPLIT_ROWS = 32_768
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,23 @@ class Segments:
     c_free: np.ndarray  # free time, int64 max when never freed
     alloc_times: np.ndarray  # sorted distinct alloc times: ranks keep ckey in 64 bits
     rank_bits: int
+    #: the streaming engine runs a Python UDF on one morsel at a time, but
+    #: np.searchsorted releases the GIL: each morsel is split across the cores
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(os.cpu_count() or 1),
+                                     repr=False, compare=False)
 
     def lookup(self, key: np.ndarray) -> np.ndarray:
         """Segment index of each key; -1 below the first segment."""
-        return np.searchsorted(self.kstart, key, side="right").astype(np.int64) - 1
+        parts = min(self.threads, key.size // SPLIT_ROWS)
+        if parts < 2:
+            found = np.searchsorted(self.kstart, key, side="right")
+        else:
+            chunks = np.array_split(key, parts)
+            found = np.concatenate(list(self.pool.map(lambda c: np.searchsorted(self.kstart, c, side="right"),
+                                                      chunks)))
+        found -= 1
+        return found
 
     def key(self, pid: pl.Expr, addr: pl.Expr) -> pl.Expr:
         """pid_index << 48 | address as a native Polars expression (UInt64;

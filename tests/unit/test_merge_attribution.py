@@ -1,0 +1,53 @@
+"""The segment table behind access attribution (pasta_trace.merge.attribution)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pasta_trace.merge import segments
+from pasta_trace.merge.attribution import ADDRESS_BITS, SPLIT_ROWS
+
+BIG = np.iinfo(np.int64).max
+
+
+def _allocs() -> pl.DataFrame:
+    # pid 7: A [0x1000, 0x3000) t 10..50, then B [0x1000, 0x1800) from t 60; pid 9: C [0x1000, 0x2000) from t 5
+    return pl.DataFrame({
+        "alloc_id": [0, 1, 2], "pid": [9, 7, 7], "base": [0x1000, 0x1000, 0x1000],
+        "size": [0x1000, 0x2000, 0x800], "alloc_ts_ns": [5, 10, 60], "free_ts_ns": [None, 50, None],
+    }, schema={"alloc_id": pl.UInt32, "pid": pl.UInt32, "base": pl.UInt64, "size": pl.UInt64,
+               "alloc_ts_ns": pl.Int64, "free_ts_ns": pl.Int64})
+
+
+def test_segments_cut_at_every_boundary() -> None:
+    s = segments(_allocs())
+    assert s.pids.tolist() == [7, 9]
+    p9 = 1 << ADDRESS_BITS
+    assert s.kstart.tolist() == [0x1000, 0x1800, 0x3000, p9 | 0x1000, p9 | 0x2000]
+    key = np.array([0x0fff, 0x1000, 0x17ff, 0x1800, 0x2fff, 0x3000, p9 | 0x1fff, p9 | 0x2000, BIG], np.uint64)
+    assert s.lookup(key).tolist() == [-1, 0, 0, 1, 1, 2, 3, 4, 4]
+
+
+def test_instance_live_at_time() -> None:
+    s = segments(_allocs())
+    seg = np.array([0, 0, 0, 1, 1, 1, 2, 3, 3, -1, 0])
+    t = np.array([10, 55, 60, 20, 60, 49, 20, 4, 5, 20, 0])
+    known = np.array([True] * 10 + [False])
+    # seg 0 is A then B; seg 1 only A (B is smaller); seg 2 is a gap; seg 3 is C
+    assert s.instance(seg, t, known).tolist() == [1, -1, 2, 1, -1, 1, -1, -1, 0, -1, 2]
+
+
+def test_lookup_split_across_threads_equals_one_searchsorted() -> None:
+    rng = np.random.default_rng(3)
+    allocs = pl.DataFrame({
+        "alloc_id": np.arange(500, dtype=np.uint32), "pid": rng.integers(1, 4, 500).astype(np.uint32),
+        "base": (rng.integers(0, 1 << 20, 500) * 4096).astype(np.uint64),
+        "size": rng.integers(1, 1 << 16, 500).astype(np.uint64), "alloc_ts_ns": np.arange(500, dtype=np.int64),
+        "free_ts_ns": np.full(500, None),
+    }, schema_overrides={"free_ts_ns": pl.Int64})
+    s = segments(allocs)
+    key = rng.integers(0, 4 << ADDRESS_BITS, 5 * SPLIT_ROWS + 17, dtype=np.uint64)
+    assert s.threads >= 1
+    want = np.searchsorted(s.kstart, key, side="right") - 1
+    assert np.array_equal(s.lookup(key), want)
