@@ -8,7 +8,7 @@ import polars as pl
 from .. import schema
 from ..read import Capture
 from .allocations import allocations
-from .attribution import Segments, segments
+from .attribution import LAUNCH_BITS, Segments, segments
 from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
@@ -145,13 +145,23 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
         return merged
     segs, allocs = _segments(cap)
     lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
-    per_seg = (
-        cap.device["access_samples"]
-        .with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
-        .group_by("pid", "launch_id", "seg_id")
-        .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
-             (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
-    )
+    sums = [pl.len().alias("samples"), lanes.sum().alias("accesses"),
+            (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes")]
+    samples = cap.device["access_samples"]
+    if segs.fits_launch_segment:
+        per_seg = (
+            samples.group_by(segs.launch_segment_expr("pid", pl.col("address"), "launch_id").alias("k")).agg(sums)
+            .select((pl.col("k") // (1 << LAUNCH_BITS)).cast(pl.Int64).alias("seg_id") - 1,
+                    (pl.col("k") % (1 << LAUNCH_BITS)).alias("launch_id"), "samples", "accesses", "bytes")
+            # segment -1 (below every allocation, or a launch id out of range) holds nothing to attribute
+            .filter(pl.col("seg_id") >= 0)
+            .join(segs.segment_pids().lazy(), on="seg_id", how="left")
+        )
+    else:
+        per_seg = (
+            samples.with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+            .group_by("pid", "launch_id", "seg_id").agg(sums)
+        )
     times = launch_times(cap, tolerance_ns, names=False)
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (
