@@ -43,6 +43,29 @@ def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: 
     return pl.Series(name, table, dtype=dtype).gather(idx)
 
 
+#: Records per block when splitting records into columns: a block's records
+#: stay in cache while every field is copied out (3x faster than whole columns).
+_BLOCK = 16384
+
+
+def columns(recs: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Contiguous copies of the named fields of a structured array."""
+    out = {c: np.empty(recs.size, recs.dtype[c]) for c in names}
+    for a in range(0, recs.size, _BLOCK):
+        block = recs[a : a + _BLOCK]
+        for c in names:
+            out[c][a : a + _BLOCK] = block[c]
+    return out
+
+
+def _comm(raw: np.ndarray) -> pl.Series:
+    """The comm column; almost every batch has one or a few distinct values."""
+    if raw.size and (raw == raw[0]).all():
+        text = raw[0].split(b"\0", 1)[0].decode("utf-8", "replace")
+        return pl.Series("comm", [text], dtype=pl.Categorical).gather(pl.zeros(raw.size, pl.UInt32, eager=True))
+    return _strings(raw, "comm", pl.Categorical)
+
+
 def _strings(raw: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
     """Fixed-width NUL-padded C strings -> Series; decodes each distinct value once."""
     uniq, inverse = np.unique(raw, return_inverse=True)
@@ -56,22 +79,17 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
     if recs.size == 0:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
-    kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)  # unknown -> other
-    copy_kinds = np.minimum(recs["copy_kind"], int(schema.CopyKind.unknown))
-    raw = pl.DataFrame(
-        {
-            "ts_ns": recs["ts_ns"].view(np.int64),
-            "dur_ns": recs["dur_ns"].view(np.int64),
-            "pid": recs["pid"],
-            "tid": recs["tid"],
-            "ret": recs["ret"],
-            "flags": recs["flags"],
-            "valid": recs["valid"],
-            **{c: recs[c] for c in _PAYLOAD_COLUMNS},
-        }
-    ).with_columns(
-        _strings(recs["comm"], "comm", pl.Categorical),
-        _lookup(recs["api"], table, pl.Categorical, "api"),
+    cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
+                          "comm", *_PAYLOAD_COLUMNS])
+    kinds = np.minimum(cols.pop("kind"), len(schema.KIND_NAMES) - 1)  # unknown -> other
+    copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
+    api = cols.pop("api")
+    comm = cols.pop("comm")
+    cols["ts_ns"] = cols["ts_ns"].view(np.int64)
+    cols["dur_ns"] = cols["dur_ns"].view(np.int64)
+    raw = pl.DataFrame(cols).with_columns(
+        _comm(comm),
+        _lookup(api, table, pl.Categorical, "api"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
         _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
     )

@@ -33,20 +33,35 @@ class RecordSizeError(RuntimeError):
     """A committed record whose length is not the ring's fixed record size."""
 
 
+def padded_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` as it sits in the ring: after the 8-byte header, padded to
+    the stride.  A copied span of the ring is an array of this dtype."""
+    names = dtype.names or ()
+    return np.dtype({
+        "names": list(names),
+        "formats": [dtype.fields[n][0] for n in names],
+        "offsets": [dtype.fields[n][1] + HDR_SIZE for n in names],
+        "itemsize": record_stride(dtype.itemsize),
+    })
+
+
 def decode_span(
     data: np.ndarray, mask: int, cons: int, prod: int, dtype: np.dtype
 ) -> tuple[np.ndarray, int]:
     """Decode the committed records between ``cons`` and ``prod``.
 
     ``data`` is the uint8 view of the doubly mapped data area (2 * (mask + 1)
-    bytes).  Returns (a copy of the non-discarded records, the new consumer
-    position): it stops before the first record still being written.
+    bytes).  Returns (a copy of the non-discarded records, as padded_dtype(dtype),
+    and the new consumer position): it stops before the first record still
+    being written.
     """
     stride = record_stride(dtype.itemsize)
     n = (prod - cons) // stride
     if n <= 0:
-        return np.empty(0, dtype), cons
+        return np.empty(0, padded_dtype(dtype)), cons
     start = cons & mask
+    # headers first, from the live ring: a record is read only once its
+    # header says it is committed (x86 keeps loads in program order)
     hdr = np.ndarray((n,), dtype="<u4", buffer=data, offset=start, strides=(stride,))
     busy = np.flatnonzero(hdr & BUSY_BIT)
     if busy.size:
@@ -59,10 +74,12 @@ def decode_span(
             f"ring record of {int(lengths[bad[0]])} bytes, expected {dtype.itemsize}: "
             "the BPF program and schema.py disagree"
         )
-    recs = np.ndarray((n,), dtype=dtype, buffer=data, offset=start + HDR_SIZE, strides=(stride,))
-    keep = (hdr & DISCARD_BIT) == 0
-    out = recs[keep] if not keep.all() else recs.copy()
-    return out, cons + n * stride
+    discarded = (hdr & DISCARD_BIT) != 0
+    # one contiguous copy of the span (the double mapping makes wrapped spans contiguous)
+    recs = data[start : start + n * stride].copy().view(padded_dtype(dtype))
+    if discarded.any():
+        recs = recs[~discarded]
+    return recs, cons + n * stride
 
 
 class RingBuffer:

@@ -35,7 +35,7 @@ from .writer import CaptureWriter
 
 POLL_INTERVAL_S = 0.01
 RESCAN_INTERVAL_S = 1.0
-DEFAULT_BUFFER_PAGES = 1024
+DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
 NAMES_PAGES = 64
 
 #: files a capture writes; --force removes these (and only these) first

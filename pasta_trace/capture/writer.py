@@ -5,15 +5,21 @@ Events go into one new file per flush interval (``events-00000.parquet``,
 ``events-00001.parquet``, ...): a Parquet file is only readable once its
 footer is written, so each interval's file is written whole, to a hidden
 temporary name, and renamed into place.  A SIGKILL loses at most the records
-gathered since the last flush.  The small tables (names, processes,
-libraries) are rewritten whole, atomically, whenever they change.
+gathered since the last flush.  Decoding and writing the events happen in a
+separate process (capture.event_writer) fed through a pipe by a sender
+thread, so the drain never waits for them.  The small tables (names,
+processes, libraries) are rewritten whole, atomically, whenever they change.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import queue
+import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -21,11 +27,12 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from .decode import events_frame, names_frame
+from ..errors import PastaError
+from .decode import names_frame
+from .event_writer import frame, write_atomic
 
 #: Flush interval: the issue allows 2 s between row groups; stay well inside it.
 FLUSH_INTERVAL_S = 1.0
-COMPRESSION = "lz4"
 
 
 class CaptureWriter:
@@ -41,26 +48,44 @@ class CaptureWriter:
         self.api_names = list(api_names)
         self.owner = owner
         self.flush_interval_s = flush_interval_s
-        self._pending_events: list[np.ndarray] = []
         self._pending_names: list[np.ndarray] = []
         self._all_names: list[np.ndarray] = []
-        self._next_file = 0
         self._last_flush = time.monotonic()
         self.events = 0
         self.names = 0
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
         self._comms: dict[int, str] = {}
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pasta-writer")
-        self._jobs: list[Future] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self._chown(self.dir)
+        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(self.dir)]
+        if owner is not None:
+            args += [str(owner[0]), str(owner[1])]
+        pkg_parent = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
+        self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=env)
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._send_error: BaseException | None = None
+        self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
+        self._sender.start()
+        self._queue.put(frame(b"A", json.dumps(self.api_names).encode()))
+
+    def _send_loop(self) -> None:
+        """Blocking pipe writes happen here, with the GIL released."""
+        out = self._proc.stdin
+        try:
+            while (msg := self._queue.get()) is not None:
+                out.write(msg)
+                out.flush()
+        except (BrokenPipeError, OSError) as e:
+            self._send_error = e
 
     # ------------------------------------------------------------------ input
 
     def add_events(self, recs: np.ndarray) -> None:
         if recs.size:
-            self._pending_events.append(recs)
+            self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + recs.tobytes()))
             self.events += int(recs.size)
             kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)
             self.by_kind += np.bincount(kinds, minlength=len(schema.KIND_NAMES))
@@ -75,45 +100,46 @@ class CaptureWriter:
     def due(self) -> bool:
         return time.monotonic() - self._last_flush >= self.flush_interval_s
 
-    def flush(self) -> None:
-        """Write what arrived since the last flush, in this thread."""
-        self._write(*self._take())
-
     def flush_async(self) -> None:
-        """Hand what arrived since the last flush to the writer thread."""
-        for job in [j for j in self._jobs if j.done()]:
-            self._jobs.remove(job)
-            job.result()  # a failed write surfaces here, not silently
-        self._jobs.append(self._pool.submit(self._write, *self._take()))
+        """Have the writer process write what arrived since the last flush."""
+        self._last_flush = time.monotonic()
+        self._queue.put(frame(b"F"))
+        self._write_names()
+
+    def flush(self) -> None:
+        """The same, and wait until it is on disk."""
+        self._last_flush = time.monotonic()
+        self._queue.put(frame(b"S"))
+        self._answer()
+        self._write_names()
 
     def close(self) -> None:
-        """Wait for the writer thread to finish every flush handed to it."""
-        self._pool.shutdown(wait=True)
-        for job in self._jobs:
-            job.result()
-        self._jobs.clear()
+        """Write everything, stop the writer process, and learn what it wrote."""
+        self._queue.put(frame(b"C"))
+        reply = json.loads(self._answer())
+        self._queue.put(None)
+        self._sender.join()
+        self._proc.wait()
+        self._comms = {int(k): v for k, v in reply["comms"].items()}
+        self.event_files = [self.dir / f for f in reply["files"]]
+        self._write_names()
 
-    def _take(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        self._last_flush = time.monotonic()
-        events, names = self._pending_events, self._pending_names
-        self._pending_events, self._pending_names = [], []
-        return events, names
+    def _answer(self) -> str:
+        line = self._proc.stdout.readline().decode()
+        if not line:
+            self._proc.wait()
+            err = self._proc.stderr.read().decode().strip().splitlines()
+            raise PastaError(f"the events writer process failed: {err[-1] if err else self._send_error}")
+        return line
 
-    def _write(self, events: list[np.ndarray], names: list[np.ndarray]) -> None:
-        if events:
-            frame = events_frame(np.concatenate(events), self.api_names)
-            path = self.dir / f"events-{self._next_file:05d}.parquet"
-            self._next_file += 1
-            self.write_frame(path, frame)
-            self.event_files.append(path)
-            for pid, comm in frame.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
-                self._comms.setdefault(pid, comm)
-        if names:
-            self._all_names = [np.concatenate(self._all_names + names)]
+    def _write_names(self) -> None:
+        if self._pending_names:
+            self._all_names = [np.concatenate(self._all_names + self._pending_names)]
+            self._pending_names.clear()
             self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
 
     def pids_and_comms(self) -> list[tuple[int, str]]:
-        """Each process seen in the events written so far, with its command name."""
+        """Each process seen in the events written (after close())."""
         return list(self._comms.items())
 
     def names_table(self, extra: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -127,12 +153,9 @@ class CaptureWriter:
             return seen
         return pl.concat([seen, extra.select(seen.columns).cast(schema.NAMES_SCHEMA)], how="vertical")
 
-    def write_frame(self, path: Path, frame: pl.DataFrame) -> None:
-        """Write ``frame`` to ``path`` atomically (hidden temporary name, then rename)."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        frame.write_parquet(tmp, compression=COMPRESSION, statistics=False)
-        os.replace(tmp, path)
-        self._chown(path)
+    def write_frame(self, path: Path, data: pl.DataFrame) -> None:
+        """Write ``data`` to ``path`` atomically (hidden temporary name, then rename)."""
+        write_atomic(path, data, self.owner)
 
     def _chown(self, path: Path) -> None:
         if self.owner is not None:

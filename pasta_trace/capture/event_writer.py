@@ -1,0 +1,108 @@
+"""The events writer process: decodes ring records and writes events-NNNNN.parquet.
+
+It runs apart from the tracer (``python -m pasta_trace.capture.event_writer``,
+at lower priority) so that decoding and compressing never hold the GIL or the
+CPU that the drain needs to keep the ring buffer from overflowing.  It reads
+framed messages on stdin: a type byte, a u64 length, the payload.
+
+    b"A"  JSON list of API names (first message)
+    b"E"  raw records: schema.HOST_EVENT, plain or as laid out in the ring
+    b"F"  write what arrived since the last flush
+    b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
+    b"C"  flush, answer a JSON line {"comms": {pid: comm}, "files": [...]}, exit
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .. import schema
+from .decode import events_frame
+from .ringbuf import padded_dtype
+
+HEADER = struct.Struct("<cQ")
+COMPRESSION = "lz4"
+NICE = 5
+
+
+def frame(kind: bytes, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, len(payload)) + payload
+
+
+def write_atomic(path: Path, data: pl.DataFrame, owner: tuple[int, int] | None) -> None:
+    """Write ``data`` to ``path`` via a hidden temporary name and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    data.write_parquet(tmp, compression=COMPRESSION, statistics=False)
+    os.replace(tmp, path)
+    if owner is not None:
+        os.chown(path, *owner)
+
+
+def _read_exact(stream, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = stream.read(n - len(buf))
+        if not chunk:
+            raise EOFError("the tracer closed the pipe")
+        buf += chunk
+    return bytes(buf)
+
+
+def main(argv: list[str]) -> int:
+    out_dir = Path(argv[0])
+    owner = (int(argv[1]), int(argv[2])) if len(argv) == 3 else None
+    os.nice(NICE)
+    dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
+    stdin, stdout = sys.stdin.buffer, sys.stdout
+    api_names: list[str] = []
+    pending: list[np.ndarray] = []
+    files: list[str] = []
+    comms: dict[int, str] = {}
+
+    def flush() -> None:
+        if not pending:
+            return
+        recs = np.concatenate(pending)
+        pending.clear()
+        data = events_frame(recs, api_names)
+        path = out_dir / f"events-{len(files):05d}.parquet"
+        write_atomic(path, data, owner)
+        files.append(path.name)
+        for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
+            comms.setdefault(pid, comm)
+
+    while True:
+        try:
+            kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
+            payload = _read_exact(stdin, length) if length else b""
+        except EOFError:
+            flush()  # the tracer died: keep what we have
+            return 1
+        if kind == b"A":
+            api_names = json.loads(payload)
+        elif kind == b"E":
+            size = struct.unpack_from("<I", payload)[0]
+            pending.append(np.frombuffer(payload, dtypes[size], offset=4))
+        elif kind in (b"F", b"S"):
+            flush()
+            if kind == b"S":
+                stdout.write("ok\n")
+                stdout.flush()
+        elif kind == b"C":
+            flush()
+            stdout.write(json.dumps({"comms": comms, "files": files}) + "\n")
+            stdout.flush()
+            return 0
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
