@@ -179,6 +179,8 @@ class Session:
         if fam is None:
             return None
         res = probe_attach.attach_library(self.bpf, lib.attach_path, fam)
+        if not res.attached and not os.path.exists(lib.attach_path):
+            return None  # the process exited between the scan and the attach: nothing to trace
         try:
             bid = elf.build_id(lib.attach_path)
         except Exception:  # noqa: BLE001 - a damaged ELF: no build-id, still traced
