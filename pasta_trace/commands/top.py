@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.__exit__(None, None, None)
+        session.detach()
     return 0
 
 
