@@ -31,7 +31,8 @@ def exported_symbols(path: str) -> dict[str, Sym]:
         if dynsym is None:
             return out
         for s in dynsym.iter_symbols():
-            if s["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC") or s["st_shndx"] == "SHN_UNDEF":
+            # an IFUNC's address is its resolver, not the function: not probed
+            if s["st_info"]["type"] != "STT_FUNC" or s["st_shndx"] == "SHN_UNDEF":
                 continue
             if s["st_info"]["bind"] not in ("STB_GLOBAL", "STB_WEAK"):
                 continue
