@@ -81,7 +81,7 @@ def check_version(found: str | None, supported: tuple[int, int], what: str) -> N
         )
 
 
-def _scan(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+def scan_frames(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
     if not paths:
         return pl.DataFrame(schema=sch).lazy()
     return pl.scan_parquet([str(p) for p in paths]).cast(
@@ -92,7 +92,7 @@ def _scan(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
 def device_parquet(d: Path) -> dict[str, pl.LazyFrame]:
     """Decoded device frames stored as d/<frame>.parquet, scanned lazily."""
     return {
-        name: _scan([d / f"{name}.parquet"], sch)
+        name: scan_frames([d / f"{name}.parquet"], sch)
         for name, sch in schema.DEVICE_FRAMES.items()
         if (d / f"{name}.parquet").exists()
     }
@@ -147,11 +147,11 @@ def open_capture(path: str | Path) -> Capture:
     return Capture(
         path=p,
         manifest=manifest,
-        events=_scan(events, schema.EVENTS_SCHEMA),
-        names=_scan(one("names.parquet"), schema.NAMES_SCHEMA),
-        processes=_scan(one("processes.parquet"), schema.PROCESSES_SCHEMA),
-        libraries=_scan(one("libraries.parquet"), schema.LIBRARIES_SCHEMA),
-        aggregate=_scan(one("aggregate.parquet"), schema.AGGREGATE_SCHEMA) if one("aggregate.parquet") else None,
+        events=scan_frames(events, schema.EVENTS_SCHEMA),
+        names=scan_frames(one("names.parquet"), schema.NAMES_SCHEMA),
+        processes=scan_frames(one("processes.parquet"), schema.PROCESSES_SCHEMA),
+        libraries=scan_frames(one("libraries.parquet"), schema.LIBRARIES_SCHEMA),
+        aggregate=scan_frames(one("aggregate.parquet"), schema.AGGREGATE_SCHEMA) if one("aggregate.parquet") else None,
         device=device,
         problems=problems,
     )

@@ -22,7 +22,7 @@ import polars as pl
 
 from .. import __version__, schema
 from ..errors import FormatError, UsageError
-from ..read import Capture, _scan, check_version, device_parquet, open_capture
+from ..read import Capture, check_version, device_parquet, open_capture, scan_frames
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
@@ -55,14 +55,14 @@ def load(path: str | Path) -> Capture:
     return Capture(
         path=p,
         manifest=manifest,
-        events=_scan(one("events"), schema.EVENTS_SCHEMA),
-        names=_scan(one("names"), schema.NAMES_SCHEMA),
-        processes=_scan(one("processes"), schema.PROCESSES_SCHEMA),
-        libraries=_scan(one("libraries"), schema.LIBRARIES_SCHEMA),
-        aggregate=_scan(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
+        events=scan_frames(one("events"), schema.EVENTS_SCHEMA),
+        names=scan_frames(one("names"), schema.NAMES_SCHEMA),
+        processes=scan_frames(one("processes"), schema.PROCESSES_SCHEMA),
+        libraries=scan_frames(one("libraries"), schema.LIBRARIES_SCHEMA),
+        aggregate=scan_frames(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
         device=device,
         problems=list(meta.get("problems", [])),
-        merged={k: _scan(one(k), v) for k, v in schema.TIMELINE_FRAMES.items()},
+        merged={k: scan_frames(one(k), v) for k, v in schema.TIMELINE_FRAMES.items()},
     )
 
 
@@ -157,6 +157,6 @@ def load_partial(cap: Capture, d: Path) -> Capture:
     device.update(device_parquet(d / "device"))
     return Capture(
         path=cap.path, manifest=cap.manifest,
-        **{k: _scan(one(k), v) for k, v in _HOST.items()},
+        **{k: scan_frames(one(k), v) for k, v in _HOST.items()},
         aggregate=cap.aggregate, device=device, problems=cap.problems,
     )
