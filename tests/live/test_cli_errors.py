@@ -215,3 +215,16 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64 mapped yet (no GPU library); "
                                         "would wait for one")
+
+
+def test_launch_under_sudo_runs_as_the_invoking_user_who_owns_the_files(tmp_path):
+    out = tmp_path / "cap"
+    r = cli("-o", str(out), "--", "sh", "-c", "id -u; id -g; exit 3",
+            env={"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY)})
+    assert r.returncode == 0, r.stderr  # the capture succeeded; the command's code is reported
+    assert r.stdout.splitlines() == [str(NOBODY), str(NOBODY)]  # the command's own output
+    assert "sh -c id -u; id -g; exit 3 exited with code 3" in r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["mode"] == "launch" and m["launched"]["exit_code"] == 3 and m["complete"] is True
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in [out, *out.iterdir()]}
+    assert owners == {(NOBODY, NOBODY)}
