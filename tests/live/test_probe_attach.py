@@ -478,3 +478,41 @@ def test_hip_specific_shapes_on_libamdhip64(tracer):
         {"api": "hipDeviceSynchronize", "kind": "sync", "ret": rc["hipDeviceSynchronize"]},
     ]  # fmt: skip
     assert rc["ext"] != 0 and t.lost() == [0, 0, 0, 0]
+
+
+NEST_STUB = r"""
+#include <cuda.h>
+/* Recurses through its own exported (probed) address: each level is a probed call. */
+CUresult (*volatile self)(CUstream) = cuStreamSynchronize;
+CUresult CUDAAPI cuStreamSynchronize(CUstream s)
+{
+    unsigned long n = (unsigned long)s;
+    return n > 1 ? self((CUstream)(n - 1)) : (CUresult)7;
+}
+"""
+
+
+@pytest.mark.parametrize("depth, paired, dropped", [(3, 3, 0), (6, 4, 2)])
+def test_nested_calls_pair_until_the_frame_stack_is_full(tracer, tmp_path, depth, paired, dropped):
+    """Nested probed calls on one thread pair innermost-first; past 4 frames
+    the entries are dropped and counted in lost[2]: events + lost = calls."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None or not Path("/usr/local/cuda-13.0/include/cuda.h").exists():
+        pytest.skip("needs gcc and the CUDA toolkit headers")
+    (tmp_path / "nest.c").write_text(NEST_STUB)
+    lib = tmp_path / "libpt_nest_stub.so"  # a name a concurrent `pasta-trace -a` does not discover
+    subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-I/usr/local/cuda-13.0/include", str(tmp_path / "nest.c"),
+                    "-o", str(lib)], check=True)  # fmt: skip
+    api = catalog.APIS[API["cuStreamSynchronize"]]
+    t = tracer(ring_pages=16, names_pages=16, apis=(api,))
+    assert attach.attach_library(t.bpf, str(lib), "cuda", (api,)).attached == ["cuStreamSynchronize"]
+    fn = C.CDLL(str(lib)).cuStreamSynchronize
+    fn.argtypes = [C.c_void_p]
+    assert fn(depth) == 7
+    ev, _ = t.drain()
+    assert [(int(e["stream"]), int(e["ret"])) for e in ev] == [(depth - paired + 1 + i, 7) for i in range(paired)]
+    assert (np.diff(ev["dur_ns"].astype(np.int64)) > 0).all()  # outer frames last longer
+    assert t.lost() == [0, 0, dropped, 0]
+    assert len(ev) + t.lost()[2] == depth
