@@ -47,6 +47,13 @@ def _artefact_path(artefacts: dict[str, str | None], key: str) -> Path | None:
     return Path(v) if isinstance(v, str) and Path(v).is_file() else None
 
 
+def _is_python(command: list[str] | None) -> bool:
+    """True when the launched command is a Python interpreter (or unknown: the collector's default)."""
+    if not command:
+        return True
+    return re.match(r"^python[0-9.]*$", Path(command[0]).name) is not None
+
+
 class DeviceSession:
     """One device backend for one launched command."""
 
@@ -59,6 +66,7 @@ class DeviceSession:
         sample: str | None = None,
         hash_slots: int | None = None,
         manifest: str | os.PathLike | None = None,
+        command: list[str] | None = None,
     ) -> None:
         if backend not in BACKENDS:
             raise UsageError(f"unknown device backend {backend!r} (choose from {', '.join(BACKENDS)})")
@@ -71,6 +79,7 @@ class DeviceSession:
         self.backend = backend
         self.capture_dir = Path(capture_dir)
         self.staging = self.capture_dir / STAGING
+        self.command = command
         self._options = {
             "GPU_PROBES_PAGE_SHIFT": page_shift,
             "GPU_PROBES_SAMPLE": sample,
@@ -80,6 +89,13 @@ class DeviceSession:
         self._make_staging()
 
     def _backend_env(self, manifest: Path) -> dict[str, str]:
+        if self.backend == "cupti" and not _is_python(self.command):
+            # any other program: the C CUPTI injection library (gpu_probes/host/cupti_inject.cpp);
+            # never both collectors in one process (one CUPTI subscriber, one output file)
+            lib = _artefact_path(built_artefacts(manifest), "cupti")
+            if lib is None:
+                raise PastaError("CUPTI injection library not built: run scripts/build_gpu_probes.sh")
+            return {"CUDA_INJECTION64_PATH": str(lib)}
         if self.backend == "cupti":
             import importlib.util
 

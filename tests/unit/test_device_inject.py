@@ -171,3 +171,24 @@ def test_cupti_without_cupti_python(tmp_path, monkeypatch):
         DeviceSession("cupti", tmp_path / "cap")
     assert e.value.one_line() == "CUPTI backend needs cupti-python (pip install 'pasta-trace[cupti]' (cupti-python 13.0))"
     assert not (tmp_path / "cap").exists()
+
+
+def test_cupti_for_a_non_python_command_uses_the_c_injection_library(tmp_path):
+    lib = tmp_path / "libgpu_probes_cupti.so"
+    lib.write_bytes(b"\x7fELF")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"artifacts": {"cupti": str(lib)}}))
+    s = DeviceSession("cupti", tmp_path / "cap", manifest=manifest, command=["./vecadd", "16"])
+    env = s.env()
+    assert env["CUDA_INJECTION64_PATH"] == str(lib)
+    assert "PYTHONPATH" not in env
+    py = DeviceSession("cupti", tmp_path / "cap2", manifest=manifest, command=["/usr/bin/python3.11", "train.py"])
+    assert "CUDA_INJECTION64_PATH" not in py.env()
+    assert py.env()["PYTHONPATH"].split(os.pathsep)[0].endswith("cupti_bootstrap")
+
+
+def test_cupti_for_a_non_python_command_without_the_library_is_one_line(tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"artifacts": {"cupti": None}}))
+    with pytest.raises(PastaError, match="CUPTI injection library not built"):
+        DeviceSession("cupti", tmp_path / "cap", manifest=manifest, command=["./app"])
