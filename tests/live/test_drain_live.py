@@ -264,3 +264,33 @@ def test_sigkilled_tracer_leaves_readable_events_of_all_but_the_last_interval(tm
     assert all(bounds[i][1] < bounds[i + 1][0] for i in range(len(bounds) - 1))
     # and at most the last ~interval before the kill is missing (flushes every 1 s)
     assert bounds[-1][1] >= kill_ns - 2_000_000_000
+
+
+def test_aggregate_mode_counts_exactly_what_event_mode_records(tmp_path):
+    """The same workload launched twice: once recording events, once with
+    --aggregate.  Per (api, kind) the kernel-side counts equal the events, and
+    both equal the workload's own report of the probed calls it made."""
+    from pasta_trace.probes.catalog import API_ID
+
+    lib, workload = _stub_workload(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    counts = {}
+    for mode in ("events", "aggregate"):
+        out = tmp_path / mode
+        report = tmp_path / f"{mode}.json"
+        extra = ["--aggregate"] if mode == "aggregate" else []
+        r = subprocess.run([sys.executable, "-m", "pasta_trace.cli", *extra, "-o", str(out), "--", str(workload),
+                            "--lib", str(lib), "--report", str(report)], env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        calls = [c["api"] for c in json.loads(report.read_text())["calls"] if c["api"] in API_ID]
+        expected = pl.DataFrame({"api": calls}).group_by("api").agg(pl.len().cast(pl.UInt64).alias("n"))
+        if mode == "events":
+            got = pl.read_parquet(out / "events-*.parquet").group_by(pl.col("api").cast(pl.String)).agg(
+                pl.len().cast(pl.UInt64).alias("n"))
+        else:
+            got = pl.read_parquet(out / "aggregate.parquet").group_by(pl.col("api").cast(pl.String)).agg(
+                pl.col("count").sum().alias("n"))
+        assert got.sort("api").rows() == expected.sort("api").rows()
+        counts[mode] = got.sort("api").rows()
+    assert counts["events"] == counts["aggregate"]
