@@ -302,6 +302,35 @@ AGG_VAL = Record(
 
 HOST_RECORDS = (HOST_EVENT, HOST_NAME, AGG_KEY, AGG_VAL)
 
+DISCOVER_PATH_LEN = 256
+
+
+class DiscoverType(enum.IntEnum):
+    """What bpf/discover.bpf.c reports (pasta_trace/capture/late_load.py)."""
+
+    OPEN = 1  # a traced process opened libcuda.so*/libamdhip64.so*; it is stopped until resumed
+    FORK = 2
+    EXEC = 3
+    EXIT = 4
+
+
+DISCOVER_EVENT = Record(
+    "pt_discover",
+    _fields(
+        [
+            ("ts_ns", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("pid", "u32", "", "tgid"),
+            ("tid", "u32", "", ""),
+            ("ppid", "u32", "", "FORK: the parent's tgid"),
+            ("type", "u32", "", "DiscoverType"),
+            ("fd", "i32", "", "OPEN: the descriptor the open returned"),
+            ("pad", "u32", "", ""),
+            ("path", f"char[{DISCOVER_PATH_LEN}]", "", "OPEN: the name passed to open"),
+        ]
+    ),
+    "late-load / process-lifetime notification, written into the discover_events ring buffer",
+)
+
 # --------------------------------------------------------------------------- device records (TLV)
 
 

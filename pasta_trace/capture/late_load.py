@@ -14,7 +14,6 @@ stopped by job control when it opened the library is resumed by our SIGCONT.
 
 from __future__ import annotations
 
-import enum
 import os
 import signal
 from dataclasses import dataclass
@@ -24,33 +23,9 @@ from typing import Callable
 from .. import schema
 from .ringbuf import RingBuffer, open_table
 
-PATH_LEN = 256
-
-
-class DiscoverType(enum.IntEnum):
-    OPEN = 1  # the process is stopped until resume()
-    FORK = 2
-    EXEC = 3
-    EXIT = 4
-
-
-DISCOVER_EVENT = schema.Record(
-    "pt_discover",
-    tuple(
-        schema.Field(*f)
-        for f in [
-            ("ts_ns", "u64", "ns CLOCK_MONOTONIC", ""),
-            ("pid", "u32", "", "tgid"),
-            ("tid", "u32", "", ""),
-            ("ppid", "u32", "", "FORK: the parent's tgid"),
-            ("type", "u32", "", "DiscoverType"),
-            ("fd", "i32", "", "OPEN: the descriptor the open returned"),
-            ("pad", "u32", "", ""),
-            ("path", f"char[{PATH_LEN}]", "", "OPEN: the name passed to open"),
-        ]
-    ),
-    "discover.bpf.c -> late_load.py notification",
-)
+PATH_LEN = schema.DISCOVER_PATH_LEN
+DiscoverType = schema.DiscoverType
+DISCOVER_EVENT = schema.DISCOVER_EVENT
 
 
 def bpf_source_path() -> Path:
