@@ -70,7 +70,7 @@ def test_container_processes_traced_system_wide(families, tmp_path, tracer, cont
         mnt_ns = os.stat(f"/proc/{pid}/ns/mnt").st_ino
         assert mnt_ns != os.stat("/proc/self/ns/mnt").st_ino
         assert list(mountpoint.iterdir()) == []  # the host does not see the library
-        t = tracer(["-a", "-o", str(out)])
+        t = tracer(["-a", "-o", str(out), "--buffer-pages", "16384"])
         t.wait_ready()
         late = in_container(cuda.workload, image_lib.parent, mountpoint, cuda.soname, cgroup, late_report)
         assert late.wait(timeout=120) == 0

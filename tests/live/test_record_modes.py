@@ -56,9 +56,9 @@ def check_capture(out: Path, expected: list[tuple[Path, set[str], str]], only_th
         assert expect.sync_durations_ok(cap, [report]) == []
         mine = events.filter(pl.col("pid") == report["pid"])
         assert mine["comm"].cast(pl.String).unique().to_list() == [comm[:15]]  # comm: 15 characters at most
-    if only_these_pids:
+    if only_these_pids:  # -a also records whatever else runs on the machine, losses included
         assert sorted(events["pid"].unique().to_list()) == sorted(r["pid"] for r in reports)
-    assert cap.manifest["counts"]["lost_events"] == 0
+        assert cap.manifest["counts"]["lost_events"] == 0
 
 
 def test_launch(families, tmp_path):
@@ -94,7 +94,7 @@ def test_attach_mid_run(families, tmp_path, tracer):
     finally:
         for proc, _ in procs:
             proc.kill()
-    assert t.stop() == 0, t.stderr()
+    assert t.finish() == 0, t.stderr()  # -p ends by itself once every traced PID has exited
     check_capture(out, [(tmp_path / "cuda.json", {"run"}, cuda.workload.name),
                         (tmp_path / "hip.json", {"run"}, hip.workload.name),
                         (tmp_path / "late.json", ALL_PHASES, cuda.workload.name)])
@@ -108,7 +108,8 @@ def test_system_wide(families, tmp_path, tracer):
     hip_copy = copy_library(hip.stub, tmp_path / "site-packages" / "torch" / "lib", hip.soname)
     early = [start_waiting(cuda, tmp_path / "cuda_early.json"), start_waiting(hip, tmp_path / "hip_early.json")]
     try:
-        t = tracer(["-a", "-o", str(out)])
+        # other jobs on the machine may flood the same stubs: a big buffer keeps ours from being dropped
+        t = tracer(["-a", "-o", str(out), "--buffer-pages", "16384"])
         t.wait_ready()
         for cmd in (workload_cmd(cuda, tmp_path / "cuda_late.json"),
                     workload_cmd(hip, tmp_path / "hip_late.json", lib=hip_copy)):
