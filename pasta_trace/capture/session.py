@@ -489,7 +489,7 @@ class Session:
                 alive = Path(f"/proc/{pid}/root").exists()
                 os.symlink(f"/proc/{pid}/root" if alive else "/", d / "root")
             try:
-                return symbolize.name_capture(writer.dir, self.processes.frame(), proc=Path(tmp))
+                return symbolize.name_capture(writer.dir, proc=Path(tmp))
             except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
                 self.notes.append(f"offline kernel naming failed: {type(e).__name__}: {e}")
                 return None
