@@ -171,8 +171,14 @@ class Buckets:
 
     def lookup(self, kstart: np.ndarray, key: np.ndarray) -> np.ndarray:
         k = key.view(np.int64)  # the 2^64-1 "no pid" key turns negative
-        p = np.clip(k >> ADDRESS_BITS, 0, self.base.size - 1)
-        b = np.clip((k - self.base[p]) >> self.shift, -1, self.nb[p])
+        # np.maximum/np.minimum in place: np.clip is ~10x slower here
+        p = k >> ADDRESS_BITS
+        np.maximum(p, 0, out=p)
+        np.minimum(p, self.base.size - 1, out=p)
+        b = k - self.base[p]
+        b >>= self.shift
+        np.maximum(b, -1, out=b)
+        np.minimum(b, self.nb[p], out=b)
         b += self.offset[p] + 1
         out = self.lo[b].astype(np.int64)
         todo = np.flatnonzero(out != self.hi[b])
