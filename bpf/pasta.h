@@ -61,6 +61,20 @@ static __always_inline int pt_skip(void)
 #endif
 }
 
+/* Two loads from the task (BTF pointer, offset from the running kernel's
+ * BTF, see program.task_comm_offset) instead of bpf_get_current_comm's
+ * strscpy_pad: ~50 ns less per event.  comm[] is NUL-padded in the task. */
+static __always_inline void pt_comm(char *dst)
+{
+#ifdef PT_TASK_COMM_OFF
+    u8 *t = (u8 *)bpf_get_current_task_btf();
+    *(u64 *)dst = *(u64 *)(t + PT_TASK_COMM_OFF);
+    *(u64 *)(dst + 8) = *(u64 *)(t + PT_TASK_COMM_OFF + 8);
+#else
+    bpf_get_current_comm(dst, 16);
+#endif
+}
+
 static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts)
 {
 #ifdef PT_AGGREGATE
@@ -83,7 +97,7 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts)
     e->api = api;
     e->kind = kind;
 #ifndef PT_AGGREGATE
-    bpf_get_current_comm(e->comm, sizeof(e->comm));
+    pt_comm(e->comm);
 #endif
     return e;
 }

@@ -4,6 +4,7 @@ kinds and shapes come from one table."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from pasta_trace import schema
@@ -16,6 +17,12 @@ DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
 AGG_MAX = 65536
 PID_FILTER_MAX = 4096
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+
+# Bytes of kind-specific data after each BTF type record, by kind; *vlen
+# where the kind has one entry per member (linux/btf.h).
+_BTF_FIXED = {1: 4, 3: 12, 14: 4, 17: 4}
+_BTF_PER_VLEN = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
 
 
 def handler_names(api: catalog.Api) -> tuple[str, str | None]:
@@ -25,6 +32,37 @@ def handler_names(api: catalog.Api) -> tuple[str, str | None]:
 
 def instantiation(api: catalog.Api) -> str:
     return f"{api.macro}({api.symbol}, {catalog.API_ID[api.symbol]}, {int(api.kind)}, {api.arg})"
+
+
+def task_comm_offset(btf: Path = VMLINUX_BTF) -> int | None:
+    """Byte offset of ``comm`` in the running kernel's ``struct task_struct``
+    (from its BTF), or None without BTF.  The handlers load the comm straight
+    from the task with it: bpf_get_current_comm cost ~50 ns more per event."""
+    try:
+        data = btf.read_bytes()
+    except OSError:
+        return None
+    magic, _, _, hdr_len, type_off, type_len, str_off, _ = struct.unpack_from("<HBBIIIII", data)
+    if magic != 0xEB9F:
+        return None
+    strings = hdr_len + str_off
+
+    def name(off: int) -> bytes:
+        return data[strings + off : data.index(b"\0", strings + off)]
+
+    pos, end = hdr_len + type_off, hdr_len + type_off + type_len
+    while pos < end:
+        name_off, info, _ = struct.unpack_from("<III", data, pos)
+        kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+        pos += 12
+        if kind == 4 and name(name_off) == b"task_struct":
+            for m in range(vlen):
+                m_name, _, m_off = struct.unpack_from("<III", data, pos + 12 * m)
+                if name(m_name) == b"comm":
+                    return (m_off & 0xFFFFFF if info >> 31 else m_off) // 8
+            return None
+        pos += _BTF_FIXED.get(kind, 0) + _BTF_PER_VLEN.get(kind, 0) * vlen
+    return None
 
 
 def _power_of_two(name: str, n: int) -> None:
@@ -50,6 +88,9 @@ def build_bpf_text(
         f"#define PT_AGG_MAX {AGG_MAX}",
         f"#define PT_PID_FILTER_MAX {PID_FILTER_MAX}",
     ]
+    comm = task_comm_offset()
+    if comm is not None:
+        config.append(f"#define PT_TASK_COMM_OFF {comm}")
     if aggregate:
         config.append("#define PT_AGGREGATE 1")
     if filter_pids:
