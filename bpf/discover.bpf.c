@@ -33,7 +33,10 @@ BPF_HASH(known_paths, struct pt_path_key, u8, 1024);
 BPF_HASH(open_args, u32, u64, 16384);       /* tid -> user pointer to the file name */
 BPF_HASH(pending_children, u64, u32, 16384); /* child task pointer -> parent tgid */
 BPF_PERCPU_ARRAY(discover_scratch, struct pt_path_key, 1);
-BPF_ARRAY(discover_cfg, u32, 1);             /* [0] the tracer's own tgid: never stop it */
+/* [0] the tracer's own tgid: never stop it; [1] 1 while the tracer is there to resume
+ * what it stops (cleared before it stops polling, so a process that opens a library
+ * while the probes are being removed is never left stopped) */
+BPF_ARRAY(discover_cfg, u32, 2);
 
 static __always_inline int pt_traced(u32 tgid)
 {
@@ -48,11 +51,19 @@ static __always_inline int pt_traced(u32 tgid)
 #endif
 }
 
-static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid, s32 fd, struct pt_path_key *key)
+static __always_inline int pt_armed(void)
+{
+    int k = 1;
+    u32 *armed = discover_cfg.lookup(&k);
+    return armed && *armed;
+}
+
+/* returns 1 when user space will see the notification */
+static __always_inline int pt_notify(u32 type, u32 pid, u32 tid, u32 ppid, s32 fd, struct pt_path_key *key)
 {
     struct pt_discover *e = discover_events.ringbuf_reserve(sizeof(struct pt_discover));
     if (!e)
-        return;
+        return 0;
     e->ts_ns = bpf_ktime_get_ns();
     e->pid = pid;
     e->tid = tid;
@@ -65,6 +76,7 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid, s32 
     else
         e->path[0] = 0;
     discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 1;
 }
 
 /* a path component that starts with `libcuda.so` or `libamdhip64.so`, then
@@ -146,8 +158,9 @@ RAW_TRACEPOINT_PROBE(sys_exit)
         return 0;
     if (known_paths.lookup(key))
         return 0;
-    pt_notify(PT_DISCOVER_OPEN, tgid, tid, 0, (s32)ret, key);
-    bpf_send_signal(PT_SIGSTOP);
+    /* stop only a process that user space will hear about and resume */
+    if (pt_armed() && pt_notify(PT_DISCOVER_OPEN, tgid, tid, 0, (s32)ret, key))
+        bpf_send_signal(PT_SIGSTOP);
     return 0;
 }
 

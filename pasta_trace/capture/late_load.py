@@ -92,12 +92,24 @@ class LateLoadWatcher:
         on_exit: Callable[[int, int], None],
     ):
         self._bpf = bpf
-        self._ring: RingBuffer = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
+        self._ring: RingBuffer | None = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
         self._known = bpf["known_paths"]
         self.on_library, self.on_fork, self.on_exec, self.on_exit = on_library, on_fork, on_exec, on_exit
-        cfg = bpf["discover_cfg"]
-        cfg[cfg.Key(0)] = cfg.Leaf(os.getpid())
+        self._cfg = bpf["discover_cfg"]
+        self._cfg[self._cfg.Key(0)] = self._cfg.Leaf(os.getpid())
+        self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)  # armed: we are here to resume what we stop
         self.stops = 0
+
+    def disarm(self) -> None:
+        """Stop stopping processes, then resume any stopped just before.
+
+        Called before the tracer stops polling: the probes outlive the session
+        for a while (their removal runs in the background), and a process that
+        opened a library then must not wait for a SIGCONT that never comes."""
+        if self._ring is None:
+            return
+        self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(0)
+        self.poll()
 
     def add_known(self, path: str) -> None:
         raw = path.encode()[: PATH_LEN - 1]
@@ -136,4 +148,8 @@ class LateLoadWatcher:
                 pass
 
     def close(self) -> None:
+        if self._ring is None:
+            return
+        self.disarm()
         self._ring.close()
+        self._ring = None

@@ -299,6 +299,9 @@ class Session:
             device = self._device_session()
             env.update(device.env())
         held = self.setup(env)
+        # Ctrl-C/SIGTERM only ask the loop to stop, until the manifest is complete:
+        # a second Ctrl-C while we finish must not lose what was captured.
+        old_handlers = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             writer = CaptureWriter(opts.out_dir, [a.symbol for a in self.apis], owner=self.owner)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
@@ -310,18 +313,26 @@ class Session:
                 held.release()
                 self.processes.add(held.pid)
             exit_code = self._loop(writer, held)
+            result = self._finish(writer, manifest, held, exit_code, device)
         except BaseException:
             if held is not None and not held.released:
                 held.abandon()
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
             raise
-        return self._finish(writer, manifest, held, exit_code, device)
+        # Everything is written; what remains is printing the summary and exiting.
+        # Python resets its handlers to the default while it shuts down, so a late
+        # Ctrl-C would kill us mid-exit: ignore it instead (ignored stays ignored).
+        for sig in old_handlers:
+            signal.signal(sig, signal.SIG_IGN)
+        return result
 
     def _device_session(self):
         try:
             from ..device.inject import DeviceSession
         except ImportError as e:
             raise PastaError(f"--device {self.opts.device}: the device side is not installed ({e})") from None
-        return DeviceSession(self.opts.device, self.opts.out_dir)
+        return DeviceSession(self.opts.device, self.opts.out_dir, command=self.opts.command)
 
     def _filter(self, pid: int) -> None:
         t = self.bpf["pid_filter"]
@@ -352,41 +363,35 @@ class Session:
         events = open_table(self.bpf, "events", schema.HOST_EVENT.dtype)
         names = open_table(self.bpf, "names", schema.HOST_NAME.dtype)
         boost_drain_thread()
-        old_int = signal.signal(signal.SIGINT, self._request_stop)
-        old_term = signal.signal(signal.SIGTERM, self._request_stop)
         deadline = time.monotonic() + self.opts.duration if self.opts.duration else None
         exit_code = None
         last_status = 0.0
-        try:
-            while not self._stop:
-                self._drain(writer, events, names)
-                self.watcher.poll()
-                now = time.monotonic()
-                if writer.due():
-                    writer.flush_async()
-                    self._write_tables(writer)
-                    self._save_maps(self._recent_pids)
-                    self._recent_pids.clear()
-                if self.opts.mode == "system" and now - self._last_rescan >= RESCAN_INTERVAL_S:
-                    self._rescan()
-                if self.status and now - last_status >= 0.25:
-                    last_status = now
-                    self.status(f"{writer.events:,} events, {self.lost()[0] + self.lost()[1]:,} lost")
-                if deadline is not None and now >= deadline:
-                    break
-                if held is not None and (code := held.poll()) is not None:
-                    exit_code = code
-                    break
-                if self.opts.mode == "pid" and not self._alive_pids():
-                    self.say("all traced processes exited")
-                    break
-                time.sleep(POLL_INTERVAL_S)
-            # what the probes wrote before we stopped
+        while not self._stop:
             self._drain(writer, events, names)
             self.watcher.poll()
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
+            now = time.monotonic()
+            if writer.due():
+                writer.flush_async()
+                self._write_tables(writer)
+                self._save_maps(self._recent_pids)
+                self._recent_pids.clear()
+            if self.opts.mode == "system" and now - self._last_rescan >= RESCAN_INTERVAL_S:
+                self._rescan()
+            if self.status and now - last_status >= 0.25:
+                last_status = now
+                self.status(f"{writer.events:,} events, {self.lost()[0] + self.lost()[1]:,} lost")
+            if deadline is not None and now >= deadline:
+                break
+            if held is not None and (code := held.poll()) is not None:
+                exit_code = code
+                break
+            if self.opts.mode == "pid" and not self._alive_pids():
+                self.say("all traced processes exited")
+                break
+            time.sleep(POLL_INTERVAL_S)
+        # what the probes wrote before we stopped
+        self._drain(writer, events, names)
+        self.watcher.disarm()
         self._rings = (events, names)
         return exit_code
 
@@ -467,7 +472,6 @@ class Session:
             manifest.device_files = [str(p.relative_to(self.opts.out_dir)) for p in device.finish()]
         for ring in self._rings:
             ring.close()
-        self.watcher.close()
         self.detach()
         manifest.write(self.opts.out_dir, complete=True, owner=self.owner)
         if self.owner is not None:
@@ -512,6 +516,8 @@ class Session:
         copies then close at once.  (BCC's own cleanup would also try to
         detach through tracefs's uprobe_events, which fails where tracefs is
         not mounted.)"""
+        if self.watcher is not None:
+            self.watcher.close()  # disarms first: nothing stays stopped
         fds = list(self.bpf.uprobe_fds.values())
         self.bpf.uprobe_fds.clear()
         if fds:
@@ -540,6 +546,16 @@ def close_in_background(fds: list[int]) -> None:
         try:
             if os.fork() == 0:
                 os.setsid()
+                # keep only the uprobes: an inherited copy of anything else (the
+                # discover tracepoints, the rings, the maps) would stay attached
+                # for as long as the removal takes
+                keep = set(fds)
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) not in keep and int(name) > 2:
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for std in (0, 1, 2):
                     os.dup2(devnull, std)
