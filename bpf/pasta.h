@@ -75,7 +75,9 @@ static __always_inline void pt_comm(char *dst)
 #endif
 }
 
-static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts)
+/* zero: clear the event first; 0 where the handler writes every field
+ * itself (ring memory holds older records). */
+static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int zero)
 {
 #ifdef PT_AGGREGATE
     u32 zero = 0;
@@ -89,7 +91,8 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts)
         return 0;
     }
 #endif
-    __builtin_memset(e, 0, sizeof(*e));
+    if (zero)
+        __builtin_memset(e, 0, sizeof(*e));
     u64 id = bpf_get_current_pid_tgid();
     e->ts_ns = ts;
     e->pid = id >> 32;
@@ -180,7 +183,7 @@ static __always_inline int pt_take(u32 api, struct pt_frame *out)
 static __always_inline struct pt_event *pt_open_ret(struct pt_regs *ctx, u16 api, u8 kind,
                                                     struct pt_frame *in)
 {
-    struct pt_event *e = pt_open(api, kind, in->ts);
+    struct pt_event *e = pt_open(api, kind, in->ts, 1);
     if (!e)
         return 0;
     e->dur_ns = bpf_ktime_get_ns() - in->ts;
@@ -238,19 +241,36 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 #define PT_LAUNCH_V (PT_V_FUNC | PT_V_GRID | PT_V_BLOCK | PT_V_SHMEM | PT_V_STREAM)
 
-/* Entry-only handler: E is the event, already stamped. */
-#define PT_ENTRY(name, id, kind, ...)                                          \
+/* Entry-only handler: E is the event, already stamped; zeroed unless
+ * PT_ENTRY_ALL, whose body writes every field past pid/tid/api/kind/comm. */
+#define PT_ENTRY_Z(zero, name, id, kind, ...)                                  \
     int pt_e_##name(struct pt_regs *ctx)                                       \
     {                                                                          \
         if (pt_skip())                                                         \
             return 0;                                                          \
-        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns());            \
+        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), zero);      \
         if (!E)                                                                \
             return 0;                                                          \
         __VA_ARGS__;                                                           \
         pt_close(E);                                                           \
         return 0;                                                              \
     }
+#define PT_ENTRY(...) PT_ENTRY_Z(1, __VA_ARGS__)
+#define PT_ENTRY_ALL(...) PT_ENTRY_Z(0, __VA_ARGS__)
+
+/* The fields no launch carries (launch handlers skip the memset). */
+#define PT_LAUNCH_ZERO(e)                                                      \
+    do {                                                                       \
+        e->dur_ns = 0;                                                         \
+        e->flags = 0;                                                          \
+        e->ret = 0;                                                            \
+        e->copy_kind = 0;                                                      \
+        e->ptr = 0;                                                            \
+        e->size = 0;                                                           \
+        e->dst = 0;                                                            \
+        e->src = 0;                                                            \
+        e->aux = 0;                                                            \
+    } while (0)
 
 /* Entry saves up to four values; the return handler builds the event from
  * them (IN.a[0..3]) with duration and return code. */
@@ -279,8 +299,9 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 /* cuLaunchKernel layout: (f, gx, gy, gz, bx, by, [bz, shmem, stream]) */
 #define PT_H_LAUNCH_CU(name, id, kind, arg)                                      \
-    PT_ENTRY(name, id, kind, {                                                 \
-        u64 st[3] = {};                                                        \
+    PT_ENTRY_ALL(name, id, kind, {                                             \
+        u64 st[3];                                                             \
+        PT_LAUNCH_ZERO(E);                                                     \
         E->valid = PT_V_FUNC | PT_V_GRID;                                      \
         if (!pt_stack(ctx, st, sizeof(st)))                                    \
             E->valid = PT_LAUNCH_V;                                            \
@@ -298,8 +319,9 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 /* runtime layout, dim3 by value: (f, grid x|y<<32, grid z, block x|y<<32,
  * block z, args, [shmem, stream]) */
 #define PT_H_LAUNCH_RT(name, id, kind, arg)                                      \
-    PT_ENTRY(name, id, kind, {                                                 \
-        u64 st[2] = {};                                                        \
+    PT_ENTRY_ALL(name, id, kind, {                                             \
+        u64 st[2];                                                             \
+        PT_LAUNCH_ZERO(E);                                                     \
         E->valid = PT_V_FUNC | PT_V_GRID | PT_V_BLOCK;                         \
         if (!pt_stack(ctx, st, sizeof(st)))                                    \
             E->valid = PT_LAUNCH_V;                                            \
