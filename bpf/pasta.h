@@ -75,9 +75,9 @@ static __always_inline void pt_comm(char *dst)
 #endif
 }
 
-/* zero: clear the event first; 0 where the handler writes every field
+/* clear: zero the event first; 0 where the handler writes every field
  * itself (ring memory holds older records). */
-static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int zero)
+static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int clear)
 {
 #ifdef PT_AGGREGATE
     u32 zero = 0;
@@ -91,7 +91,7 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int ze
         return 0;
     }
 #endif
-    if (zero)
+    if (clear)
         __builtin_memset(e, 0, sizeof(*e));
     u64 id = bpf_get_current_pid_tgid();
     e->ts_ns = ts;
@@ -243,12 +243,12 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 /* Entry-only handler: E is the event, already stamped; zeroed unless
  * PT_ENTRY_ALL, whose body writes every field past pid/tid/api/kind/comm. */
-#define PT_ENTRY_Z(zero, name, id, kind, ...)                                  \
+#define PT_ENTRY_Z(clear, name, id, kind, ...)                                 \
     int pt_e_##name(struct pt_regs *ctx)                                       \
     {                                                                          \
         if (pt_skip())                                                         \
             return 0;                                                          \
-        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), zero);      \
+        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), clear);     \
         if (!E)                                                                \
             return 0;                                                          \
         __VA_ARGS__;                                                           \
