@@ -114,12 +114,23 @@ def test_activity_records_become_device_records(tmp_path):
 
 @NO_DRIVER
 def test_collector_start_without_driver_raises_and_leaves_no_file(tmp_path):
-    c = CuptiCollector(tmp_path, pid=5)
-    with pytest.raises(CuptiUnavailable) as e:
-        c.start()
-    assert str(e.value) == "CUDA driver is not found (libcuda.so.1: cannot open shared object file: No such file or directory)"
+    # in a fresh interpreter: other tests load libcuda.so.1 into this one
+    code = f"""
+from pathlib import Path
+from pasta_trace.device.cupti_collector import CuptiCollector, CuptiUnavailable
+c = CuptiCollector(Path({str(tmp_path)!r}), pid=5)
+try:
+    c.start()
+except CuptiUnavailable as e:
+    print(e)
+c.stop()  # nothing started: a no-op
+"""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout == "CUDA driver is not found (libcuda.so.1: cannot open shared object file: No such file or directory)\n"
     assert list(tmp_path.iterdir()) == []
-    c.stop()  # nothing started: a no-op
 
 
 def _run_traced(session: DeviceSession, code: str, extra_env: dict[str, str] | None = None, cwd: Path | None = None):
