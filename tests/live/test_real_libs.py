@@ -113,11 +113,14 @@ def test_sigkill_leaves_readable_parquet(require_bpf, families, tmp_path, tracer
     out, report, go = tmp_path / "cap", tmp_path / "report.json", tmp_path / "go"
     t = tracer(["-o", str(out), "--", str(cuda.workload), "--lib", str(cuda.stub), "--report", str(report),
                 "--threads", "2", "--iters", "1", "--go-file", str(go)])
-    wait_for_file(report.with_name(report.name + ".ready"), timeout=180)
-    time.sleep(FLUSH_INTERVAL_S * 1.5)
-    t.proc.send_signal(signal.SIGKILL)
-    t.proc.wait(timeout=30)
-    go.touch()  # the workload finishes (untraced) and writes its report
+    try:
+        wait_for_file(report.with_name(report.name + ".ready"), timeout=180)
+        time.sleep(FLUSH_INTERVAL_S * 1.5)
+        t.proc.send_signal(signal.SIGKILL)
+        # a killed tracer's uprobes are removed by the kernel as it exits, 0.1-0.25 s each
+        t.proc.wait(timeout=300)
+    finally:
+        go.touch()  # the workload finishes (untraced) and writes its report, whatever happened
     wait_for_file(report, timeout=60)
     cap = open_capture(out)
     assert not cap.complete
