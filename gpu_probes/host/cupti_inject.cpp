@@ -22,6 +22,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "injection.h"
 #include "writer.h"
 
 namespace {
@@ -141,27 +142,8 @@ int init() {
     return 1;
 }
 
-int init_once() {
-    static std::once_flag once;
-    static int rc = 0;
-    std::call_once(once, [] { rc = init(); });
-    return rc;
-}
-
-bool loaded_as_injection() {
-    const char *inj = std::getenv("CUDA_INJECTION64_PATH");
-    Dl_info self{};
-    if (!inj || !*inj || !dladdr((void *)&loaded_as_injection, &self) || !self.dli_fname) return false;
-    char a[PATH_MAX], b[PATH_MAX];
-    return realpath(inj, a) && realpath(self.dli_fname, b) && std::strcmp(a, b) == 0;
-}
-
-__attribute__((constructor)) void preload_init() {
-    if (!loaded_as_injection()) init_once();
-}
-
 } // namespace
 
-/* 1 on success, 0 when CUPTI cannot run (as NVIDIA's CUPTI injection samples);
- * either way the program runs on. */
-extern "C" __attribute__((visibility("default"))) int InitializeInjection() { return init_once(); }
+/* InitializeInjection returns 1 on success, 0 when CUPTI cannot run (as NVIDIA's
+ * CUPTI injection samples); either way the program runs on. */
+GP_INJECTION_ENTRY_POINTS(init)

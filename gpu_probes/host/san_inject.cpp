@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "slot.h"
+#include "injection.h"
 #include "writer.h"
 
 extern "C" const unsigned char gp_san_patches_fatbin[];
@@ -400,28 +401,6 @@ int init() {
     return 0;
 }
 
-int init_once() {
-    static std::once_flag once;
-    static int rc = 0;
-    std::call_once(once, [] { rc = init(); });
-    return rc;
-}
-
-/* True when CUDA_INJECTION64_PATH names this very library: the driver will
- * then call InitializeInjection from cuInit, the documented place to subscribe. */
-bool loaded_as_injection() {
-    const char *inj = std::getenv("CUDA_INJECTION64_PATH");
-    Dl_info self{};
-    if (!inj || !*inj || !dladdr((void *)&loaded_as_injection, &self) || !self.dli_fname) return false;
-    char a[PATH_MAX], b[PATH_MAX];
-    return realpath(inj, a) && realpath(self.dli_fname, b) && std::strcmp(a, b) == 0;
-}
-
-/* LD_PRELOAD has no InitializeInjection call: start from the constructor. */
-__attribute__((constructor)) void preload_init() {
-    if (!loaded_as_injection()) init_once();
-}
-
 } // namespace
 
-extern "C" __attribute__((visibility("default"))) int InitializeInjection() { return init_once(); }
+GP_INJECTION_ENTRY_POINTS(init)
