@@ -84,9 +84,14 @@ def check_version(found: str | None, supported: tuple[int, int], what: str) -> N
 def scan_frames(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
     if not paths:
         return pl.DataFrame(schema=sch).lazy()
-    return pl.scan_parquet([str(p) for p in paths]).cast(
-        {k: v for k, v in sch.items()}, strict=False
-    )
+    lf = pl.scan_parquet([str(p) for p in paths])
+    # a column added in a later minor version reads as null from older files
+    try:
+        present = lf.collect_schema().names()
+    except (pl.exceptions.ComputeError, OSError):
+        present = list(sch)  # damaged: the error comes with the first read, as for any column
+    missing = [pl.lit(None, v).alias(k) for k, v in sch.items() if k not in present]
+    return (lf.with_columns(missing) if missing else lf).cast(dict(sch), strict=False)
 
 
 def device_parquet(d: Path) -> dict[str, pl.LazyFrame]:

@@ -664,6 +664,7 @@ NAMES_SCHEMA: dict[str, pl.DataType] = {
     "source": pl.Enum(NAME_SOURCE_NAMES),
     "ts_ns": pl.Int64,
     "api": pl.Categorical,
+    "reason": pl.String,  # why `name` is unknown@0x...; null when the handle is named
 }
 
 PROCESSES_SCHEMA: dict[str, pl.DataType] = {

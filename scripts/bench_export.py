@@ -76,7 +76,7 @@ def synth_capture(path: Path, n: int, seed: int, pids: int = 4, threads: int = 4
     pl.DataFrame({
         "pid": np.repeat(np.arange(pids, dtype=np.uint32) + 1000, len(handles)),
         "handle": np.tile(handles, pids), "name": [f"kernel_{i}" for i in range(len(handles))] * pids,
-        "source": "module_get_function", "ts_ns": 0, "api": "cuModuleGetFunction",
+        "source": "module_get_function", "ts_ns": 0, "api": "cuModuleGetFunction", "reason": None,
     }).cast(schema.NAMES_SCHEMA).write_parquet(path / "names.parquet")
     (path / "manifest.json").write_text(json.dumps({"format_version": "1.0", "complete": True, "counts": {}}))
     return path

@@ -134,6 +134,7 @@ def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
             "handle": recs["handle"],
             "alias": recs["alias"],
             "ts_ns": recs["ts_ns"].view(np.int64),
+            "reason": pl.Series([None] * len(recs), dtype=pl.String),  # run-time lookups name the handle
         }
     ).with_columns(
         _strings(recs["name"], "name", pl.String),

@@ -164,9 +164,10 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc")) -> pl.DataFrame:
             maps = (proc / str(pid) / "maps").read_text()
             named = name_handles(maps, str(proc / str(pid) / "root"), group["func"])
         except OSError:
-            named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"))
+            named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"),
+                                 reason=pl.lit(f"the maps of PID {pid} could not be read (the process exited)"))
         parts.append(group.join(named, left_on="func", right_on="handle").select(
-            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api"))
+            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api", "reason"))
     if not parts:
         return empty
     return pl.concat(parts).cast(schema.NAMES_SCHEMA)

@@ -64,7 +64,7 @@ def write_capture(path: Path, rows: list[tuple] = HOST_ROWS, names: list[tuple] 
     pl.DataFrame(
         {"pid": [n[0] for n in names], "handle": [n[1] for n in names], "name": [n[2] for n in names],
          "source": ["module_get_function"] * len(names), "ts_ns": [T0] * len(names),
-         "api": ["cuModuleGetFunction"] * len(names)},
+         "api": ["cuModuleGetFunction"] * len(names), "reason": [None] * len(names)},
         schema=schema.NAMES_SCHEMA,
     ).write_parquet(path / "names.parquet")
     procs = {c: [None] * len(PROCESSES) for c in schema.PROCESSES_SCHEMA}

@@ -92,4 +92,14 @@ def test_name_capture_names_runtime_launches(kernels_lib, tmp_path):
         (os.getpid(), stubs[0], "_Z6vecAddPKfS0_Pfi", "elf_stub", 10, "hipLaunchKernel"),
         (os.getpid(), stubs[1], "_Z5scaleIfEvPT_S0_i", "elf_stub", 20, "hipLaunchKernel_spt"),
     ]
+    assert got["reason"].to_list() == [None, None]  # named: no reason
+    # a process whose maps cannot be read any more: unknown@0x..., and the reason is kept
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    events.with_columns(pl.lit(2**22 + 7, dtype=pl.UInt32).alias("pid")).head(1).write_parquet(
+        gone / "events-00000.parquet")
+    lost = name_capture(gone, proc=tmp_path / "no-proc")
+    assert lost.select("name", pl.col("source").cast(pl.String), "reason").rows() == [
+        (f"unknown@0x{stubs[0]:x}", "unknown", f"the maps of PID {2**22 + 7} could not be read (the process exited)"),
+    ]
     assert name_capture(tmp_path / "empty").is_empty()

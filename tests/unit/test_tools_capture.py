@@ -78,6 +78,7 @@ def write_capture(
             "source": ["module_get_function"] * len(names),
             "ts_ns": [T0] * len(names),
             "api": ["cuModuleGetFunction"] * len(names),
+            "reason": [None] * len(names),
         },
         schema=schema.NAMES_SCHEMA,
     ).write_parquet(path / "names.parquet")
