@@ -71,6 +71,9 @@ static __always_inline int pt_notify(u32 type, u32 pid, u32 tid, u32 ppid, s32 f
     e->type = type;
     e->fd = fd;
     e->pad = 0;
+    /* the cgroup at this moment: a short-lived process may be gone before
+     * user space can read /proc/PID/cgroup */
+    e->cgroup_id = bpf_get_current_cgroup_id();
     if (key)
         __builtin_memcpy(e->path, key->path, PT_PATH_LEN);
     else

@@ -325,6 +325,7 @@ DISCOVER_EVENT = Record(
             ("type", "u32", "", "DiscoverType"),
             ("fd", "i32", "", "OPEN: the descriptor the open returned"),
             ("pad", "u32", "", ""),
+            ("cgroup_id", "u64", "", "cgroup v2 id of the task (its cgroupfs directory's inode)"),
             ("path", f"char[{DISCOVER_PATH_LEN}]", "", "OPEN: the name passed to open"),
         ]
     ),

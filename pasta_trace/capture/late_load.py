@@ -88,7 +88,7 @@ class LateLoadWatcher:
         *,
         on_library: Callable[[OpenedLibrary], None],
         on_fork: Callable[[int, int, int], None],
-        on_exec: Callable[[int], None],
+        on_exec: Callable[[int, int], None],
         on_exit: Callable[[int, int], None],
     ):
         self._bpf = bpf
@@ -128,7 +128,7 @@ class LateLoadWatcher:
             elif kind == DiscoverType.FORK:
                 self.on_fork(pid, int(rec["ppid"]), int(rec["ts_ns"]))
             elif kind == DiscoverType.EXEC:
-                self.on_exec(pid)
+                self.on_exec(pid, int(rec["cgroup_id"]))
             elif kind == DiscoverType.EXIT:
                 self.on_exit(pid, int(rec["ts_ns"]))
         return int(recs.size)

@@ -23,6 +23,33 @@ def container_id(cgroup: str) -> str | None:
     return m.group(1) if m else None
 
 
+def cgroup2_root(mountinfo: Path = Path("/proc/self/mountinfo")) -> Path:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on hybrid systems)."""
+    try:
+        for line in mountinfo.read_text().splitlines():
+            fields = line.split(" - ", 1)
+            if len(fields) == 2 and fields[1].split(" ", 1)[0] == "cgroup2":
+                return Path(fields[0].split(" ")[4])
+    except OSError:
+        pass
+    return Path("/sys/fs/cgroup")
+
+
+def cgroup_path(cgroup_id: int, root: Path) -> str | None:
+    """The cgroup v2 path whose id (its cgroupfs directory's inode) is ``cgroup_id``."""
+    if root.stat().st_ino == cgroup_id:
+        return "/"
+    for d, subdirs, _ in os.walk(root):
+        for sub in subdirs:
+            full = Path(d) / sub
+            try:
+                if full.stat().st_ino == cgroup_id:
+                    return "/" + str(full.relative_to(root))
+            except OSError:
+                continue
+    return None
+
+
 def _boot_offset_ns() -> int:
     """CLOCK_MONOTONIC - CLOCK_BOOTTIME: /proc/PID/stat start times count from
     boot including suspend; the events' clock does not."""
@@ -88,12 +115,22 @@ class ProcessTable:
             self._rows[pid] = {**dict.fromkeys(schema.PROCESSES_SCHEMA), "pid": pid, "comm": comm}
             self.changed = True
 
-    def refresh(self, pid: int, proc: Path = Path("/proc")) -> None:
-        """Re-read a process after exec (new comm and cmdline)."""
+    def refresh(self, pid: int, proc: Path = Path("/proc"), cgroup_id: int = 0,
+                cgroup_root: Path | None = None) -> None:
+        """Re-read a process after exec (new comm and cmdline).  When it is
+        already gone, its cgroup still comes from the id the kernel gave with
+        the exec notification (a process may join a cgroup just before exec)."""
+        if pid not in self._rows:
+            return
         row = process_row(pid, proc)
-        if row is not None and pid in self._rows:
+        if row is not None:
             row["exit_ns"] = self._rows[pid]["exit_ns"]
             self._rows[pid] = row
+            self.changed = True
+            return
+        path = cgroup_path(cgroup_id, cgroup_root or cgroup2_root()) if cgroup_id else None
+        if path is not None and path != self._rows[pid]["cgroup"]:
+            self._rows[pid].update(cgroup=path, container_id=container_id(path))
             self.changed = True
 
     def exited(self, pid: int, ts_ns: int) -> None:

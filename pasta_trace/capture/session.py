@@ -223,9 +223,9 @@ class Session:
             self._traced_pids.add(pid)
             self.processes.add(pid)
 
-    def _on_exec(self, pid: int) -> None:
+    def _on_exec(self, pid: int, cgroup_id: int) -> None:
         if pid in self.processes:
-            self.processes.refresh(pid)
+            self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self._traced_pids:
             self._save_maps([pid])
 

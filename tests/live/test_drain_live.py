@@ -152,7 +152,7 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path)
 
     w = LateLoadWatcher(
         b, on_library=on_library, on_fork=lambda pid, ppid, ts: seen.append(("fork", pid, ppid)),
-        on_exec=lambda pid: seen.append(("exec", pid)), on_exit=lambda pid, ts: seen.append(("exit", pid)),
+        on_exec=lambda pid, cgroup_id: seen.append(("exec", pid)), on_exit=lambda pid, ts: seen.append(("exit", pid)),
     )
     go = tmp_path / "go"
     script = (

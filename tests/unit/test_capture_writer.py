@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -176,3 +177,28 @@ def test_library_file_names(name, family):
 )
 def test_container_id_from_cgroup(cgroup, cid):
     assert container_id(cgroup) == cid
+
+
+def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_reported(tmp_path):
+    """fork, join a container's cgroup, exec, exit: all before the tracer reads /proc.
+    The exec notification carries the cgroup id (a cgroupfs directory's inode)."""
+    from pasta_trace.capture.processes import ProcessTable, cgroup2_root, cgroup_path
+
+    root = tmp_path / "cgroup"
+    scope = root / "system.slice" / ("docker-" + "ab" * 32 + ".scope")
+    scope.mkdir(parents=True)
+    proc = tmp_path / "proc"  # empty: every process is already gone
+    proc.mkdir()
+    table = ProcessTable()
+    table.add_minimal(4242, "sh")  # seen at fork, before it joined the cgroup
+    assert cgroup_path(scope.stat().st_ino, root) == f"/system.slice/docker-{'ab' * 32}.scope"
+    assert cgroup_path(root.stat().st_ino, root) == "/"
+    assert cgroup_path(1, root) is None
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+                         "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
+    assert cgroup2_root(mountinfo) == Path("/sys/fs/cgroup/unified")  # hybrid v1/v2 layout
+    table.refresh(4242, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
+    row = table.frame().row(0, named=True)
+    assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
+        4242, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
