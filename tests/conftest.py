@@ -5,6 +5,7 @@ real `pasta-trace` CLI in the background (tests/fixtures/pasta_run.py)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,15 @@ def families(build_dir: Path) -> list[Family]:
         Family("cuda", _built("cuda_stub", build_dir), _built("cuda_workload", build_dir), "libcuda.so.1"),
         Family("hip", _built("hip_stub", build_dir), _built("hip_workload", build_dir), "libamdhip64.so"),
     ]
+
+
+@pytest.fixture
+def sleeper():
+    """A process to point -p at, idle for a minute."""
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The events writer process: decodes ring records and writes events-NNNNN.parquet.
 
-It runs apart from the tracer (``python -m pasta_trace.capture.event_writer``,
-at lower priority) so that decoding and compressing never hold the GIL or the
+It runs apart from the tracer (``python -m pasta_trace.capture.event_writer
+DIR_FD``, at lower priority) so that decoding and compressing never hold the GIL or the
 CPU that the drain needs to keep the ring buffer from overflowing.  It reads
 framed messages on stdin: a type byte, a u64 length, the payload.
 
@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..safe_output import OutputDir
 from .decode import events_frame
 from .ringbuf import padded_dtype
 
@@ -36,13 +37,9 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
-def write_atomic(path: Path, data: pl.DataFrame, owner: tuple[int, int] | None) -> None:
-    """Write ``data`` to ``path`` via a hidden temporary name and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    data.write_parquet(tmp, compression=COMPRESSION, statistics=False)
-    os.replace(tmp, path)
-    if owner is not None:
-        os.chown(path, *owner)
+def write_atomic(out: OutputDir, name: str, data: pl.DataFrame) -> None:
+    """Write ``data`` to ``name`` in ``out`` via a new temporary file and a rename."""
+    out.write_atomic(name, lambda path: data.write_parquet(path, compression=COMPRESSION, statistics=False))
 
 
 def _read_exact(stream, n: int) -> bytes:
@@ -56,8 +53,8 @@ def _read_exact(stream, n: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[0])
-    owner = (int(argv[1]), int(argv[2])) if len(argv) == 3 else None
+    fd = int(argv[0])  # the capture directory, inherited open: every file is written relative to it
+    out = OutputDir(fd, Path(f"/proc/self/fd/{fd}"))
     os.nice(NICE)
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
     stdin, stdout = sys.stdin.buffer, sys.stdout
@@ -72,9 +69,9 @@ def main(argv: list[str]) -> int:
         recs = np.concatenate(pending)
         pending.clear()
         data = events_frame(recs, api_names)
-        path = out_dir / f"events-{len(files):05d}.parquet"
-        write_atomic(path, data, owner)
-        files.append(path.name)
+        name = f"events-{len(files):05d}.parquet"
+        write_atomic(out, name, data)
+        files.append(name)
         for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
             comms.setdefault(pid, comm)
 

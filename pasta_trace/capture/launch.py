@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 from ..errors import PastaError, UsageError
+from ..safe_output import invoking_user
 
 _WRAPPER = (
     "import os,sys\n"
@@ -27,14 +28,6 @@ _WRAPPER = (
     "    sys.stderr.write(f'pasta-trace: error: cannot run {sys.argv[2]}: {e.strerror}\\n')\n"
     "    os._exit(127)\n"
 )
-
-
-def invoking_user() -> tuple[int, int] | None:
-    """(uid, gid) of the user who ran sudo, when we run as root under sudo."""
-    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-    if os.geteuid() == 0 and uid and gid and uid != "0":
-        return int(uid), int(gid)
-    return None
 
 
 class HeldCommand:

@@ -2,21 +2,22 @@
 
 Written twice: once at the start with ``complete: false`` (so a killed tracer
 still leaves a description of what it traced), and once at the end with the
-counts and ``complete: true``.  Each write goes to a temporary name and is
-renamed into place, so a reader never sees half a manifest.
+counts and ``complete: true``.  Each write goes to a new temporary file and
+is renamed into place (safe_output), so a reader never sees half a manifest.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from .. import __version__, schema
+from ..safe_output import OutputDir
+
+NAME = "manifest.json"
 
 
 @dataclass
@@ -95,14 +96,8 @@ class Manifest:
             "complete": complete,
         }
 
-    def write(self, out_dir: Path, *, complete: bool, owner: tuple[int, int] | None = None) -> Path:
-        path = Path(out_dir) / "manifest.json"
-        tmp = path.with_name(".manifest.json.tmp")
-        tmp.write_text(json.dumps(self.to_json(complete), indent=2) + "\n")
-        if owner is not None:
-            os.chown(tmp, *owner)
-        os.replace(tmp, path)
-        return path
+    def write(self, out: OutputDir, *, complete: bool) -> None:
+        out.write_bytes(NAME, (json.dumps(self.to_json(complete), indent=2) + "\n").encode())
 
 
 def counts(

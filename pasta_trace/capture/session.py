@@ -25,10 +25,11 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from ..errors import PastaError, UsageError
+from ..errors import PastaError
 from . import checks, discovery, manifest as mf
 from .late_load import LateLoadWatcher, OpenedLibrary, discover_text
-from .launch import HeldCommand, invoking_user
+from ..safe_output import OutputDir, invoking_user
+from .launch import HeldCommand
 from .processes import ProcessTable
 from .ringbuf import open_table
 from .writer import CaptureWriter
@@ -40,7 +41,7 @@ NAMES_PAGES = 64
 
 #: files a capture writes; --force removes these (and only these) first
 CAPTURE_FILES = ("manifest.json", "events-*.parquet", "names.parquet", "processes.parquet",
-                 "libraries.parquet", "aggregate.parquet")
+                 "libraries.parquet", "aggregate.parquet", "device")
 
 
 @dataclass
@@ -73,22 +74,6 @@ class Result:
 def default_out_dir() -> Path:
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())
     return Path(f"pasta-{host}-{time.strftime('%Y%m%dT%H%M%S')}")
-
-
-def prepare_out_dir(path: Path, force: bool) -> None:
-    if path.exists():
-        if not path.is_dir():
-            raise UsageError(f"output path {path} exists and is not a directory")
-        if any(path.iterdir()):
-            if not force:
-                raise UsageError(f"output directory {path} already exists", hint="use --force to overwrite it")
-            for pattern in CAPTURE_FILES:
-                for f in path.glob(pattern):
-                    f.unlink()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise PastaError(f"cannot create the output directory {path}: {e.strerror}") from None
 
 
 def alive(pid: int) -> bool:
@@ -292,23 +277,28 @@ class Session:
     def run(self) -> Result:
         opts = self.opts
         self.check()
-        prepare_out_dir(opts.out_dir, opts.force)
-        env = dict(os.environ)
-        device = None
-        if opts.device:
-            device = self._device_session()
-            env.update(device.env())
-        held = self.setup(env)
+        out = self.out = OutputDir.claim(opts.out_dir, force=opts.force, clean=CAPTURE_FILES)
+        held = None
+        try:
+            env = dict(os.environ)
+            device = None
+            if opts.device:
+                device = self._device_session()
+                env.update(device.env())
+            held = self.setup(env)
+        except BaseException:
+            out.abandon()
+            raise
         # Ctrl-C/SIGTERM only ask the loop to stop, until the manifest is complete:
         # a second Ctrl-C while we finish must not lose what was captured.
         old_handlers = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            writer = CaptureWriter(opts.out_dir, [a.symbol for a in self.apis], owner=self.owner)
+            writer = CaptureWriter(out, [a.symbol for a in self.apis])
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
                                    aggregate=opts.aggregate, buffer_pages=opts.buffer_pages)
             manifest.libraries = list(self.attached.values())
             manifest.pids = sorted(self._traced_pids)
-            manifest.write(opts.out_dir, complete=False, owner=self.owner)
+            manifest.write(out, complete=False)
             if held is not None:
                 held.release()
                 self.processes.add(held.pid)
@@ -332,7 +322,7 @@ class Session:
             from ..device.inject import DeviceSession
         except ImportError as e:
             raise PastaError(f"--device {self.opts.device}: the device side is not installed ({e})") from None
-        return DeviceSession(self.opts.device, self.opts.out_dir, command=self.opts.command)
+        return DeviceSession(self.opts.device, self.out, command=self.opts.command)
 
     def _filter(self, pid: int) -> None:
         t = self.bpf["pid_filter"]
@@ -473,10 +463,9 @@ class Session:
         for ring in self._rings:
             ring.close()
         self.detach()
-        manifest.write(self.opts.out_dir, complete=True, owner=self.owner)
-        if self.owner is not None:
-            for p in [self.opts.out_dir, *self.opts.out_dir.rglob("*")]:
-                os.chown(p, *self.owner)
+        manifest.write(self.out, complete=True)
+        self.out.hand_over(self.owner, also=[f.name for f in writer.event_files])
+        self.out.close()
         return Result(self.opts.out_dir, manifest, lost, by_kind, writer.events, names, exit_code)
 
     def _offline_names(self, writer: CaptureWriter) -> pl.DataFrame | None:

@@ -28,25 +28,26 @@ import polars as pl
 
 from .. import schema
 from ..errors import PastaError
+from ..safe_output import OutputDir
 from .decode import names_frame
 from .event_writer import frame, write_atomic
 
-#: Flush interval: the issue allows 2 s between row groups; stay well inside it.
+#: Flush interval: at most 2 s of events may be lost to a SIGKILL; stay well inside it.
 FLUSH_INTERVAL_S = 1.0
 
 
 class CaptureWriter:
     def __init__(
         self,
-        out_dir: Path,
+        out: OutputDir,
         api_names: Sequence[str],
         *,
-        owner: tuple[int, int] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ):
-        self.dir = Path(out_dir)
+        self.out = out
+        #: the capture directory, for readers (a path that cannot be redirected)
+        self.dir = out.pinned
         self.api_names = list(api_names)
-        self.owner = owner
         self.flush_interval_s = flush_interval_s
         self._pending_names: list[np.ndarray] = []
         self._all_names: list[np.ndarray] = []
@@ -56,15 +57,11 @@ class CaptureWriter:
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
         self._comms: dict[int, str] = {}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._chown(self.dir)
-        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(self.dir)]
-        if owner is not None:
-            args += [str(owner[0]), str(owner[1])]
+        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd)]
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env)
+                                      env=env, pass_fds=(out.fd,))
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
@@ -154,9 +151,5 @@ class CaptureWriter:
         return pl.concat([seen, extra.select(seen.columns).cast(schema.NAMES_SCHEMA)], how="vertical")
 
     def write_frame(self, path: Path, data: pl.DataFrame) -> None:
-        """Write ``data`` to ``path`` atomically (hidden temporary name, then rename)."""
-        write_atomic(path, data, self.owner)
-
-    def _chown(self, path: Path) -> None:
-        if self.owner is not None:
-            os.chown(path, *self.owner)
+        """Write ``data`` to ``path``, a file of the capture directory, atomically."""
+        write_atomic(self.out, path.name, data)

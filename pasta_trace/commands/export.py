@@ -4,14 +4,14 @@ timeline as a trace for ui.perfetto.dev / chrome://tracing, or as CSV files."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 from .. import merge
-from ..errors import PastaError, UsageError
+from ..errors import UsageError
 from ..read import Capture
+from ..safe_output import OutputDir, OutputFile, invoking_user
 
 HELP = "a capture or timeline as a Perfetto trace, Chrome trace JSON, or CSV files"
 EXAMPLES = """\
@@ -34,18 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
 
 
-def _owned(path: Path) -> None:
-    """Written under sudo: the file belongs to the user who ran sudo."""
-    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-    if os.geteuid() == 0 and uid and gid:
-        os.chown(path, int(uid), int(gid))
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    _owned(tmp)
-    os.replace(tmp, final)
-
-
 def output_path(path: str, fmt: str, out: Path | None) -> Path:
     if out is not None:
         return out
@@ -53,31 +41,29 @@ def output_path(path: str, fmt: str, out: Path | None) -> Path:
     return Path((src.stem if src.suffix == ".parquet" else src.name) + FORMATS[fmt])
 
 
-def _check_output(out: Path, fmt: str, force: bool) -> None:
-    if out.exists() and not force:
-        raise PastaError(f"{out} exists", hint="use --force to overwrite it, or -o to choose another name")
-    if out.exists() and (fmt == "csv") != out.is_dir():
-        raise PastaError(f"{out} exists and is not a {'directory' if fmt == 'csv' else 'file'}")
-    if not out.parent.is_dir():
-        raise PastaError(f"{out.parent}: no such directory")
+def _target(out: Path, fmt: str, force: bool) -> OutputDir | OutputFile:
+    """The output, checked (and for csv created) before any work."""
+    if fmt == "csv":
+        return OutputDir.claim(out, force=force, reuse_empty=False)
+    return OutputFile(out, force=force, example=f"trace{FORMATS[fmt]}")
 
 
 OPEN_HINT = {"perfetto": "open it at https://ui.perfetto.dev (Open trace file)",
              "chrome": "open it at chrome://tracing or https://ui.perfetto.dev"}
 
 
-def _csv(cap: Capture, out: Path) -> tuple[str, list[str]]:
+def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
     from ..export import csv
 
-    out.mkdir(exist_ok=True)
-    _owned(out)
-    results = csv.write(cap, out, _publish)
+    results = csv.write(cap, out)
+    out.hand_over(invoking_user())
+    out.close()
     empty = [r.tool.name for r in results if r.note]
     notes = [f"note: {', '.join(empty)}: header only (they need device data)"] if empty else []
     return f"events.csv and {len(results)} tool tables", notes
 
 
-def _trace(cap: Capture, out: Path, fmt: str) -> tuple[str, list[str]]:
+def _trace(cap: Capture, out: OutputFile, fmt: str) -> tuple[str, list[str]]:
     from ..export import chrome, perfetto, trace_model
 
     model = trace_model.build(cap)
@@ -87,25 +73,21 @@ def _trace(cap: Capture, out: Path, fmt: str) -> tuple[str, list[str]]:
     if fmt == "chrome" and model.n_events > chrome.LARGE_EVENTS:
         print(f"pasta-trace: warning: {model.n_events} events make a large JSON trace that chrome://tracing "
               "may not load; --format perfetto is smaller and faster", file=sys.stderr)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        n = (perfetto if fmt == "perfetto" else chrome).write_file(model, tmp)
-        _publish(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return f"{n} events", [OPEN_HINT[fmt]]
+    written: list[int] = []
+    out.write(lambda path: written.append((perfetto if fmt == "perfetto" else chrome).write_file(model, Path(path))))
+    return f"{written[0]} events", [OPEN_HINT[fmt]]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         raise UsageError(f"unknown format {args.format!r}; choose one of: {', '.join(FORMATS)}")
     out = output_path(args.path, args.format, args.output)
-    _check_output(out, args.format, args.force)
+    target = _target(out, args.format, args.force)
     cap = merge.load(args.path)
     for problem in cap.problems:
         print(f"pasta-trace: warning: {problem}", file=sys.stderr)
     t0 = time.perf_counter()
-    what, hints = _csv(cap, out) if args.format == "csv" else _trace(cap, out, args.format)
+    what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     for line in hints:
         print(line, file=sys.stderr)

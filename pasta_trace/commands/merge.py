@@ -42,20 +42,30 @@ def _rows(cap) -> int:
     return sum(f.select(pl.len()).collect().item() for f in frames)
 
 
+def _inputs(src: Path, device_files: list[Path]):
+    cap = open_capture(src)
+    if device_files:
+        missing = [str(f) for f in device_files if not f.is_file()]
+        if missing:
+            raise FormatError(f"{missing[0]}: no such device record file")
+        frames, problems = read_device(list(device_files))
+        cap.device.update(frames)
+        cap.problems.extend(problems)
+    return cap
+
+
 def run(args: argparse.Namespace) -> int:
     if args.tolerance_us < 0:
         raise UsageError("--tolerance-us must be >= 0")
     src = Path(args.capture)
     if merge.is_timeline(src):
         raise UsageError(f"{src} is already a merged timeline", hint="give the capture directory")
-    cap = open_capture(src)
-    if args.device_files:
-        missing = [str(f) for f in args.device_files if not f.is_file()]
-        if missing:
-            raise FormatError(f"{missing[0]}: no such device record file")
-        frames, problems = read_device(list(args.device_files))
-        cap.device.update(frames)
-        cap.problems.extend(problems)
+    out = merge.timeline_output(args.output, force=args.force)  # a bad -o fails before any work
+    try:
+        cap = _inputs(src, args.device_files)
+    except BaseException:
+        out.discard()
+        raise
     show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
     progress = _progress() if show else nullcontext(None)
     with progress as bar:
@@ -65,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             if bar:
                 bar.update(task, description=f"merging: {name}", advance=1)
 
-        stats = merge.write_timeline(cap, args.output, force=args.force, step=step,
+        stats = merge.write_timeline(cap, out, step=step,
                                      tolerance_ns=int(args.tolerance_us * 1000))
     for problem in cap.problems:
         print(f"pasta-trace: warning: {problem}", file=sys.stderr)

@@ -17,6 +17,7 @@ from rich.text import Text
 from .. import merge
 from ..errors import UsageError
 from ..export.html import write_html
+from ..safe_output import OutputFile
 from ..tools import REGISTRY
 from ..tools.render import table
 from ..tools.run import ToolResult, capture_facts, incomplete_banner, run_tools, with_merged
@@ -110,10 +111,10 @@ def _progress(total: int) -> Iterator[Callable[[str], None]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.html and args.html.exists() and not args.force:
-        raise UsageError(f"{args.html} exists", hint="use --force to overwrite it")
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    # the output is checked before any work: a bad --html fails in a second, not after the analysis
+    html = OutputFile(args.html, force=args.force, example="report.html") if args.html else None
     cap = merge.load(args.path)
     names = args.tool or list(REGISTRY)
     with _progress(len(names) + 1) as step:
@@ -128,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(to_json(facts, results) + "\n")
     elif not args.html:
         print_terminal(Console(), facts, results, args.limit)
-    if args.html:
-        write_html(args.html, cap, facts, results, force=args.force)
+    if html is not None:
+        write_html(html, cap, facts, results)
         print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)
         if banner:
             print(f"pasta-trace: warning: {banner}", file=sys.stderr)

@@ -1,24 +1,27 @@
 """Set up a device backend for a launched command, and collect its device files afterwards.
 
-    s = DeviceSession("sanitizer", capture_dir)   # raises PastaError if the backend cannot run
-    env = {**os.environ, **s.env()}                # launch the command with this environment
+    s = DeviceSession("sanitizer", out)   # out: the capture's OutputDir; PastaError if the backend cannot run
+    env = {**os.environ, **s.env()}        # launch the command with this environment
     ...
-    files = s.finish()                             # now in capture_dir/device/
+    files = s.finish()                     # now in capture_dir/device/
 
 Every traced process writes ``gpu_probes.<pid>.<backend>.bin`` into a staging
-folder (``GPU_PROBES_DIR``) that the launched user can write to; ``finish``
-moves the files into ``capture_dir/device/``, where :func:`pasta_trace.read.open_capture`
-finds them.
+folder (``GPU_PROBES_DIR``) beside the capture directory, that the launched
+user can write to (the capture directory itself is root's until the end);
+``finish`` copies each plain file of the user's into ``capture_dir/device/``,
+where :func:`pasta_trace.read.open_capture` finds them.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
 from pathlib import Path
 
 from ..errors import PastaError, UsageError
+from ..safe_output import OutputDir, invoking_user, open_adoptable
 
 BACKENDS = ("sanitizer", "nvbit", "cupti")
 
@@ -26,7 +29,6 @@ _PKG_ROOT = Path(__file__).resolve().parents[2]  # the folder holding pasta_trac
 #: written by scripts/build_gpu_probes.sh: absolute paths of the built artefacts
 DEFAULT_MANIFEST = _PKG_ROOT / "gpu_probes" / "build" / "manifest.json"
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "cupti_bootstrap"
-STAGING = "device.staging"
 _SAMPLE = re.compile(r"^(off|warp:[1-9][0-9]*|cta:[1-9][0-9]*)$")
 
 
@@ -60,7 +62,7 @@ class DeviceSession:
     def __init__(
         self,
         backend: str,
-        capture_dir: str | os.PathLike,
+        out: OutputDir,
         *,
         page_shift: int | None = None,
         sample: str | None = None,
@@ -77,8 +79,7 @@ class DeviceSession:
         if hash_slots is not None and hash_slots < 8:
             raise UsageError(f"page-hash slots {hash_slots} is too small (at least 8)")
         self.backend = backend
-        self.capture_dir = Path(capture_dir)
-        self.staging = self.capture_dir / STAGING
+        self.out = out
         self.command = command
         self._options = {
             "GPU_PROBES_PAGE_SHIFT": page_shift,
@@ -86,7 +87,8 @@ class DeviceSession:
             "GPU_PROBES_HASH_SLOTS": hash_slots,
         }
         self._env = self._backend_env(Path(manifest) if manifest else DEFAULT_MANIFEST)
-        self._make_staging()
+        # under sudo the command runs as the invoking user, who must be able to write there
+        self.staging, self._staging_fd = out.staging(invoking_user())
 
     def _backend_env(self, manifest: Path) -> dict[str, str]:
         if self.backend == "cupti" and not _is_python(self.command):
@@ -122,34 +124,35 @@ class DeviceSession:
         env.update({k: str(v) for k, v in self._options.items() if v is not None})
         return env
 
-    def _make_staging(self) -> None:
-        self.staging.mkdir(parents=True, exist_ok=True)
-        # under sudo the command runs as the invoking user, who must be able to write here
-        uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-        if os.geteuid() == 0 and uid and gid:
-            os.chown(self.staging, int(uid), int(gid))
-
     def env(self) -> dict[str, str]:
         """Variables to merge into the launched command's environment."""
         return {**self._env, "GPU_PROBES_DIR": str(self.staging)}
 
     def finish(self) -> list[Path]:
-        """Move the device files written so far into ``capture_dir/device/`` and return them."""
-        if not self.staging.is_dir():
+        """Copy the device files written so far into ``capture_dir/device/`` and return them."""
+        if self._staging_fd < 0:
             return []
-        dest = self.capture_dir / "device"
-        dest.mkdir(exist_ok=True)
+        user = invoking_user()
         out = []
-        for f in sorted(self.staging.glob("gpu_probes.*.bin")):
-            target = dest / f.name
-            n = 1
-            while target.exists():  # a pid reused within one capture: keep both
-                target = dest / f"{f.stem}.{n}{f.suffix}"
+        for name in sorted(fnmatch.filter(os.listdir(self._staging_fd), "gpu_probes.*.bin")):
+            src = open_adoptable(self._staging_fd, name, user[0] if user else None)
+            if src is None:
+                continue
+            dest = self.out.subdir("device")
+            taken = set(os.listdir(dest.fd))
+            stem, suffix = os.path.splitext(name)
+            target, n = name, 1
+            while target in taken:  # a pid reused within one capture: keep both
+                target = f"{stem}.{n}{suffix}"
                 n += 1
-            os.replace(f, target)
-            out.append(target)
-        try:
-            self.staging.rmdir()
-        except OSError:
-            pass  # something else was written there: leave it for the user to see
+            try:
+                dest.copy_in(target, src)
+            finally:
+                os.close(src)
+            os.unlink(name, dir_fd=self._staging_fd)
+            out.append(self.out.path / "device" / target)
+        os.close(self._staging_fd)
+        self._staging_fd = -1
+        # something else written there stays for the user to see
+        self.out.remove_staging(self.staging.name)
         return out

@@ -7,12 +7,10 @@ as JSON objects, binary as hex, categoricals as their strings.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable
-
 import polars as pl
 
 from ..read import Capture
+from ..safe_output import OutputDir
 from ..tools.run import ToolResult, run_tools
 
 
@@ -35,18 +33,12 @@ def flat(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.select(out)
 
 
-def write(cap: Capture, out_dir: Path, publish: Callable[[Path, Path], None],
-          names: list[str] | None = None) -> list[ToolResult]:
-    """events.csv, then one CSV per tool, into `out_dir`.  Each file is written
-    beside its final name and handed to `publish(tmp, final)`, which renames
-    it, so a reader never sees half a file.  Returns the tools' results."""
-    tmp = out_dir / ".events.csv.tmp"
-    cap.events.sink_csv(tmp)  # streams: the capture may be larger than memory
-    publish(tmp, out_dir / "events.csv")
+def write(cap: Capture, out: OutputDir, names: list[str] | None = None) -> list[ToolResult]:
+    """events.csv, then one CSV per tool, into `out`.  Each file is written
+    to a temporary and renamed, so a reader never sees half a file.  Returns
+    the tools' results."""
+    out.write_atomic("events.csv", cap.events.sink_csv)  # streams: the capture may be larger than memory
     results = run_tools(cap, names)
     for r in results:
-        final = out_dir / f"{r.tool.name}.csv"
-        tmp = out_dir / f".{final.name}.tmp"
-        flat(r.frame).write_csv(tmp)
-        publish(tmp, final)
+        out.write_atomic(f"{r.tool.name}.csv", flat(r.frame).write_csv)
     return results

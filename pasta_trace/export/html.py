@@ -5,15 +5,14 @@ plots as inline SVG."""
 
 from __future__ import annotations
 
-import os
 from html import escape
 from pathlib import Path
 
 import polars as pl
 
 from .. import __version__, merge
-from ..errors import PastaError, UsageError
 from ..read import Capture
+from ..safe_output import OutputFile
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
 from ..tools.render import cell, human_ns
@@ -156,19 +155,13 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
     )
 
 
-def write_html(out: Path, cap: Capture, facts: dict, results: list[ToolResult], force: bool = False) -> Path:
+def write_html(out: OutputFile, cap: Capture, facts: dict, results: list[ToolResult]) -> Path:
     """Write the report atomically (a reader never sees half a page)."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise UsageError(f"{out} exists", hint="use --force to overwrite it")
-    if not out.parent.is_dir():
-        raise PastaError(f"{out.parent}: no such directory")
-    text = render_html(cap, facts, results)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    owner = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-    if os.geteuid() == 0 and all(owner):
-        # written under sudo: the file belongs to the user who ran sudo
-        os.chown(tmp, int(owner[0]), int(owner[1]))
-    os.replace(tmp, out)
-    return out
+    text = render_html(cap, facts, results).encode()
+
+    def write(path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(text)
+
+    out.write(write)
+    return out.path

@@ -13,10 +13,10 @@ from .attribution import Segments, segments
 from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, stats
-from .timeline import is_timeline, load, write_timeline
+from .timeline import is_timeline, load, timeline_output, write_timeline
 
 __all__ = [
     "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "alloc_touches", "allocations",
     "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
-    "load", "segments", "stats", "working_set", "write_timeline",
+    "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",
 ]

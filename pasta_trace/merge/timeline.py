@@ -13,16 +13,15 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Callable
 
 import polars as pl
 
 from .. import __version__, schema
-from ..errors import FormatError, UsageError
+from ..errors import FormatError
 from ..read import Capture, check_version, device_parquet, open_capture, scan_frames
+from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
@@ -66,36 +65,27 @@ def load(path: str | Path) -> Capture:
     )
 
 
-def _check_output(out: Path, force: bool) -> None:
-    if not out.exists() and not out.is_symlink():
-        return
-    if not force:
-        raise UsageError(f"{out} exists", hint="use --force to replace it")
-    if out.is_dir() and not is_timeline(out):
-        raise UsageError(f"{out} is a directory but not a pasta-trace timeline; refusing to replace it")
+def timeline_output(out: str | Path, *, force: bool = False) -> StagedDir:
+    """Where write_timeline writes: checked (exists without --force, a
+    directory that is not a timeline, read-only) before any work."""
+    return StagedDir(Path(out), force=force, replaceable=is_timeline, kind="a pasta-trace timeline")
 
 
-def write_timeline(cap: Capture, out: str | Path, *, force: bool = False,
+def write_timeline(cap: Capture, out: str | Path | StagedDir, *, force: bool = False,
                    step: Callable[[str], None] = lambda _name: None,
                    tolerance_ns: int = TOLERANCE_NS) -> MergeStats:
-    """Merge `cap` into a timeline directory at `out`.  Lazy end to end: each
-    frame is sunk to Parquet by the streaming engine.  Written into a
-    temporary sibling and renamed at the end, so a failed merge leaves no
-    half timeline (and never touches the capture)."""
-    out = Path(out)
-    _check_output(out, force)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "device").mkdir(parents=True)
+    """Merge `cap` into a timeline directory at `out` (a path, or
+    timeline_output(path) checked earlier).  Lazy end to end: each frame is
+    sunk to Parquet by the streaming engine.  Written into a hidden sibling
+    and renamed at the end, so a failed merge leaves no half timeline (and
+    never touches the capture)."""
+    staged = out if isinstance(out, StagedDir) else timeline_output(out, force=force)
     try:
-        stats = _write(cap, tmp, step, tolerance_ns)
-        if out.is_dir():
-            shutil.rmtree(out)
-        elif out.exists() or out.is_symlink():
-            out.unlink()
-        tmp.rename(out)
+        staged.dir.subdir("device")
+        stats = _write(cap, staged.dir.pinned, step, tolerance_ns)
+        staged.commit()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staged.discard()
         raise
     return stats
 

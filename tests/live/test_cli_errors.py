@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from cli_run import ROOT, cli, one_error_line  # tests/fixtures/cli_run.py
+
 NOBODY = 65534
 
 
@@ -32,29 +33,6 @@ def _skip_reason() -> str | None:
 
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
-
-
-def cli(*args: str, prefix: tuple[str, ...] = (), python: str = sys.executable, env: dict | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([*prefix, python, "-m", "pasta_trace.cli", *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("pasta-trace: error: "), r.stderr
-    assert "Traceback" not in r.stderr
-    return lines[0]
-
-
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen(["sleep", "60"])
-    yield p
-    p.kill()
-    p.wait()
 
 
 def test_not_root_is_exit_77_with_the_sudo_hint_and_the_capabilities(sleeper, tmp_path):

@@ -16,6 +16,7 @@ from pasta_trace.capture.discovery import family_of
 from pasta_trace.capture.processes import container_id
 from pasta_trace.capture.writer import CaptureWriter
 from pasta_trace.read import open_capture
+from pasta_trace.safe_output import OutputDir
 
 APIS = ["cuLaunchKernel", "cuMemAlloc_v2", "cuMemcpyHtoD_v2", "cuModuleGetFunction", "cuKernelGetFunction"]
 
@@ -101,7 +102,7 @@ def test_name_bytes_after_the_nul_are_ignored():
 
 
 def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
-    w = CaptureWriter(tmp_path, APIS)
+    w = CaptureWriter(OutputDir.claim(tmp_path, force=False), APIS)
     w.add_events(np.concatenate([_launch(1, 0xA), _launch(2, 0xB)]))
     w.flush()
     w.add_events(_alloc(3, 0x7000, 512))
@@ -122,7 +123,7 @@ def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
 
 
 def test_flush_with_nothing_pending_writes_no_file(tmp_path):
-    w = CaptureWriter(tmp_path, APIS)
+    w = CaptureWriter(OutputDir.claim(tmp_path, force=False), APIS)
     w.flush()
     w.close()
     assert list(tmp_path.iterdir()) == []
@@ -131,14 +132,15 @@ def test_flush_with_nothing_pending_writes_no_file(tmp_path):
 def test_manifest_complete_is_written_atomically_last(tmp_path):
     start = mf.ClockSample.now()
     m = mf.Manifest(command_line=["pasta-trace", "-p", "1"], mode="pid", start=start, pids=[1])
-    m.write(tmp_path, complete=False)
+    out = OutputDir.claim(tmp_path, force=False)
+    m.write(out, complete=False)
     first = json.loads((tmp_path / "manifest.json").read_text())
     assert first["complete"] is False and first["counts"] == {}
     m.end = mf.ClockSample.now()
     m.counts = mf.counts(events=5, names=2, lost=(3, 1, 0), by_kind={"launch": 5})
     m.libraries = [mf.LibraryEntry("/usr/lib/libcuda.so.1", "/proc/1/root/usr/lib/libcuda.so.1", 1, 2, "ab",
                                    "cuda", ["cuLaunchKernel"], ["cuLaunchKernelEx"], {"cuLaunchKernel": 10})]
-    m.write(tmp_path, complete=True)
+    m.write(out, complete=True)
     data = json.loads((tmp_path / "manifest.json").read_text())
     assert data["complete"] is True
     assert data["format_version"] == "1.0"

@@ -20,6 +20,11 @@ from pasta_trace.device.writer import DeviceFileWriter
 
 cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed")
 ROOT = Path(__file__).resolve().parents[2]
+from pasta_trace.safe_output import OutputDir
+
+
+def _out(path):
+    return OutputDir.claim(path, force=False)
 
 
 def _driver_present() -> bool:
@@ -144,7 +149,7 @@ def _run_traced(session: DeviceSession, code: str, extra_env: dict[str, str] | N
 @pytest.mark.parametrize("status", [0, 3])
 def test_traced_program_goes_on_without_driver(tmp_path, status):
     cap = tmp_path / "cap"
-    s = DeviceSession("cupti", cap)
+    s = DeviceSession("cupti", _out(cap))
     # run from a folder without pasta_trace: the bootstrap must find it through PASTA_TRACE_PYTHONPATH
     r = _run_traced(s, f"import sys; print('traced program ran'); sys.exit({status})", cwd=tmp_path)
     assert r.returncode == status
@@ -155,8 +160,7 @@ def test_traced_program_goes_on_without_driver(tmp_path, status):
     )
     # decided: no file at all when CUPTI is unavailable
     assert s.finish() == []
-    assert sorted(p.name for p in cap.iterdir()) == ["device"]
-    assert list((cap / "device").iterdir()) == []
+    assert list(cap.iterdir()) == [] and not s.staging.exists()
 
 
 def _vendor_libcuda() -> Path:
@@ -173,7 +177,7 @@ def test_traced_program_goes_on_with_a_driver_too_old_for_cupti(tmp_path):
     version = (lib.parents[5] / "VERSION").read_text().strip() if (lib.parents[5] / "VERSION").exists() else ""
     if not version.startswith("535."):
         pytest.skip(f"expected the 535 driver library, found {version or 'no VERSION'}")
-    s = DeviceSession("cupti", tmp_path / "cap")
+    s = DeviceSession("cupti", _out(tmp_path / "cap"))
     r = _run_traced(s, "print('still here')", {"LD_LIBRARY_PATH": str(lib.parent)}, cwd=tmp_path)
     assert (r.returncode, r.stdout, r.stderr) == (
         0, "still here\n", "CUPTI unavailable: only CUDA 13.0 or later driver is supported\n",
@@ -186,7 +190,7 @@ def test_the_shadowed_sitecustomize_still_runs(tmp_path):
     user = tmp_path / "user_site"
     user.mkdir()
     (user / "sitecustomize.py").write_text("import sys; print('user sitecustomize', file=sys.stderr)\n")
-    s = DeviceSession("cupti", tmp_path / "cap")
+    s = DeviceSession("cupti", _out(tmp_path / "cap"))
     env = s.env()
     r = _run_traced(s, "print('main')", {"PYTHONPATH": env["PYTHONPATH"] + os.pathsep + str(user)}, cwd=tmp_path)
     assert (r.returncode, r.stdout) == (0, "main\n")

@@ -9,9 +9,14 @@ import pytest
 
 from pasta_trace import schema
 from pasta_trace.device import read_device_files
-from pasta_trace.device.inject import BOOTSTRAP_DIR, DEFAULT_MANIFEST, STAGING, DeviceSession
+from pasta_trace.device.inject import BOOTSTRAP_DIR, DEFAULT_MANIFEST, DeviceSession
 from pasta_trace.device.writer import DeviceFileWriter, device_file_name
 from pasta_trace.errors import EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
+from pasta_trace.safe_output import OutputDir
+
+
+def _out(path):
+    return OutputDir.claim(path, force=False)
 
 
 @pytest.fixture
@@ -30,19 +35,20 @@ def built(tmp_path):
 
 
 def test_sanitizer_env(tmp_path, built):
-    s = DeviceSession("sanitizer", tmp_path / "cap", page_shift=12, sample="warp:32", hash_slots=8192, manifest=built)
+    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), page_shift=12, sample="warp:32", hash_slots=8192, manifest=built)
     assert s.env() == {
         "CUDA_INJECTION64_PATH": str(built.parent / "libgpu_probes_sanitizer.so"),
-        "GPU_PROBES_DIR": str(tmp_path / "cap" / STAGING),
+        "GPU_PROBES_DIR": str(s.staging),
         "GPU_PROBES_PAGE_SHIFT": "12",
         "GPU_PROBES_SAMPLE": "warp:32",
         "GPU_PROBES_HASH_SLOTS": "8192",
     }
-    assert (tmp_path / "cap" / STAGING).is_dir()
+    # beside the capture directory, which nobody but root may write in while it is recorded
+    assert s.staging.is_dir() and s.staging.parent == tmp_path and s.staging.name.startswith(".cap.device-")
 
 
 def test_options_left_out_are_not_set(tmp_path, built):
-    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
     assert set(s.env()) == {"CUDA_INJECTION64_PATH", "GPU_PROBES_DIR"}
 
 
@@ -52,32 +58,33 @@ def test_the_real_build_manifest(tmp_path):
         pytest.skip("gpu_probes not built (scripts/build_gpu_probes.sh)")
     arts = json.loads(DEFAULT_MANIFEST.read_text())["artifacts"]
     if arts.get("sanitizer"):
-        env = DeviceSession("sanitizer", tmp_path / "s").env()
+        env = DeviceSession("sanitizer", _out(tmp_path / "s")).env()
         assert env["CUDA_INJECTION64_PATH"] == arts["sanitizer"] and os.path.isabs(arts["sanitizer"])
     if arts.get("nvbit"):
-        assert DeviceSession("nvbit", tmp_path / "n").env()["LD_PRELOAD"].split(":")[0] == arts["nvbit"]
+        assert DeviceSession("nvbit", _out(tmp_path / "n")).env()["LD_PRELOAD"].split(":")[0] == arts["nvbit"]
     else:
         with pytest.raises(PastaError, match="^NVBit tool not built: set NVBIT_HOME"):
-            DeviceSession("nvbit", tmp_path / "n")
+            DeviceSession("nvbit", _out(tmp_path / "n"))
 
 
 def test_nvbit_env_keeps_an_existing_preload(tmp_path, built, monkeypatch):
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     lib = str(built.parent / "libgpu_probes_nvbit.so")
-    s = DeviceSession("nvbit", tmp_path / "cap", page_shift=16, manifest=built)
-    assert s.env() == {"LD_PRELOAD": lib, "GPU_PROBES_DIR": str(tmp_path / "cap" / STAGING), "GPU_PROBES_PAGE_SHIFT": "16"}
+    s = DeviceSession("nvbit", _out(tmp_path / "cap"), page_shift=16, manifest=built)
+    assert s.env() == {"LD_PRELOAD": lib, "GPU_PROBES_DIR": str(s.staging), "GPU_PROBES_PAGE_SHIFT": "16"}
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
-    assert DeviceSession("nvbit", tmp_path / "cap2", manifest=built).env()["LD_PRELOAD"] == f"{lib}:/usr/lib/libjemalloc.so.2"
+    assert DeviceSession("nvbit", _out(tmp_path / "cap2"), manifest=built).env()["LD_PRELOAD"] == f"{lib}:/usr/lib/libjemalloc.so.2"
 
 
 def test_cupti_env_puts_the_bootstrap_first(tmp_path, monkeypatch):
     pytest.importorskip("cupti", reason="cupti-python is not installed")
     monkeypatch.setenv("PYTHONPATH", "/opt/mine")
-    env = DeviceSession("cupti", tmp_path / "cap").env()
+    s = DeviceSession("cupti", _out(tmp_path / "cap"))
+    env = s.env()
     assert env["PYTHONPATH"] == f"{BOOTSTRAP_DIR}{os.pathsep}/opt/mine"
     assert (BOOTSTRAP_DIR / "sitecustomize.py").is_file()
     assert (os.path.isdir(os.path.join(env["PASTA_TRACE_PYTHONPATH"], "pasta_trace")), env["GPU_PROBES_DIR"]) == (
-        True, str(tmp_path / "cap" / STAGING),
+        True, str(s.staging),
     )
 
 
@@ -90,23 +97,23 @@ def test_cupti_env_puts_the_bootstrap_first(tmp_path, monkeypatch):
 )
 def test_backend_not_built(tmp_path, backend, message):
     with pytest.raises(PastaError) as e:
-        DeviceSession(backend, tmp_path / "cap", manifest=tmp_path / "no-manifest.json")
+        DeviceSession(backend, _out(tmp_path / "cap"), manifest=tmp_path / "no-manifest.json")
     assert (e.value.one_line(), e.value.exit_code) == (message, EXIT_RUNTIME)
-    assert not (tmp_path / "cap").exists()  # nothing created for a backend that cannot run
+    assert [p.name for p in tmp_path.iterdir()] == ["cap"]  # no staging for a backend that cannot run
 
 
 @pytest.mark.parametrize("path", ["gone.so", None])
 def test_manifest_naming_a_missing_or_skipped_artefact_means_not_built(tmp_path, built, path):
     built.write_text(json.dumps({"artifacts": {"sanitizer": path and str(tmp_path / path), "nvbit": None}}))
     with pytest.raises(PastaError, match="^Sanitizer backend not built: run scripts/build_gpu_probes.sh$"):
-        DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+        DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
 
 
 def test_damaged_manifest(tmp_path):
     m = tmp_path / "manifest.json"
     m.write_text("{")
     with pytest.raises(PastaError) as e:
-        DeviceSession("nvbit", tmp_path / "cap", manifest=m)
+        DeviceSession("nvbit", _out(tmp_path / "cap"), manifest=m)
     assert e.value.one_line() == (
         f"{m}: unreadable build manifest (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
         " (run scripts/build_gpu_probes.sh)"
@@ -125,14 +132,14 @@ def test_damaged_manifest(tmp_path):
 def test_usage_errors(tmp_path, built, kwargs, message):
     args = {"backend": "sanitizer", **kwargs}
     with pytest.raises(UsageError) as e:
-        DeviceSession(args.pop("backend"), tmp_path / "cap", manifest=built, **args)
+        DeviceSession(args.pop("backend"), _out(tmp_path / "cap"), manifest=built, **args)
     assert (str(e.value), e.value.exit_code) == (message, EXIT_USAGE)
 
 
 def test_finish_moves_every_process_file_into_device(tmp_path, built):
     cap = tmp_path / "cap"
-    s = DeviceSession("sanitizer", cap, manifest=built)
-    staging = cap / STAGING
+    s = DeviceSession("sanitizer", _out(cap), manifest=built)
+    staging = s.staging
     for pid in (300, 1200):
         with DeviceFileWriter(staging / device_file_name(pid, "sanitizer"), pid=pid, backend=schema.DeviceBackend.sanitizer) as w:
             w.string(1, f"kernel_of_{pid}")
@@ -148,17 +155,31 @@ def test_finish_moves_every_process_file_into_device(tmp_path, built):
 
 
 def test_finish_leaves_unexpected_files_in_staging(tmp_path, built):
-    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
     (s.staging / "core.1234").write_bytes(b"x")
     assert s.finish() == []
     assert sorted(p.name for p in s.staging.iterdir()) == ["core.1234"]
+
+
+def test_finish_takes_plain_files_only_never_a_link(tmp_path, built):
+    """The staging folder is the launched user's: a link or a second name of
+    another file planted there must not be copied into the capture."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not yours")
+    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
+    (s.staging / "gpu_probes.1.sanitizer.bin").symlink_to(victim)
+    os.link(victim, s.staging / "gpu_probes.2.sanitizer.bin")
+    os.mkfifo(s.staging / "gpu_probes.3.sanitizer.bin")
+    assert s.finish() == []
+    assert not (tmp_path / "cap" / "device").exists()
+    assert victim.read_bytes() == b"not yours"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 def test_staging_belongs_to_the_sudo_user(tmp_path, built, monkeypatch):
     monkeypatch.setenv("SUDO_UID", "65534")
     monkeypatch.setenv("SUDO_GID", "65534")
-    s = DeviceSession("sanitizer", tmp_path / "cap", manifest=built)
+    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
     st = s.staging.stat()
     assert (st.st_uid, st.st_gid) == (65534, 65534)
 
@@ -168,9 +189,9 @@ def test_cupti_without_cupti_python(tmp_path, monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # as on a machine without the wheel
     with pytest.raises(PastaError) as e:
-        DeviceSession("cupti", tmp_path / "cap")
+        DeviceSession("cupti", _out(tmp_path / "cap"))
     assert e.value.one_line() == "CUPTI backend needs cupti-python (pip install 'pasta-trace[cupti]' (cupti-python 13.0))"
-    assert not (tmp_path / "cap").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["cap"]  # no staging
 
 
 def test_cupti_for_a_non_python_command_uses_the_c_injection_library(tmp_path):
@@ -178,11 +199,11 @@ def test_cupti_for_a_non_python_command_uses_the_c_injection_library(tmp_path):
     lib.write_bytes(b"\x7fELF")
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"artifacts": {"cupti": str(lib)}}))
-    s = DeviceSession("cupti", tmp_path / "cap", manifest=manifest, command=["./vecadd", "16"])
+    s = DeviceSession("cupti", _out(tmp_path / "cap"), manifest=manifest, command=["./vecadd", "16"])
     env = s.env()
     assert env["CUDA_INJECTION64_PATH"] == str(lib)
     assert "PYTHONPATH" not in env
-    py = DeviceSession("cupti", tmp_path / "cap2", manifest=manifest, command=["/usr/bin/python3.11", "train.py"])
+    py = DeviceSession("cupti", _out(tmp_path / "cap2"), manifest=manifest, command=["/usr/bin/python3.11", "train.py"])
     assert "CUDA_INJECTION64_PATH" not in py.env()
     assert py.env()["PYTHONPATH"].split(os.pathsep)[0].endswith("cupti_bootstrap")
 
@@ -191,4 +212,4 @@ def test_cupti_for_a_non_python_command_without_the_library_is_one_line(tmp_path
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"artifacts": {"cupti": None}}))
     with pytest.raises(PastaError, match="CUPTI injection library not built"):
-        DeviceSession("cupti", tmp_path / "cap", manifest=manifest, command=["./app"])
+        DeviceSession("cupti", _out(tmp_path / "cap"), manifest=manifest, command=["./app"])

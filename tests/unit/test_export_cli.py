@@ -38,7 +38,7 @@ def test_existing_output_needs_force(tmp_path: Path, capsys: pytest.CaptureFixtu
     out.write_text("keep me")
     for fmt in ("perfetto", "chrome"):
         assert _run([str(cap), "--format", fmt, "-o", str(out)], capsys) == (
-            EXIT_RUNTIME, [f"pasta-trace: error: {out} exists (use --force to overwrite it, or -o to choose another name)"])
+            EXIT_USAGE, [f"pasta-trace: error: {out} exists (use --force to overwrite it)"])
     assert out.read_text() == "keep me"
     code, err = _run([str(cap), "--format", "chrome", "-o", str(out), "--force"], capsys)
     assert code == 0 and out.read_text().startswith('{"displayTimeUnit":"ns"')
@@ -50,7 +50,7 @@ def test_existing_csv_directory_needs_force(tmp_path: Path, capsys: pytest.Captu
     out = tmp_path / "csv"
     out.mkdir()
     assert _run([str(cap), "--format", "csv", "-o", str(out)], capsys) == (
-        EXIT_RUNTIME, [f"pasta-trace: error: {out} exists (use --force to overwrite it, or -o to choose another name)"])
+        EXIT_USAGE, [f"pasta-trace: error: output directory {out} already exists (use --force to overwrite it)"])
     assert list(out.iterdir()) == []
     assert _run([str(cap), "--format", "csv", "-o", str(out), "--force"], capsys)[0] == 0
     assert (out / "events.csv").is_file()
@@ -59,9 +59,9 @@ def test_existing_csv_directory_needs_force(tmp_path: Path, capsys: pytest.Captu
 def test_output_of_the_wrong_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cap = write_capture(tmp_path / "cap")
     assert _run([str(cap), "-o", str(cap), "--force"], capsys) == (
-        EXIT_RUNTIME, [f"pasta-trace: error: {cap} exists and is not a file"])
+        EXIT_USAGE, [f"pasta-trace: error: {cap} is a directory (give a file name, e.g. {cap}/trace.pftrace)"])
     assert _run([str(cap), "-o", str(tmp_path / "no" / "t.pftrace")], capsys) == (
-        EXIT_RUNTIME, [f"pasta-trace: error: {tmp_path / 'no'}: no such directory"])
+        EXIT_USAGE, [f"pasta-trace: error: {tmp_path / 'no'}: no such directory"])
 
 
 def test_default_output_names(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -131,8 +131,8 @@ def test_html_banner_for_lost_events(tmp_path: Path, capsys) -> None:
         (["{tmp}/empty"], EXIT_RUNTIME,
          "pasta-trace: error: {tmp}/empty: not a pasta-trace capture (no manifest.json, no events*.parquet)\n"),
         (["{tmp}/cap", "--limit", "0"], EXIT_USAGE, "pasta-trace: error: --limit must be at least 1\n"),
-        (["{tmp}/cap", "--html", "{tmp}/no/such/dir/r.html"], EXIT_RUNTIME,
-         "pasta-trace: error: {tmp}/no/such/dir: no such directory\n"),
+        (["{tmp}/cap", "--html", "{tmp}/no/such/dir/r.html"], EXIT_USAGE,
+         "pasta-trace: error: {tmp}/no: no such directory\n"),
     ],
 )
 def test_errors_are_one_line_with_exit_codes(tmp_path: Path, capsys, argv, code, message) -> None:

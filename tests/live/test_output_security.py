@@ -1,0 +1,168 @@
+"""Root must not write through anyone else's links.  Each attack on the
+output directory, played by a real unprivileged user made for the test
+against the real CLI running as root: the target file stays unchanged and
+root's, and the attacker gets a one-line refusal (exit 2) or nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from cli_run import cli, one_error_line  # tests/fixtures/cli_run.py
+from users import temporary_user, unavailable  # tests/fixtures/users.py
+
+from pasta_trace import synthetic
+
+pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
+
+SECRET = b"root's secret\n"
+
+
+@pytest.fixture(scope="module")
+def user():
+    with temporary_user() as u:
+        yield u
+
+
+@pytest.fixture
+def base():
+    """A directory everyone can pass through (like /tmp, unlike pytest's 0700
+    tmp_path), holding a root-only directory with the file to protect."""
+    d = Path(tempfile.mkdtemp(prefix="pasta-sec-"))
+    d.chmod(0o755)
+    (d / "rootonly").mkdir(mode=0o700)
+    (d / "rootonly" / "victim").write_bytes(SECRET)
+    (d / "rootonly" / "victim").chmod(0o600)
+    yield d
+    shutil.rmtree(d)
+
+
+def assert_victim_untouched(base: Path) -> None:
+    victim = base / "rootonly" / "victim"
+    st = victim.stat()
+    assert (victim.read_bytes(), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (SECRET, 0, 0, 0o600)
+    st = (base / "rootonly").stat()
+    assert (sorted(os.listdir(base / "rootonly")), st.st_uid, stat.S_IMODE(st.st_mode)) == (["victim"], 0, 0o700)
+
+
+def users_link(user, link: Path, target: Path) -> None:
+    link.symlink_to(target)
+    os.lchown(link, user.uid, user.gid)
+
+
+def test_the_launched_command_cannot_redirect_roots_writes(require_bpf, user, base):
+    """The command runs as the user while root writes the capture: links it
+    plants under the temporary and final names must not be written through
+    or chowned."""
+    out = base / "cap"
+    victim = base / "rootonly" / "victim"
+    plant = "; ".join(f"ln -s {victim} {out}/{name}" for name in (
+        ".manifest.json.tmp", ".names.parquet.tmp", ".processes.parquet.tmp", ".libraries.parquet.tmp",
+        ".events-00000.parquet.tmp", "names.parquet", "evil"))
+    r = cli("-o", str(out), "--", "sh", "-c", f"{plant} 2>/dev/null; ls {out} 2>/dev/null; exit 0",
+            env=user.sudo_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert_victim_untouched(base)
+    assert r.stdout == ""  # the user could not even list the capture while it was written
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] is True and m["launched"]["exit_code"] == 0
+    entries = sorted(os.listdir(out))
+    # libraries.parquet only where the ld.so cache has a GPU library to attach to at launch
+    assert set(entries) - {"libraries.parquet"} == {"manifest.json", "names.parquet", "processes.parquet"}
+    # handed over at the end: the user's, and only the user's to read
+    st = out.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (user.uid, user.gid, 0o700)
+    for name in entries:
+        st = (out / name).lstat()
+        assert (stat.S_ISREG(st.st_mode), st.st_uid, stat.S_IMODE(st.st_mode)) == (True, user.uid, 0o600), name
+
+
+@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("under_sudo", [False, True])
+def test_an_output_that_is_a_users_link_is_refused(user, base, sleeper, force, under_sudo):
+    link = base / "x"
+    users_link(user, link, base / "rootonly")
+    r = cli("-p", str(sleeper.pid), "-o", str(link), "-d", "1", *(["--force"] if force else []),
+            env=user.sudo_env if under_sudo else None)
+    assert r.returncode == 2
+    assert one_error_line(r) == (
+        f"pasta-trace: error: refusing {link}: {link} is a symbolic link owned by uid {user.uid} "
+        "(as root only root's links are followed: give the path it points to)")
+    assert_victim_untouched(base)
+
+
+def test_an_output_through_a_users_link_is_refused(user, base, sleeper):
+    users_link(user, base / "x", base / "rootonly")
+    r = cli("-p", str(sleeper.pid), "-o", str(base / "x" / "cap"), "-d", "1", env=user.sudo_env)
+    assert r.returncode == 2
+    assert f"refusing {base / 'x' / 'cap'}: {base / 'x'} is a symbolic link owned by uid {user.uid}" in \
+        one_error_line(r)
+    assert_victim_untouched(base)
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_directory_of_another_user_is_refused(user, base, sleeper, force):
+    """Without sudo the invoking user is root: the other user's directory
+    (which they could rearrange under us) is not written in, nor taken over."""
+    theirs = base / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, user.uid, user.gid)
+    for target in (theirs, theirs / "cap"):
+        r = cli("-p", str(sleeper.pid), "-o", str(target), "-d", "1", *(["--force"] if force else []))
+        assert r.returncode == 2
+        assert one_error_line(r) == (f"pasta-trace: error: refusing {target}: {theirs} belongs to uid "
+                                     f"{user.uid}, neither root nor you")
+    assert os.listdir(theirs) == [] and theirs.stat().st_uid == user.uid
+
+
+def test_the_invoking_users_own_directory_is_fine_and_stays_theirs(require_bpf, user, base, sleeper):
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o750)
+    os.chown(theirs, user.uid, user.gid)
+    r = cli("-p", str(sleeper.pid), "-o", str(theirs), "-d", "1", env=user.sudo_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    st = theirs.stat()
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (user.uid, 0o750)  # owner and mode given back
+    assert {(p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in theirs.iterdir()} == {(user.uid, 0o600)}
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src") / "cap"
+    synthetic.write_capture(path, synthetic.Spec(pids=1, launches=20, allocations=4, accesses=100))
+    return path
+
+
+@pytest.mark.parametrize("verb", [
+    ("report", "{cap}", "--html", "{out}", "--force"),
+    ("export", "{cap}", "--format", "perfetto", "-o", "{out}", "--force"),
+    ("export", "{cap}", "--format", "chrome", "-o", "{out}", "--force"),
+    ("merge", "{cap}", "-o", "{out}", "--force"),
+], ids=["report-html", "export-perfetto", "export-chrome", "merge"])
+def test_every_verb_refuses_a_users_link_as_its_output(user, base, capture, verb):
+    out = base / "out"
+    users_link(user, out, base / "rootonly" / "victim")
+    r = cli(*(a.format(cap=capture, out=out) for a in verb), env=user.sudo_env)
+    assert r.returncode == 2
+    assert one_error_line(r).startswith(f"pasta-trace: error: refusing {out}: {out} is a symbolic link owned by uid")
+    assert_victim_untouched(base)
+
+
+def test_files_written_under_sudo_belong_to_the_user_and_only_they_read_them(user, base, capture):
+    os.chown(base, user.uid, user.gid)  # the user's own directory, as under sudo in $HOME
+    r = cli("report", str(capture), "--html", str(base / "r.html"), env=user.sudo_env)
+    assert r.returncode == 0, r.stderr
+    r = cli("merge", str(capture), "-o", str(base / "t.parquet"), env=user.sudo_env)
+    assert r.returncode == 0, r.stderr
+    st = (base / "r.html").stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (user.uid, user.gid, 0o600)
+    owners = {p.stat().st_uid for p in [base / "t.parquet", *(base / "t.parquet").rglob("*")]}
+    assert owners == {user.uid}
+    assert stat.S_IMODE((base / "t.parquet").stat().st_mode) == 0o700
+    assert sorted(p.name for p in base.iterdir()) == ["r.html", "rootonly", "t.parquet"]  # no temporaries left
