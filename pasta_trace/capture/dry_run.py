@@ -8,17 +8,13 @@ import os
 
 from ..errors import PastaError
 from . import discovery
-from .late_load import discover_text
-from .session import NAMES_PAGES, Options, check_pids, launch_candidates
+from .options import Options
+from .probe_set import program_text
+from .targets import check_pids, launch_candidates
 
 
 def bpf_text(args: argparse.Namespace) -> str:
-    from ..probes import program
-
-    filter_pids = not args.system_wide
-    return program.build_bpf_text(
-        ring_pages=args.buffer_pages, names_pages=NAMES_PAGES, aggregate=args.aggregate, filter_pids=filter_pids
-    ) + discover_text(filter_pids=filter_pids)
+    return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide)
 
 
 def probe_plan(path: str, family: str) -> tuple[list[str], list[str]]:

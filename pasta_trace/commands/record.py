@@ -55,7 +55,7 @@ def _seconds(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.session import DEFAULT_BUFFER_PAGES
+    from ..capture.options import DEFAULT_BUFFER_PAGES
 
     who = p.add_argument_group("what to trace (one of)")
     who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from ..capture.session import Options, default_out_dir
+    from ..capture.options import Options, default_out_dir
 
     chosen = [bool(args.pid), bool(args.system_wide), bool(args.command)]
     if sum(chosen) != 1 and not args.print_bpf:

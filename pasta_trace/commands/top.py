@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 HELP = "live per-process view: launches/s, bytes allocated, copies, syncs (refreshes every second)"
@@ -30,13 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-i", "--interval", type=_seconds, default=1.0, metavar="SEC", help="refresh interval (1 s)")
 
 
-def snapshot(bpf) -> pl.DataFrame:
+def snapshot(session) -> pl.DataFrame:
     """Per (pid, kind) totals of the in-kernel aggregation so far."""
-    from .. import schema
-
-    items = list(bpf["agg"].items())  # one row per (pid, api, kernel, shape): a few thousand at most
-    keys = np.frombuffer(b"".join(bytes(k) for k, _ in items), schema.AGG_KEY.dtype)
-    vals = np.frombuffer(b"".join(bytes(v) for _, v in items), schema.AGG_VAL.dtype)
+    keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape): a few thousand at most
     return (
         pl.DataFrame({"pid": keys["pid"], "kind": keys["kind"], "count": vals["count"], "bytes": vals["bytes"]})
         .group_by("pid", "kind")
@@ -79,7 +74,8 @@ def _comm(pid: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..capture.session import Options, Session
+    from ..capture.options import Options
+    from ..capture.session import Session
 
     opts = Options(mode="pid" if args.pid else "system", out_dir=Path("."), command_line=sys.argv[:],
                    pids=args.pid or [], aggregate=True, verbose=args.verbose)
@@ -96,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     deadline = time.monotonic() + args.duration if args.duration else None
-    prev, t_prev = snapshot(session.bpf), time.monotonic()
+    prev, t_prev = snapshot(session), time.monotonic()
     comms: dict[int, str] = {}
     live = None
     if tty:
@@ -108,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
         while not stop and (deadline is None or time.monotonic() < deadline):
             end = time.monotonic() + args.interval
             while not stop and time.monotonic() < end:
-                session.watcher.poll()  # late-loaded libraries: attach, resume
+                session.poll()  # late-loaded libraries: attach, resume
                 time.sleep(0.02)
-            now, t_now = snapshot(session.bpf), time.monotonic()
+            now, t_now = snapshot(session), time.monotonic()
             for pid in now["pid"].unique().to_list():
                 comms.setdefault(pid, _comm(pid))
             table = rates(prev, now, t_now - t_prev, comms)

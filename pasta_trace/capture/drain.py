@@ -1,0 +1,93 @@
+"""The drain loop: empties the rings every POLL_INTERVAL_S into the writer,
+handles late-loaded libraries, and decides when the capture ends."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from .. import schema
+from .bpf_maps import read_lost
+from .late_load import LateLoadWatcher
+from .launch import HeldCommand
+from .ringbuf import open_table
+from .tracker import ProcessTracker
+from .writer import CaptureWriter
+
+POLL_INTERVAL_S = 0.01
+
+#: Nice value of the draining thread: it sleeps almost all the time, and when it
+#: wakes it must win the CPU from the traced threads or the ring overflows.
+DRAIN_NICE = -10
+
+
+def boost_drain_thread() -> None:
+    """Raise the calling thread's priority (Linux nice values are per thread)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, DRAIN_NICE)
+    except OSError:
+        pass  # without CAP_SYS_NICE: normal priority, a larger --buffer-pages helps instead
+
+
+class DrainLoop:
+    """Owns the event and name rings of one capture while it runs."""
+
+    def __init__(self, bpf, writer: CaptureWriter, tracker: ProcessTracker, watcher: LateLoadWatcher, *,
+                 on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None):
+        self._bpf = bpf
+        self._say = say
+        self._writer = writer
+        self._tracker = tracker
+        self._watcher = watcher
+        self._on_flush = on_flush
+        self._status = status
+        self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
+        self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
+
+    def run(self, *, stop: Callable[[], bool], held: HeldCommand | None, mode: str,
+            duration: float | None) -> int | None:
+        """Drain until ``stop()``, the duration, the launched command's exit or
+        (-p) the exit of every traced process.  Returns the command's exit code."""
+        boost_drain_thread()
+        deadline = time.monotonic() + duration if duration else None
+        exit_code = None
+        last_status = 0.0
+        while not stop():
+            self.drain()
+            self._watcher.poll()
+            now = time.monotonic()
+            if self._writer.due():
+                self._writer.flush_async()
+                self._on_flush()
+            self._tracker.rescan_if_due()
+            if self._status and now - last_status >= 0.25:
+                last_status = now
+                lost = read_lost(self._bpf)
+                self._status(f"{self._writer.events:,} events, {lost[0] + lost[1]:,} lost")
+            if deadline is not None and now >= deadline:
+                break
+            if held is not None and (code := held.poll()) is not None:
+                exit_code = code
+                break
+            if mode == "pid" and not self._tracker.alive_pids():
+                self._say("all traced processes exited")
+                break
+            time.sleep(POLL_INTERVAL_S)
+        # what the probes wrote before we stopped
+        self.drain()
+        self._watcher.disarm()
+        return exit_code
+
+    def drain(self) -> None:
+        recs = self._events.drain()
+        if recs.size:
+            self._writer.add_events(recs)
+            self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
+        self._writer.add_names(self._names.drain())
+
+    def close(self) -> None:
+        self._events.close()
+        self._names.close()

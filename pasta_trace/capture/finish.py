@@ -1,0 +1,92 @@
+"""The end of a capture: the last flush, the aggregation map, names (run-time
+and offline), the small tables, the complete manifest, and handing the
+directory over to the invoking user."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+from .. import schema
+from ..safe_output import OutputDir
+from . import manifest as mf
+from .bpf_maps import read_aggregate, read_lost
+from .launch import HeldCommand
+from .options import Options, Result
+from .probe_set import ProbeSet
+from .tracker import ProcessTracker
+from .writer import CaptureWriter
+
+
+class Finisher:
+    def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
+                 tracker: ProcessTracker, api_names: list[str]):
+        self._opts = opts
+        self._out = out
+        self._owner = owner
+        self._probes = probes
+        self._tracker = tracker
+        self._api_names = api_names
+
+    def finish(self, writer: CaptureWriter, manifest: mf.Manifest, held: HeldCommand | None,
+               exit_code: int | None, device, detach) -> Result:
+        """Write everything that is left; ``detach`` removes the probes once
+        nothing more is read from the BPF maps."""
+        writer.flush_async()
+        writer.close()
+        bpf = self._probes.bpf
+        if self._opts.aggregate:
+            self._write_aggregate(writer, bpf)
+        processes = self._tracker.processes
+        for pid, comm in writer.pids_and_comms():
+            processes.add_minimal(pid, comm)
+        for pid in list(self._tracker.traced_pids):
+            processes.add(pid)
+        names = writer.names_table(self._offline_names(writer))
+        writer.write_frame(writer.dir / "names.parquet", names)
+        self._tracker.write_processes(writer)
+        self._probes.write_libraries(writer)
+        lost = read_lost(bpf)
+        manifest.end = mf.ClockSample.now()
+        manifest.libraries = self._probes.entries()
+        manifest.pids = sorted(self._tracker.traced_pids)
+        manifest.notes = self._probes.notes
+        by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
+        manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind)
+        if held is not None:
+            manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
+        if device is not None:
+            manifest.device_files = [str(p.relative_to(self._opts.out_dir)) for p in device.finish()]
+        detach()
+        manifest.write(self._out, complete=True)
+        self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
+        self._out.close()
+        return Result(self._opts.out_dir, manifest, lost, by_kind, writer.events, names, exit_code)
+
+    def _write_aggregate(self, writer: CaptureWriter, bpf) -> None:
+        from .decode import aggregate_frame
+
+        keys, vals = read_aggregate(bpf)
+        writer.write_frame(writer.dir / "aggregate.parquet", aggregate_frame(keys, vals, self._api_names))
+
+    def _offline_names(self, writer: CaptureWriter) -> pl.DataFrame | None:
+        """Names for launch handles no run-time lookup named: host stubs found
+        in the mapped binaries (capture.symbolize).  Processes that have exited
+        are read from the maps saved while they ran."""
+        from . import symbolize
+
+        with tempfile.TemporaryDirectory(prefix="pasta-maps-") as tmp:
+            for pid, text in self._tracker.maps.items():
+                d = Path(tmp) / str(pid)
+                d.mkdir()
+                (d / "maps").write_text(text)
+                alive = Path(f"/proc/{pid}/root").exists()
+                os.symlink(f"/proc/{pid}/root" if alive else "/", d / "root")
+            try:
+                return symbolize.name_capture(writer.dir, proc=Path(tmp))
+            except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
+                self._probes.notes.append(f"offline kernel naming failed: {type(e).__name__}: {e}")
+                return None

@@ -1,0 +1,156 @@
+"""The probes of one capture: loading the BPF program, attaching it to each
+library file once, and removing it at the end."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import polars as pl
+
+from .. import schema
+from ..errors import PastaError
+from . import checks, discovery, manifest as mf
+from .late_load import OpenedLibrary, discover_text
+from .options import NAMES_PAGES, Options
+
+
+def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool) -> str:
+    """The C text of the probes and discover programs, as loaded."""
+    from ..probes import program
+
+    return program.build_bpf_text(
+        ring_pages=buffer_pages, names_pages=NAMES_PAGES, aggregate=aggregate, filter_pids=filter_pids,
+    ) + discover_text(filter_pids=filter_pids)
+
+
+def load_program(opts: Options):
+    """Compile and load the probes and discover programs (a bcc.BPF)."""
+    bcc = checks.import_bcc()
+    text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system")
+    try:
+        return bcc.BPF(text=text)
+    except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
+        raise PastaError(f"the BPF program did not load: {str(e).splitlines()[0]}",
+                         hint="run `pasta-trace doctor`") from None
+
+
+class ProbeSet:
+    """Which library files (by inode) have our probes, and what each got.
+
+    ``known`` is told each attached path, so that the discover program stops
+    no process for opening it again."""
+
+    def __init__(self, bpf, *, known: Callable[[str], None], say: Callable[[str], None], verbose: bool):
+        self.bpf = bpf
+        self._known = known
+        self._say = say
+        self._verbose = verbose
+        self.attached: dict[tuple[int, int], mf.LibraryEntry] = {}
+        self.library_rows: list[dict] = []
+        self.notes: list[str] = []
+        self._written_libs = 0
+
+    @property
+    def functions(self) -> int:
+        return sum(len(e.symbols_attached) for e in self.attached.values())
+
+    def entries(self) -> list[mf.LibraryEntry]:
+        return list(self.attached.values())
+
+    def filter_pid(self, pid: int) -> None:
+        """Let events of ``pid`` through the program's PID filter."""
+        t = self.bpf["pid_filter"]
+        t[t.Key(pid)] = t.Leaf(1)
+
+    def attach(self, lib: discovery.Library | OpenedLibrary, family: str | None = None) -> mf.LibraryEntry | None:
+        """Attach the probes to a library file unless its inode already has them."""
+        from ..probes import attach as probe_attach, elf
+
+        key = (lib.dev, lib.inode)
+        if key in self.attached:
+            return None
+        fam = family or discovery.family_of(lib.attach_path) or discovery.family_of(getattr(lib, "path", ""))
+        if fam is None:
+            return None
+        res = probe_attach.attach_library(self.bpf, lib.attach_path, fam)
+        if not res.attached and not os.path.exists(lib.attach_path):
+            return None  # the process exited between the scan and the attach: nothing to trace
+        try:
+            bid = elf.build_id(lib.attach_path)
+        except Exception:  # noqa: BLE001 - a damaged ELF: no build-id, still traced
+            bid = None
+        path = getattr(lib, "ns_path", None) or lib.path
+        entry = mf.LibraryEntry(
+            path=path, attach_path=lib.attach_path, dev=lib.dev, inode=lib.inode, build_id=bid, family=fam,
+            symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,
+            errors=res.errors,
+        )
+        self.attached[key] = entry
+        self.library_rows.append({
+            "path": path, "attach_path": lib.attach_path, "dev": lib.dev, "inode": lib.inode, "build_id": bid,
+            "family": fam, "symbols_attached": len(res.attached), "symbols_missing": len(res.missing),
+        })
+        self._known(path)
+        if self._verbose:
+            self._say(probe_attach.describe_missing(res, None))
+            if res.placements:
+                moved = {s: o for s, o in res.placements.items() if o}
+                self._say(f"  probes past the symbol (offset): {moved}" if moved else "  all probes at the symbols")
+        if not res.attached:
+            self.notes.append(f"{path}: no probe attached ({'; '.join(res.errors[:3]) or 'no probed symbol'})")
+            self._say(f"warning: {self.notes[-1]}")
+        return entry
+
+    def write_libraries(self, writer) -> None:
+        """Rewrite libraries.parquet when a library was attached since the last time."""
+        if self.library_rows and len(self.library_rows) != self._written_libs:
+            self._written_libs = len(self.library_rows)
+            writer.write_frame(writer.dir / "libraries.parquet",
+                               pl.DataFrame(self.library_rows, schema=schema.LIBRARIES_SCHEMA))
+
+    def detach(self) -> None:
+        """Remove the probes without making the user wait for the kernel.
+
+        Closing a uprobe's perf event waits for RCU grace periods: 0.1-0.25 s
+        per probe on our kernels, a minute for a few hundred probes.  A
+        detached grandchild inherits the descriptors and closes them; our own
+        copies then close at once.  (BCC's own cleanup would also try to
+        detach through tracefs's uprobe_events, which fails where tracefs is
+        not mounted.)"""
+        fds = list(self.bpf.uprobe_fds.values())
+        self.bpf.uprobe_fds.clear()
+        if fds:
+            close_in_background(fds)
+        self.bpf.cleanup()
+
+
+def close_in_background(fds: list[int]) -> None:
+    """Close ``fds`` in a detached process (double fork: no zombie, no
+    terminal), then drop this process's copies."""
+    child = os.fork()
+    if child == 0:
+        try:
+            if os.fork() == 0:
+                os.setsid()
+                # keep only the uprobes: an inherited copy of anything else (the
+                # discover tracepoints, the rings, the maps) would stay attached
+                # for as long as the removal takes
+                keep = set(fds)
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) not in keep and int(name) > 2:
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for std in (0, 1, 2):
+                    os.dup2(devnull, std)
+                with ThreadPoolExecutor(max_workers=16) as pool:
+                    list(pool.map(os.close, fds))
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    for fd in fds:
+        os.close(fd)

@@ -1,0 +1,150 @@
+"""The processes of one capture: which PIDs are traced, their forks, execs
+and exits, the maps each had, and (system-wide) the rescan for new ones."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..errors import PastaError
+from . import discovery
+from .late_load import OpenedLibrary
+from .probe_set import ProbeSet
+from .processes import ProcessTable
+from .targets import alive
+
+RESCAN_INTERVAL_S = 1.0
+
+
+class ProcessTracker:
+    def __init__(self, probes: ProbeSet, *, mode: str, pids: list[int], say: Callable[[str], None]):
+        self._probes = probes
+        self._mode = mode
+        self._pids = list(pids)  # the ones asked for with -p
+        self._say = say
+        self.processes = ProcessTable()
+        self.traced_pids: set[int] = set(pids)
+        #: each traced process's latest /proc/PID/maps: offline naming needs them after it has gone
+        self.maps: dict[int, str] = {}
+        self._seen_pids: set[int] = set()
+        self._recent_pids: set[int] = set()
+        self._last_rescan = 0.0
+
+    # ------------------------------------------------------------------ the start
+
+    def launched(self, pid: int) -> None:
+        self.traced_pids.add(pid)
+        self._probes.filter_pid(pid)
+
+    def start_pids(self) -> None:
+        """-p: attach to what each PID maps now."""
+        for pid in self._pids:
+            self._probes.filter_pid(pid)
+            self._attach_pid(pid)
+        for pid in self._pids:
+            if not alive(pid):  # exited while the program compiled: no exit event will come
+                self.on_exit(pid, time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+
+    def start_system(self) -> None:
+        """-a: attach to what every process maps now."""
+        for found in discovery.scan_all(skip={os.getpid()}):
+            for lib in found.traced:
+                self._probes.attach(lib)
+            self.processes.add(found.pid)
+            self._seen_pids.add(found.pid)
+        self._last_rescan = time.monotonic()
+
+    def _attach_pid(self, pid: int) -> None:
+        try:
+            found = discovery.scan_pid(pid)
+        except OSError:
+            raise PastaError(f"no such process: {pid}") from None
+        self.processes.add(pid)
+        for lib in found.traced:
+            self._probes.attach(lib)
+        if not found.traced:
+            others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
+            self._say(f"PID {pid} has not loaded libcuda.so or libamdhip64.so yet{others}: waiting for it to load "
+                      "one; its first call will be traced")
+
+    # ------------------------------------------------------------------ callbacks from the discover program
+
+    def on_library(self, lib: OpenedLibrary) -> None:
+        entry = self._probes.attach(lib)
+        self.processes.add(lib.pid)
+        self.save_maps([lib.pid])
+        if entry is not None:
+            self._say(f"PID {lib.pid} loaded {lib.ns_path}: attached {len(entry.symbols_attached)} probes "
+                      "before its first call")
+
+    def on_fork(self, pid: int, ppid: int, ts: int) -> None:
+        if pid != ppid:
+            self.traced_pids.add(pid)
+            self.processes.add(pid)
+
+    def on_exec(self, pid: int, cgroup_id: int) -> None:
+        if pid in self.processes:
+            self.processes.refresh(pid, cgroup_id=cgroup_id)
+        if pid in self.traced_pids:
+            self.save_maps([pid])
+
+    def on_exit(self, pid: int, ts: int) -> None:
+        if pid in self.processes:
+            self.processes.exited(pid, ts)
+        if pid in self.traced_pids and self._mode == "pid":
+            self._say(f"PID {pid} exited; still tracing the others" if self.alive_pids() else f"PID {pid} exited")
+
+    # ------------------------------------------------------------------ while draining
+
+    def alive_pids(self) -> list[int]:
+        """The -p processes still running."""
+        return [p for p in self._pids if alive(p)]
+
+    def seen_in_events(self, pids: list[int]) -> None:
+        """PIDs of the events just drained (a handful per drain)."""
+        self._recent_pids.update(pids)
+        new = [p for p in pids if p not in self._seen_pids]
+        self.save_maps(new)
+        for pid in new:
+            self._seen_pids.add(pid)
+            self.processes.add(pid)
+
+    def save_recent_maps(self) -> None:
+        self.save_maps(self._recent_pids)
+        self._recent_pids.clear()
+
+    def save_maps(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            try:
+                self.maps[pid] = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                pass
+
+    def rescan_if_due(self) -> None:
+        if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:
+            self.rescan()
+
+    def rescan(self) -> None:
+        """-a: attach to the libraries of processes that appeared since the last scan."""
+        self._last_rescan = time.monotonic()
+        for pid in discovery.all_pids():
+            if pid in self._seen_pids or pid == os.getpid():
+                continue
+            self._seen_pids.add(pid)
+            try:
+                found = discovery.scan_pid(pid)
+            except OSError:
+                continue
+            for lib in found.traced:
+                if self._probes.attach(lib) is not None:
+                    self._say(f"new library {lib.path} (PID {pid}): attached")
+            if found.traced:
+                self.processes.add(pid)
+
+    def write_processes(self, writer) -> None:
+        """Rewrite processes.parquet when a process was added or changed."""
+        if self.processes.changed:
+            self.processes.changed = False
+            writer.write_frame(writer.dir / "processes.parquet", self.processes.frame())
