@@ -41,7 +41,16 @@ BPF_TASK_STORAGE(inflight, struct pt_frames);
 
 #ifdef PT_AGGREGATE
 BPF_HASH(agg, struct pt_agg_key, struct pt_agg_val, PT_AGG_MAX);
+#endif
+#if defined(PT_AGGREGATE) || defined(PT_PYSTACKS)
+/* The event is built here; --aggregate folds it into agg, stacks hand it to
+ * the one program that walks the caller's stack and writes it (pystack.h). */
 BPF_PERCPU_ARRAY(scratch, struct pt_event, 1);
+#endif
+#ifdef PT_PYSTACKS
+/* A tail call keeps a single copy of the stack walker: inlined into every
+ * handler it made the program take 20 s more to compile and load. */
+BPF_PROG_ARRAY(pt_stack_tail, 1);
 #endif
 
 static __always_inline void pt_lost(u32 idx)
@@ -79,7 +88,7 @@ static __always_inline void pt_comm(char *dst)
  * itself (ring memory holds older records). */
 static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int clear)
 {
-#ifdef PT_AGGREGATE
+#if defined(PT_AGGREGATE) || defined(PT_PYSTACKS)
     u32 zero = 0;
     struct pt_event *e = scratch.lookup(&zero);
     if (!e)
@@ -102,6 +111,7 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int cl
 #ifndef PT_AGGREGATE
     pt_comm(e->comm);
 #endif
+    e->stack_id = 0; /* handlers that skip the memset rely on it */
     return e;
 }
 
@@ -133,10 +143,15 @@ static __always_inline void pt_aggregate(struct pt_event *e)
 }
 #endif
 
-static __always_inline void pt_close(struct pt_event *e)
+static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
 {
 #ifdef PT_AGGREGATE
     pt_aggregate(e);
+#elif defined(PT_PYSTACKS)
+    pt_stack_tail.call(ctx, 0);
+    /* reached only if the tail call failed: the event without its stack */
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
+        pt_lost(PT_LOST_EVENTS);
 #else
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 #endif
@@ -252,7 +267,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         if (!E)                                                                \
             return 0;                                                          \
         __VA_ARGS__;                                                           \
-        pt_close(E);                                                           \
+        pt_close(ctx, E);                                                           \
         return 0;                                                              \
     }
 #define PT_ENTRY(...) PT_ENTRY_Z(1, __VA_ARGS__)
@@ -291,7 +306,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         if (!E)                                                                \
             return 0;                                                          \
         __VA_ARGS__;                                                           \
-        pt_close(E);                                                           \
+        pt_close(ctx, E);                                                           \
         return 0;                                                              \
     }
 

@@ -27,7 +27,7 @@ import polars as pl
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 0)
+CAPTURE_FORMAT_VERSION = (1, 1)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -53,36 +53,53 @@ _CTYPES: dict[str, tuple[str, str, pl.DataType]] = {
 @dataclass(frozen=True)
 class Field:
     name: str
-    ctype: str  # a key of _CTYPES, or "char[N]"
+    ctype: str  # a key of _CTYPES, "char[N]" (a C string), or "<key>[N]" (an array of N)
     unit: str = ""
     doc: str = ""
 
     @property
+    def _array(self) -> tuple[str, int] | None:
+        base, sep, rest = self.ctype.partition("[")
+        return (base, int(rest[:-1])) if sep else None
+
+    @property
     def array_len(self) -> int | None:
-        if self.ctype.startswith("char["):
-            return int(self.ctype[5:-1])
-        return None
+        """Length of a char[N] string field (bytes in Parquet), else None."""
+        a = self._array
+        return a[1] if a and a[0] == "char" else None
+
+    @property
+    def element(self) -> str:
+        """The C type key of one element (the field itself when scalar)."""
+        a = self._array
+        return a[0] if a else self.ctype
+
+    @property
+    def count(self) -> int:
+        a = self._array
+        return a[1] if a else 1
 
     @property
     def size(self) -> int:
-        n = self.array_len
-        if n is not None:
-            return n
-        return np.dtype(_CTYPES[self.ctype][0]).itemsize
+        if self.element == "char":
+            return self.count
+        return np.dtype(_CTYPES[self.element][0]).itemsize * self.count
 
     @property
     def align(self) -> int:
-        return 1 if self.array_len is not None else self.size
+        return 1 if self.element == "char" else np.dtype(_CTYPES[self.element][0]).itemsize
 
     def c_decl(self) -> str:
-        n = self.array_len
-        if n is not None:
-            return f"char {self.name}[{n}];"
-        return f"{_CTYPES[self.ctype][1]} {self.name};"
+        if self.element == "char":
+            return f"char {self.name}[{self.count}];"
+        dims = f"[{self.count}]" if self._array else ""
+        return f"{_CTYPES[self.element][1]} {self.name}{dims};"
 
     def np_type(self):
-        n = self.array_len
-        return f"S{n}" if n is not None else _CTYPES[self.ctype][0]
+        if self.element == "char":
+            return f"S{self.count}"
+        base = _CTYPES[self.element][0]
+        return (base, (self.count,)) if self._array else base
 
 
 @dataclass(frozen=True)
@@ -245,6 +262,7 @@ HOST_EVENT = Record(
             ("shmem", "u32", "bytes", "dynamic shared memory"),
             ("aux", "u32", "", "API-specific: alloc flags, memset value, event/ctx low bits"),
             ("comm", f"char[{COMM_LEN}]", "", "task comm"),
+            ("stack_id", "u64", "", "the caller's stack in stacks.parquet; 0 = none"),
         ]
     ),
     "one traced API call, as written into the events ring buffer",
@@ -331,6 +349,101 @@ DISCOVER_EVENT = Record(
     ),
     "late-load / process-lifetime notification, written into the discover_events ring buffer",
 )
+
+# --------------------------------------------------------------------------- stacks
+
+#: --stack-depth: frames kept per Python stack (deeper stacks keep the
+#: innermost ones and are marked truncated).
+DEFAULT_STACK_DEPTH = 64
+MAX_STACK_DEPTH = 256
+
+
+class StackKind(enum.IntEnum):
+    """What a frame of stacks.parquet is (`kind` column)."""
+
+    python = 0
+    native = 1
+
+
+STACK_KIND_NAMES = [k.name for k in StackKind]
+
+#: pt_pystack `flags` bits.
+STACK_FLAG_TRUNCATED = 1 << 0  # the thread had more frames than --stack-depth
+
+#: Indices of the per-CPU `py_stats` counters of bpf/pystack.h.
+PY_STATS = {
+    "lost_stacks": 0,  # a new stack found the stacks ring full: its events carry no stack_id
+    "unreadable_stacks": 1,  # a Python thread whose frames could not be read (fault, freed memory)
+    "no_python_thread": 2,  # events of a Python process from a thread without a PyThreadState (not a loss)
+    "truncated_stacks": 3,  # events whose stack was cut at --stack-depth
+}
+
+#: Marks an unused offset in pt_py_proc (no _PyCFrame hop, no owner to filter).
+PY_NO_OFFSET = 0xFFFF
+
+PY_PROC = Record(
+    "pt_py_proc",
+    _fields(
+        [
+            ("runtime", "u64", "", "address of _PyRuntime in the process"),
+            ("version", "u32", "", "PY_VERSION_HEX"),
+            ("code_tag", "u32", "", "low bits to clear from the frame's code pointer (3.14 _PyStackRef tags)"),
+            ("runtime_interp_head", "u16", "bytes", "_PyRuntimeState.interpreters.head"),
+            ("interp_next", "u16", "bytes", "PyInterpreterState.next"),
+            ("interp_threads_head", "u16", "bytes", "PyInterpreterState.threads.head"),
+            ("tstate_next", "u16", "bytes", "PyThreadState.next"),
+            ("tstate_native_tid", "u16", "bytes", "PyThreadState.native_thread_id"),
+            ("tstate_frame", "u16", "bytes", "PyThreadState.cframe (3.11/3.12) or .current_frame (3.13+)"),
+            ("cframe_frame", "u16", "bytes", "_PyCFrame.current_frame, or PY_NO_OFFSET"),
+            ("frame_code", "u16", "bytes", "_PyInterpreterFrame.f_code / f_executable"),
+            ("frame_previous", "u16", "bytes", "_PyInterpreterFrame.previous"),
+            ("frame_instr", "u16", "bytes", "_PyInterpreterFrame.prev_instr / instr_ptr"),
+            ("frame_owner", "u16", "bytes", "_PyInterpreterFrame.owner"),
+            ("pad", "u16", "", ""),
+        ]
+    ),
+    "per-process interpreter layout: value of the py_procs BPF map, keyed by tgid",
+)
+
+
+def py_stack_record(depth: int = DEFAULT_STACK_DEPTH) -> Record:
+    """The pystacks ring record for --stack-depth ``depth``: one new
+    (deduplicated) Python stack, innermost frame first."""
+    if not 1 <= depth <= MAX_STACK_DEPTH:
+        raise ValueError(f"stack depth {depth} is not in 1..{MAX_STACK_DEPTH}")
+    return Record(
+        "pt_pystack",
+        _fields(
+            [
+                ("stack_id", "u64", "", "hash of (pid, frames); the events' stack_id"),
+                ("pid", "u32", "", "tgid"),
+                ("tid", "u32", "", "thread that first had this stack"),
+                ("depth", "u16", "", "frames recorded"),
+                ("flags", "u16", "", "STACK_FLAG_* bits"),
+                ("pad", "u32", "", ""),
+                ("code", f"u64[{depth}]", "", "code object of each frame (f_code / f_executable, untagged)"),
+                ("instr", f"u64[{depth}]", "", "instruction pointer of each frame"),
+                ("owner", f"u8[{(depth + 7) // 8 * 8}]", "", "frame owner (C-stack shims are dropped offline)"),
+            ]
+        ),
+        "a Python stack, written into the pystacks ring the first time it is seen",
+    )
+
+
+def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
+    """C text bpf/pystack.h needs: its records, flags and counter indices."""
+    out = [
+        "/* Generated from pasta_trace/schema.py: do not edit. */",
+        f"#define PT_STACK_DEPTH {depth}",
+        f"#define PT_STACK_FLAG_TRUNCATED {STACK_FLAG_TRUNCATED}",
+        f"#define PT_PY_NO_OFFSET {PY_NO_OFFSET}",
+        *(f"#define PT_PY_{name.upper()} {i}" for name, i in PY_STATS.items()),
+        f"#define PT_PY_NSTATS {len(PY_STATS)}",
+        PY_PROC.c_struct(),
+        py_stack_record(depth).c_struct(),
+    ]
+    return "\n".join(out) + "\n"
+
 
 # --------------------------------------------------------------------------- device records (TLV)
 
@@ -656,6 +769,21 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "src": pl.UInt64,
     "copy_kind": pl.Enum(COPY_KIND_NAMES),
     "aux": pl.UInt32,
+    "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
+}
+
+#: stacks.parquet: one row per frame of each distinct stack.
+STACKS_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.UInt32,
+    "stack_id": pl.UInt64,
+    "depth": pl.UInt16,  # 0 = the innermost frame, the one that made the call
+    "kind": pl.Enum(STACK_KIND_NAMES),
+    "function": pl.String,  # qualname (Python) or symbol (native); null: could not be read
+    "file": pl.String,
+    "line": pl.UInt32,
+    "module": pl.String,  # library path of a native frame; null for Python frames
+    "addr": pl.UInt64,  # code object (Python) or instruction address (native)
+    "truncated": pl.Boolean,  # the stack was deeper than --stack-depth (same on every row of it)
 }
 
 NAMES_SCHEMA: dict[str, pl.DataType] = {

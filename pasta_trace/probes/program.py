@@ -12,9 +12,13 @@ from pasta_trace.probes import catalog, offsets
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
 SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c")
+STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
+STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
+#: pystacks ring: only new stacks go there (~1 KiB each at depth 64)
+DEFAULT_STACK_PAGES = 256
 AGG_MAX = 65536
 PID_FILTER_MAX = 4096
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
@@ -77,9 +81,13 @@ def build_bpf_text(
     aggregate: bool = False,
     filter_pids: bool = False,
     apis: tuple[catalog.Api, ...] = catalog.APIS,
+    stack_depth: int | None = None,
+    stack_pages: int = DEFAULT_STACK_PAGES,
 ) -> str:
     """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
-    are compiled (attach only those); their ids stay the catalog's."""
+    are compiled (attach only those); their ids stay the catalog's.
+    ``stack_depth``: record the caller's Python stack on every event, up to
+    that many frames (bpf/pystack.h); None: no stacks."""
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
     config = [
@@ -95,7 +103,15 @@ def build_bpf_text(
         config.append("#define PT_AGGREGATE 1")
     if filter_pids:
         config.append("#define PT_FILTER_PIDS 1")
+    stacks = stack_depth is not None and not aggregate  # --aggregate keeps no events to carry them
+    if stacks:
+        _power_of_two("stack_pages", stack_pages)
+        config += ["#define PT_PYSTACKS 1", f"#define PT_PYSTACK_PAGES {stack_pages}"]
     parts = [schema.bpf_c_header(), "\n".join(config) + "\n", offsets.c_defines()]
+    if stacks:
+        parts.append(schema.stacks_c_header(stack_depth))
     parts += [(BPF_DIR / s).read_text() for s in SOURCES]
+    if stacks:
+        parts.append((BPF_DIR / STACK_SOURCE).read_text())
     parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(instantiation(a) + "\n" for a in apis))
     return "\n".join(parts)

@@ -1,0 +1,145 @@
+"""Find the CPython interpreter of a running process: the file that defines
+``_PyRuntime`` (the python executable, static like Debian's ET_EXEC
+/usr/bin/python3.11, or ``libpython3.X.so`` for pyenv and conda builds), its
+load bias, its version and its layout.
+
+Files are opened through /proc/PID/map_files (the file the process really
+mapped, also inside a container or a venv, even when deleted), falling back
+to /proc/PID/root/PATH."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from .offsets import DEBUG_GROUPS, PyLayout, Unsupported, debug_offsets_size, layout_for
+
+#: python3.12, python3.12d, libpython3.12.so.1.0, libpython3.12d.so ...
+_PYTHON_FILE = re.compile(r"^(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*)?$")
+
+
+class NotPython(Exception):
+    """The process maps no CPython 3 interpreter."""
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    pid: int
+    path: str  # as the process sees it
+    version: int  # PY_VERSION_HEX
+    runtime: int  # address of _PyRuntime
+    code_type: int  # address of PyCode_Type (0: unknown): code objects are checked against it
+    layout: PyLayout
+
+    @property
+    def version_text(self) -> str:
+        v = self.version
+        return f"{v >> 24}.{(v >> 16) & 0xFF}.{(v >> 8) & 0xFF}"
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+def _mappings(pid: int, proc: Path) -> list[_Mapping]:
+    out = []
+    for line in (proc / str(pid) / "maps").read_text().splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        lo, _, hi = parts[0].partition("-")
+        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
+    return out
+
+
+def _open_mapped(pid: int, proc: Path, path: str, maps: list[_Mapping]):
+    """A binary file object of ``path`` as mapped by ``pid``."""
+    m = next((m for m in maps if m.path == path), None)
+    if m is not None:
+        try:
+            return open(proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}", "rb")
+        except OSError:
+            pass
+    return open(proc / str(pid) / "root" / path.lstrip("/"), "rb")
+
+
+def _symbols(elf: ELFFile, names: set[str]) -> dict[str, int]:
+    """Defined symbols of ``names`` (st_value), from .dynsym then .symtab."""
+    found: dict[str, int] = {}
+    for sec_name in (".dynsym", ".symtab"):
+        sec = elf.get_section_by_name(sec_name)
+        if sec is None:
+            continue
+        for name in names - found.keys():
+            for sym in sec.get_symbol_by_name(name) or []:
+                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
+                    found[name] = sym["st_value"]
+                    break
+    return found
+
+
+def _bias(elf: ELFFile, maps: list[_Mapping], path: str) -> int:
+    """Load bias: where the file's address 0 is in the process."""
+    loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+    first = next((m for m in maps if m.path == path and m.offset == 0), None)
+    if first is None or not loads:
+        raise Unsupported(f"{path}: its first segment is not mapped")
+    seg = min(loads, key=lambda s: s["p_offset"])
+    return first.start - (seg["p_vaddr"] - seg["p_offset"])
+
+
+def read_memory(pid: int, addr: int, size: int, proc: Path = Path("/proc")) -> bytes:
+    fd = os.open(proc / str(pid) / "mem", os.O_RDONLY)
+    try:
+        return os.pread(fd, size, addr)
+    finally:
+        os.close(fd)
+
+
+def find(pid: int, proc: Path = Path("/proc")) -> Interpreter:
+    """The interpreter of ``pid``.  Raises NotPython, Unsupported (with the
+    reason: too old, stripped, unknown layout) or OSError (the process is gone)."""
+    maps = _mappings(pid, proc)
+    candidates = list(dict.fromkeys(m.path for m in maps if _PYTHON_FILE.match(os.path.basename(m.path))))
+    if not candidates:
+        raise NotPython(f"PID {pid} maps no python3 interpreter")
+    # the library first: a pyenv executable only refers to libpython's _PyRuntime
+    candidates.sort(key=lambda p: not os.path.basename(p).startswith("lib"))
+    reasons = []
+    for path in candidates:
+        major, minor = map(int, _PYTHON_FILE.match(os.path.basename(path)).groups())
+        if major != 3:
+            continue
+        try:
+            with _open_mapped(pid, proc, path, maps) as f:
+                elf = ELFFile(f)
+                syms = _symbols(elf, {"_PyRuntime", "PyCode_Type", "Py_Version"})
+                if "_PyRuntime" not in syms:
+                    reasons.append(f"{path}: no _PyRuntime symbol (stripped?)")
+                    continue
+                bias = _bias(elf, maps, path) if elf["e_type"] == "ET_DYN" else 0
+        except (ELFError, ValueError) as e:
+            reasons.append(f"{path}: not a readable ELF file ({e})")
+            continue
+        runtime = syms["_PyRuntime"] + bias
+        version = (3 << 24) | (minor << 16)
+        if "Py_Version" in syms:
+            version = int.from_bytes(read_memory(pid, syms["Py_Version"] + bias, 4, proc), "little")
+            if (version >> 24, (version >> 16) & 0xFF) != (3, minor):
+                raise Unsupported(f"{path}: Py_Version 0x{version:x} does not match its name")
+        debug = None
+        if (3, minor) in DEBUG_GROUPS:
+            debug = read_memory(pid, runtime, debug_offsets_size((3, minor)), proc)
+        layout = layout_for((3, minor), debug)
+        code_type = syms.get("PyCode_Type", 0) and syms["PyCode_Type"] + bias
+        return Interpreter(pid, path, version, runtime, code_type, layout)
+    raise Unsupported("; ".join(reasons) or f"PID {pid}: no CPython 3 interpreter found")
