@@ -10,6 +10,7 @@ Capture directory (DESIGN.md §4, docs/formats.md):
     processes.parquet       schema.PROCESSES_SCHEMA
     libraries.parquet       schema.LIBRARIES_SCHEMA
     aggregate.parquet       schema.AGGREGATE_SCHEMA (only with --aggregate)
+    stacks.parquet          schema.STACKS_SCHEMA (format 1.1+; events' stack_id -> frames)
     device/*.bin            device record files (TLV), read by pasta_trace.device
     device/<frame>.parquet  device frames already decoded (schema.DEVICE_FRAMES names);
                             scanned lazily, so device data larger than memory streams
@@ -45,6 +46,8 @@ class Capture:
     problems: list[str] = field(default_factory=list)
     #: schema.TIMELINE_FRAMES name -> frame, when read from a merged timeline
     merged: dict[str, pl.LazyFrame] = field(default_factory=dict)
+    #: one row per frame of each stack events refer to (stack_id); empty without stacks
+    stacks: pl.LazyFrame = field(default_factory=lambda: schema.empty_frame(schema.STACKS_SCHEMA).lazy())
     #: small derived tables the merge computes once per capture (device
     #: executions, allocation segments, launch times), keyed by name and options
     cache: dict[tuple, object] = field(default_factory=dict, repr=False)
@@ -157,6 +160,7 @@ def open_capture(path: str | Path) -> Capture:
         processes=scan_frames(one("processes.parquet"), schema.PROCESSES_SCHEMA),
         libraries=scan_frames(one("libraries.parquet"), schema.LIBRARIES_SCHEMA),
         aggregate=scan_frames(one("aggregate.parquet"), schema.AGGREGATE_SCHEMA) if one("aggregate.parquet") else None,
+        stacks=scan_frames(one("stacks.parquet"), schema.STACKS_SCHEMA),
         device=device,
         problems=problems,
     )

@@ -80,7 +80,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
     cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
-                          "comm", *_PAYLOAD_COLUMNS])
+                          "comm", "stack_id", *_PAYLOAD_COLUMNS])
     kinds = np.minimum(cols.pop("kind"), len(schema.KIND_NAMES) - 1)  # unknown -> other
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
@@ -111,6 +111,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         "ret": pl.when(flag(schema.FLAG_HAS_RET)).then(pl.col("ret")),
         **{c: pl.when(has(bit)).then(pl.col(c)) for c, bit in _PAYLOAD_COLUMNS.items()},
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
+        "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
     }
     return raw.select(
         [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]

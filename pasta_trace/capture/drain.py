@@ -14,6 +14,7 @@ from .bpf_maps import read_lost
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand
 from .ringbuf import open_table
+from .stack_collector import StackCollector
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
@@ -36,8 +37,10 @@ class DrainLoop:
     """Owns the event and name rings of one capture while it runs."""
 
     def __init__(self, bpf, writer: CaptureWriter, tracker: ProcessTracker, watcher: LateLoadWatcher, *,
-                 on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None):
+                 on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None,
+                 stacks: StackCollector | None = None):
         self._bpf = bpf
+        self._stacks = stacks
         self._say = say
         self._writer = writer
         self._tracker = tracker
@@ -82,6 +85,8 @@ class DrainLoop:
         return exit_code
 
     def drain(self) -> None:
+        if self._stacks is not None:  # first: a stack is symbolized while its process is alive
+            self._stacks.drain()
         recs = self._events.drain()
         if recs.size:
             self._writer.add_events(recs)

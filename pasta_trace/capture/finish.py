@@ -17,13 +17,15 @@ from .bpf_maps import read_aggregate, read_lost
 from .launch import HeldCommand
 from .options import Options, Result
 from .probe_set import ProbeSet
+from .stack_collector import StackCollector
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
 
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
-                 tracker: ProcessTracker, api_names: list[str]):
+                 tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None):
+        self._stacks = stacks
         self._opts = opts
         self._out = out
         self._owner = owner
@@ -38,6 +40,10 @@ class Finisher:
         writer.flush_async()
         writer.close()
         bpf = self._probes.bpf
+        if self._stacks is not None:
+            self._stacks.close()
+            self._stacks.write(writer)
+            manifest.stacks = self._stacks.manifest()
         if self._opts.aggregate:
             self._write_aggregate(writer, bpf)
         processes = self._tracker.processes
@@ -56,6 +62,8 @@ class Finisher:
         manifest.notes = self._probes.notes
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
         manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind)
+        if self._stacks is not None:
+            manifest.counts["stacks"] = self._stacks.counts()
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:

@@ -66,6 +66,8 @@ class Manifest:
     counts: dict = field(default_factory=dict)
     device_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: stack settings and, per Python process, its interpreter or why it has no stacks; None: --no-stacks
+    stacks: dict | None = None
 
     def to_json(self, complete: bool) -> dict:
         uname = platform.uname()
@@ -93,6 +95,7 @@ class Manifest:
             "counts": self.counts,
             "device_files": self.device_files,
             "notes": self.notes,
+            "stacks": self.stacks,
             "complete": complete,
         }
 

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import polars as pl
 
+from .. import schema
 from . import manifest as mf
 
 DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
 NAMES_PAGES = 64
+DEFAULT_STACK_PAGES = 256  # 1 MiB for new stacks only (~1 KiB each at depth 64): identical ones are not resent
 
 #: files a capture writes; --force removes these (and only these) first
 CAPTURE_FILES = ("manifest.json", "events-*.parquet", "names.parquet", "processes.parquet",
-                 "libraries.parquet", "aggregate.parquet", "device")
+                 "libraries.parquet", "aggregate.parquet", "stacks.parquet", "device")
 
 
 @dataclass
@@ -33,6 +35,14 @@ class Options:
     aggregate: bool = False
     verbose: bool = False
     device: str | None = None
+    stacks: bool = True  # the caller's Python stack on every event (--no-stacks: off)
+    stack_depth: int = schema.DEFAULT_STACK_DEPTH
+    stack_pages: int = DEFAULT_STACK_PAGES
+
+    @property
+    def stack_depth_loaded(self) -> int | None:
+        """Frames the BPF walker keeps, None when it is not loaded (--aggregate keeps no events)."""
+        return self.stack_depth if self.stacks and not self.aggregate else None
 
 
 @dataclass

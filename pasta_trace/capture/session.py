@@ -25,6 +25,7 @@ from .late_load import LateLoadWatcher
 from .launch import HeldCommand
 from .options import CAPTURE_FILES, Options, Result
 from .probe_set import ProbeSet, load_program
+from .stack_collector import StackCollector
 from .targets import check_pids, launch_candidates
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
@@ -46,6 +47,7 @@ class Session:
         self._tracker: ProcessTracker | None = None
         self._drain: DrainLoop | None = None
         self._out: OutputDir | None = None
+        self._stacks: StackCollector | None = None
 
     def check(self) -> None:
         """Everything that can refuse the capture before anything is loaded."""
@@ -61,10 +63,13 @@ class Session:
         started and held before exec (release() it once ready)."""
         opts = self.opts
         self.bpf = load_program(opts)
+        if opts.stack_depth_loaded is not None:
+            self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
-        self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say)
+        self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
+                                       stacks=self._stacks)
         if opts.mode == "launch":
             env = env if env is not None else dict(os.environ)
             held = HeldCommand(opts.command, env)
@@ -151,9 +156,10 @@ class Session:
                 held.release()
                 self._tracker.processes.add(held.pid)
             self._drain = DrainLoop(self.bpf, writer, self._tracker, self._watcher,
-                                    on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status)
+                                    on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status,
+                                    stacks=self._stacks)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
-            finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names)
+            finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             if held is not None and not held.released:
@@ -172,6 +178,8 @@ class Session:
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
         self._tracker.save_recent_maps()
+        if self._stacks is not None and self._stacks.changed:
+            self._stacks.write(writer)
 
     def _device_session(self):
         try:

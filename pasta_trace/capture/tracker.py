@@ -12,6 +12,7 @@ from ..errors import PastaError
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
+from .stack_collector import StackCollector
 from .processes import ProcessTable
 from .targets import alive
 
@@ -19,8 +20,10 @@ RESCAN_INTERVAL_S = 1.0
 
 
 class ProcessTracker:
-    def __init__(self, probes: ProbeSet, *, mode: str, pids: list[int], say: Callable[[str], None]):
+    def __init__(self, probes: ProbeSet, *, mode: str, pids: list[int], say: Callable[[str], None],
+                 stacks: StackCollector | None = None):
         self._probes = probes
+        self._stacks = stacks
         self._mode = mode
         self._pids = list(pids)  # the ones asked for with -p
         self._say = say
@@ -54,6 +57,7 @@ class ProcessTracker:
                 self._probes.attach(lib)
             self.processes.add(found.pid)
             self._seen_pids.add(found.pid)
+            self._python(found.pid)
         self._last_rescan = time.monotonic()
 
     def _attach_pid(self, pid: int) -> None:
@@ -62,6 +66,7 @@ class ProcessTracker:
         except OSError:
             raise PastaError(f"no such process: {pid}") from None
         self.processes.add(pid)
+        self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)
         if not found.traced:
@@ -75,6 +80,7 @@ class ProcessTracker:
         entry = self._probes.attach(lib)
         self.processes.add(lib.pid)
         self.save_maps([lib.pid])
+        self._python(lib.pid)
         if entry is not None:
             self._say(f"PID {lib.pid} loaded {lib.ns_path}: attached {len(entry.symbols_attached)} probes "
                       "before its first call")
@@ -83,8 +89,12 @@ class ProcessTracker:
         if pid != ppid:
             self.traced_pids.add(pid)
             self.processes.add(pid)
+            if self._stacks is not None:
+                self._stacks.fork(pid, ppid)
 
     def on_exec(self, pid: int, cgroup_id: int) -> None:
+        if self._stacks is not None:
+            self._stacks.exec(pid)
         if pid in self.processes:
             self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self.traced_pids:
@@ -110,6 +120,7 @@ class ProcessTracker:
         for pid in new:
             self._seen_pids.add(pid)
             self.processes.add(pid)
+            self._python(pid)
 
     def save_recent_maps(self) -> None:
         self.save_maps(self._recent_pids)
@@ -142,6 +153,13 @@ class ProcessTracker:
                     self._say(f"new library {lib.path} (PID {pid}): attached")
             if found.traced:
                 self.processes.add(pid)
+                self._python(pid)
+
+    def _python(self, pid: int) -> None:
+        """Record ``pid``'s Python stacks from now on, if it runs CPython: called
+        once its libraries are mapped (at attach, or when it opens a traced one)."""
+        if self._stacks is not None:
+            self._stacks.register(pid)
 
     def write_processes(self, writer) -> None:
         """Rewrite processes.parquet when a process was added or changed."""

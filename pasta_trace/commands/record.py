@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .. import schema
 from ..errors import UsageError
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
@@ -18,6 +19,8 @@ EXAMPLES = """\
   sudo pasta-trace -- python train.py       launch a command (as you, under sudo) and trace it
   sudo pasta-trace --buffer-pages 4096 -p 1234   a bigger ring buffer when events are lost
   sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
+  sudo pasta-trace --no-stacks -p 1234      without the caller's Python stack on each event
+  sudo pasta-trace --stack-depth 16 -- python train.py   keep the 16 innermost Python frames
   sudo pasta-trace --device cupti -- ./app  add device-side data (issue 4's backends)
   pasta-trace --print-bpf                   show the BPF program (no root needed)
   pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
@@ -54,8 +57,18 @@ def _seconds(text: str) -> float:
     return s
 
 
+def _depth(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= n <= schema.MAX_STACK_DEPTH:
+        raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES
+    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_PAGES
 
     who = p.add_argument_group("what to trace (one of)")
     who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
@@ -74,6 +87,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregate", action="store_true",
                    help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
                         "events; writes aggregate.parquet")
+    p.add_argument("--no-stacks", action="store_true",
+                   help="do not record the caller's Python stack on each event (on by default)")
+    p.add_argument("--stack-depth", type=_depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
+                   help=f"Python frames kept per stack, innermost first (default {schema.DEFAULT_STACK_DEPTH}, "
+                        f"at most {schema.MAX_STACK_DEPTH}); deeper stacks are marked truncated")
+    p.add_argument("--stack-buffer-pages", type=_pages, default=DEFAULT_STACK_PAGES, metavar="N",
+                   help=f"ring buffer for new stacks, in pages, a power of two (default {DEFAULT_STACK_PAGES}); "
+                        "raise it when stacks are lost")
     p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),
                    help="also record device-side data with this backend (only with -- CMD)")
     p.add_argument("--print-bpf", action="store_true", help="print the BPF program and exit (no root needed)")
@@ -94,6 +115,7 @@ def _options(args: argparse.Namespace):
         mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],
         pids=args.pid or [], command=args.command, duration=args.duration, force=args.force,
         buffer_pages=args.buffer_pages, aggregate=args.aggregate, verbose=args.verbose, device=args.device,
+        stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
     )
 
 

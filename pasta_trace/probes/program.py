@@ -17,8 +17,7 @@ STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with s
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
-#: pystacks ring: only new stacks go there (~1 KiB each at depth 64)
-DEFAULT_STACK_PAGES = 256
+DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
 AGG_MAX = 65536
 PID_FILTER_MAX = 4096
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")

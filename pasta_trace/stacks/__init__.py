@@ -1,4 +1,4 @@
 """The caller's stack on every event: finding the interpreter of a process
-(interpreter, offsets), reading its code objects (pycode), and collecting the
-stacks the BPF walker (bpf/pystack.h) reports into stacks.parquet
-(collector)."""
+(interpreter, offsets) and reading its code objects (pycode).  The capture
+collects what the BPF walker (bpf/pystack.h) reports with them
+(capture/stack_collector.py)."""

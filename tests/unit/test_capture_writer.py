@@ -143,7 +143,7 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     m.write(out, complete=True)
     data = json.loads((tmp_path / "manifest.json").read_text())
     assert data["complete"] is True
-    assert data["format_version"] == "1.0"
+    assert data["format_version"] == ".".join(map(str, schema.CAPTURE_FORMAT_VERSION))
     assert data["mode"] == "pid"
     assert data["counts"]["lost_events"] == 3 and data["counts"]["lost_names"] == 1
     assert data["clock"]["start_ns"] == start.mono_before_ns

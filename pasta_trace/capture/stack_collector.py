@@ -17,9 +17,10 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from . import interpreter
-from .offsets import Unsupported
-from .pycode import Code, ProcessMemory, Unreadable, read_code
+from ..stacks import interpreter
+from ..stacks.offsets import Unsupported
+from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
+from .ringbuf import open_table
 
 
 @dataclass
@@ -32,8 +33,6 @@ class _Process:
 class StackCollector:
     def __init__(self, bpf, depth: int, *, say: Callable[[str], None], verbose: bool = False,
                  proc: Path = Path("/proc")):
-        from ..capture.ringbuf import open_table
-
         self.bpf = bpf
         self.depth = depth
         self.say = say
@@ -166,6 +165,16 @@ class StackCollector:
             return schema.empty_frame(schema.STACKS_SCHEMA)
         self._rows = [pl.concat(self._rows)]
         return self._rows[0]
+
+    def write(self, writer) -> None:
+        """(Re)write stacks.parquet with every stack so far."""
+        self.changed = False
+        writer.write_frame(writer.dir / "stacks.parquet", self.frame())
+
+    def manifest(self) -> dict:
+        """The manifest's `stacks` object: settings and each Python process's status."""
+        return {"python": True, "depth": self.depth, "native": False,
+                "processes": {str(pid): s for pid, s in sorted(self.status.items())}}
 
     def counts(self) -> dict:
         t = self.bpf["py_stats"]
