@@ -41,6 +41,7 @@ class StackCollector:
         self.record = schema.py_stack_record(depth)
         self._ring = open_table(bpf, "pystacks", self.record.dtype)
         self._procs_map = bpf["py_procs"]
+        self._finder = interpreter.Finder(proc)
         self._procs: dict[int, _Process] = {}
         #: pid -> what the manifest says about it: interpreter and version, or why there are no stacks
         self.status: dict[int, dict] = {}
@@ -60,16 +61,20 @@ class StackCollector:
 
     # ------------------------------------------------------------------ processes
 
-    def register(self, pid: int) -> None:
+    def register(self, pid: int, final: bool = True) -> None:
         """Start walking ``pid``'s stacks if it runs a supported CPython; say
-        why not otherwise (once per process)."""
+        why not otherwise (once per process).  ``final=False``: the process
+        may still be mapping its libraries (just exec'd): a failure is not
+        kept, the next look decides."""
         if pid in self._procs or pid in self.status:
             return
         try:
-            interp = interpreter.find(pid, self.proc)
+            interp = self._finder.find(pid)
         except interpreter.NotPython:
             return
         except Unsupported as e:
+            if not final:
+                return
             self.status[pid] = {"python": None, "stacks": False, "reason": str(e)}
             self.say(f"PID {pid}: no Python stacks: {e}; tracing goes on without them")
             return
@@ -100,8 +105,10 @@ class StackCollector:
                                                    parent.interp.layout))
 
     def exec(self, pid: int) -> None:
-        """``pid`` exec'd: its addresses mean nothing any more; it is looked at
-        again when it loads a traced library."""
+        """``pid`` exec'd: its addresses mean nothing any more.  The new image
+        is looked at now (a library already traced is not reported when it
+        opens it) and again when it opens a traced library or shows up in the
+        events."""
         p = self._procs.pop(pid, None)
         self.status.pop(pid, None)
         if p is not None:
@@ -110,6 +117,7 @@ class StackCollector:
                 del self._procs_map[self._procs_map.Key(pid)]
             except KeyError:
                 pass
+        self.register(pid, final=False)
 
     # ------------------------------------------------------------------ stacks
 
@@ -122,7 +130,7 @@ class StackCollector:
         if addr not in p.codes:
             try:
                 p.codes[addr] = read_code(p.mem, p.interp.layout, addr, p.interp.code_type)
-            except Unreadable:
+            except Unreadable:  # the process exited before its stack was drained: counted, not hidden
                 p.codes[addr] = None
         return p.codes[addr]
 

@@ -87,14 +87,29 @@ def _symbols(elf: ELFFile, names: set[str]) -> dict[str, int]:
     return found
 
 
-def _bias(elf: ELFFile, maps: list[_Mapping], path: str) -> int:
-    """Load bias: where the file's address 0 is in the process."""
+@dataclass(frozen=True)
+class _ElfFacts:
+    symbols: dict[str, int]
+    dynamic: bool  # ET_DYN: loaded at a bias
+    load_delta: int  # p_vaddr - p_offset of the lowest PT_LOAD
+
+
+def _elf_facts(f) -> _ElfFacts:
+    elf = ELFFile(f)
     loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+    seg = min(loads, key=lambda s: s["p_offset"]) if loads else None
+    return _ElfFacts(_symbols(elf, {"_PyRuntime", "PyCode_Type", "Py_Version"}), elf["e_type"] == "ET_DYN",
+                     seg["p_vaddr"] - seg["p_offset"] if seg else 0)
+
+
+def _bias(facts: _ElfFacts, maps: list[_Mapping], path: str) -> int:
+    """Load bias: where the file's address 0 is in the process."""
+    if not facts.dynamic:
+        return 0
     first = next((m for m in maps if m.path == path and m.offset == 0), None)
-    if first is None or not loads:
+    if first is None:
         raise Unsupported(f"{path}: its first segment is not mapped")
-    seg = min(loads, key=lambda s: s["p_offset"])
-    return first.start - (seg["p_vaddr"] - seg["p_offset"])
+    return first.start - facts.load_delta
 
 
 def read_memory(pid: int, addr: int, size: int, proc: Path = Path("/proc")) -> bytes:
@@ -105,41 +120,57 @@ def read_memory(pid: int, addr: int, size: int, proc: Path = Path("/proc")) -> b
         os.close(fd)
 
 
-def find(pid: int, proc: Path = Path("/proc")) -> Interpreter:
-    """The interpreter of ``pid``.  Raises NotPython, Unsupported (with the
-    reason: too old, stripped, unknown layout) or OSError (the process is gone)."""
-    maps = _mappings(pid, proc)
-    candidates = list(dict.fromkeys(m.path for m in maps if _PYTHON_FILE.match(os.path.basename(m.path))))
-    if not candidates:
-        raise NotPython(f"PID {pid} maps no python3 interpreter")
-    # the library first: a pyenv executable only refers to libpython's _PyRuntime
-    candidates.sort(key=lambda p: not os.path.basename(p).startswith("lib"))
-    reasons = []
-    for path in candidates:
-        major, minor = map(int, _PYTHON_FILE.match(os.path.basename(path)).groups())
-        if major != 3:
-            continue
-        try:
-            with _open_mapped(pid, proc, path, maps) as f:
-                elf = ELFFile(f)
-                syms = _symbols(elf, {"_PyRuntime", "PyCode_Type", "Py_Version"})
-                if "_PyRuntime" not in syms:
-                    reasons.append(f"{path}: no _PyRuntime symbol (stripped?)")
-                    continue
-                bias = _bias(elf, maps, path) if elf["e_type"] == "ET_DYN" else 0
-        except (ELFError, ValueError) as e:
-            reasons.append(f"{path}: not a readable ELF file ({e})")
-            continue
-        runtime = syms["_PyRuntime"] + bias
-        version = (3 << 24) | (minor << 16)
-        if "Py_Version" in syms:
-            version = int.from_bytes(read_memory(pid, syms["Py_Version"] + bias, 4, proc), "little")
-            if (version >> 24, (version >> 16) & 0xFF) != (3, minor):
-                raise Unsupported(f"{path}: Py_Version 0x{version:x} does not match its name")
-        debug = None
-        if (3, minor) in DEBUG_GROUPS:
-            debug = read_memory(pid, runtime, debug_offsets_size((3, minor)), proc)
-        layout = layout_for((3, minor), debug)
-        code_type = syms.get("PyCode_Type", 0) and syms["PyCode_Type"] + bias
-        return Interpreter(pid, path, version, runtime, code_type, layout)
-    raise Unsupported("; ".join(reasons) or f"PID {pid}: no CPython 3 interpreter found")
+class Finder:
+    """Finds interpreters; an interpreter file is parsed once (by device and
+    inode), however many processes run it."""
+
+    def __init__(self, proc: Path = Path("/proc")):
+        self.proc = proc
+        self._facts: dict[tuple[int, int], _ElfFacts] = {}
+
+    def _facts_of(self, pid: int, path: str, maps: list[_Mapping]) -> _ElfFacts:
+        with _open_mapped(pid, self.proc, path, maps) as f:
+            st = os.fstat(f.fileno())
+            key = (st.st_dev, st.st_ino)
+            if key not in self._facts:
+                self._facts[key] = _elf_facts(f)
+            return self._facts[key]
+
+    def find(self, pid: int) -> Interpreter:
+        """The interpreter of ``pid``.  Raises NotPython, Unsupported (with the
+        reason: too old, stripped, unknown layout) or OSError (the process is gone)."""
+        proc = self.proc
+        maps = _mappings(pid, proc)
+        candidates = list(dict.fromkeys(m.path for m in maps if _PYTHON_FILE.match(os.path.basename(m.path))))
+        if not candidates:
+            raise NotPython(f"PID {pid} maps no python3 interpreter")
+        # the library first: a pyenv executable only refers to libpython's _PyRuntime
+        candidates.sort(key=lambda p: not os.path.basename(p).startswith("lib"))
+        reasons = []
+        for path in candidates:
+            major, minor = map(int, _PYTHON_FILE.match(os.path.basename(path)).groups())
+            if major != 3:
+                continue
+            try:
+                facts = self._facts_of(pid, path, maps)
+            except (ELFError, ValueError) as e:
+                reasons.append(f"{path}: not a readable ELF file ({e})")
+                continue
+            if "_PyRuntime" not in facts.symbols:
+                reasons.append(f"{path}: no _PyRuntime symbol (stripped?)")
+                continue
+            bias = _bias(facts, maps, path)
+            syms = facts.symbols
+            runtime = syms["_PyRuntime"] + bias
+            version = (3 << 24) | (minor << 16)
+            if "Py_Version" in syms:
+                version = int.from_bytes(read_memory(pid, syms["Py_Version"] + bias, 4, proc), "little")
+                if (version >> 24, (version >> 16) & 0xFF) != (3, minor):
+                    raise Unsupported(f"{path}: Py_Version 0x{version:x} does not match its name")
+            debug = None
+            if (3, minor) in DEBUG_GROUPS:
+                debug = read_memory(pid, runtime, debug_offsets_size((3, minor)), proc)
+            layout = layout_for((3, minor), debug)
+            code_type = syms["PyCode_Type"] + bias if "PyCode_Type" in syms else 0
+            return Interpreter(pid, path, version, runtime, code_type, layout)
+        raise Unsupported("; ".join(reasons) or f"PID {pid}: no CPython 3 interpreter found")

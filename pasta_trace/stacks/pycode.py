@@ -15,8 +15,6 @@ from pathlib import Path
 
 from .offsets import PyLayout
 
-#: a code object's fields all lie below this (co_code_adaptive is at 184-200)
-_CODE_READ = 256
 _MAX_STRING = 4096
 _MAX_LINETABLE = 1 << 20
 
@@ -81,7 +79,7 @@ def parse_locations(table: bytes, firstlineno: int) -> tuple[tuple[int, ...], tu
             delta, i = _svarint(table, i)
             line += delta
             entry = line
-        elif code in (11, 12):  # one line, delta code - 10, two column bytes
+        elif code in (10, 11, 12):  # one line, delta code - 10, two column bytes
             line += code - 10
             i += 2
             entry = line
@@ -119,8 +117,9 @@ def _u64(data: bytes, off: int) -> int:
 
 
 def read_string(mem: ProcessMemory, layout: PyLayout, addr: int) -> str:
-    """A str object (compact: every str a code object holds is)."""
-    head = mem.read(addr, layout.compact_size)
+    """A str object (compact: every str a code object holds is).  Reads stop
+    at the object's end: an object can end where the mapping does."""
+    head = mem.read(addr, layout.ascii_size)
     length = _u64(head, layout.unicode_length)
     state = struct.unpack_from("<I", head, layout.unicode_state)[0]
     kind, compact, ascii_ = (state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1
@@ -142,7 +141,7 @@ def read_bytes(mem: ProcessMemory, layout: PyLayout, addr: int) -> bytes:
 def read_code(mem: ProcessMemory, layout: PyLayout, addr: int, code_type: int = 0) -> Code:
     """The code object at ``addr``; ``code_type`` (PyCode_Type's address, 0 to
     skip) guards against a pointer that is no longer a code object."""
-    raw = mem.read(addr, _CODE_READ)
+    raw = mem.read(addr, layout.code_adaptive)  # every field we use lies below the bytecode
     if code_type and _u64(raw, layout.ob_type) != code_type:
         raise Unreadable(f"0x{addr:x}: not a code object")
     firstlineno = struct.unpack_from("<i", raw, layout.code_firstlineno)[0]

@@ -1,0 +1,184 @@
+"""Real uprobes, real interpreters: the Python stack of every event equals,
+frame for frame (file, qualname, line), the stack the program itself saw at
+that call (tests/fixtures/py_stack_workload.py), under Debian's python3 and
+each pyenv CPython 3.11-3.14 present, in the three modes.
+
+Each mode runs every interpreter under one tracer (the BPF compile costs
+seconds): -- CMD runs them one after the other, -p attaches to all of them
+while each waits 25 frames deep, -a sees them start after the tracer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from pasta_run import read_report, run_pasta, wait_for_file
+from pasta_trace.read import open_capture
+
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
+
+WORKLOAD = Path(__file__).resolve().parents[1] / "fixtures" / "py_stack_workload.py"
+PYENV = Path.home() / ".pyenv" / "versions"
+DEEP = 25
+
+
+def interpreters() -> list:
+    """Debian's python3 and the newest pyenv build of each minor 3.11-3.14, or a skip saying which is missing."""
+    found = [pytest.param("/usr/bin/python3", id="debian-python3")] if Path("/usr/bin/python3").exists() else []
+    for minor in (11, 12, 13, 14):
+        builds = sorted(PYENV.glob(f"3.{minor}.*/bin/python3"), key=lambda p: p.parts[-3])
+        if builds:
+            found.append(pytest.param(str(builds[-1]), id=f"pyenv-{builds[-1].parts[-3]}"))
+        else:
+            found.append(pytest.param(None, id=f"pyenv-3.{minor}", marks=pytest.mark.skip(
+                reason=f"no CPython 3.{minor} under {PYENV} (3.14's layout comes from its headers and is untested)")))
+    return found
+
+
+ALL = [p.values[0] for p in interpreters() if p.values[0]]
+
+
+def captured_stacks(cap, pid: int, apis: set[str]) -> dict[int, list[list[tuple]]]:
+    """tid -> the stack of each event of ``apis``, in call order."""
+    frames = (cap.stacks.filter(pl.col("pid") == pid).sort("stack_id", "depth")
+              .group_by("stack_id", maintain_order=True)
+              .agg(pl.struct("file", "function", "line").alias("frames")))
+    events = (cap.events.filter((pl.col("pid") == pid) & pl.col("api").cast(pl.String).is_in(list(apis)))
+              .join(frames, on="stack_id", how="left").sort("ts_ns").collect())
+    out: dict[int, list] = {}
+    for tid, stack in zip(events["tid"].to_list(), events["frames"].to_list()):
+        out.setdefault(tid, []).append([(f["file"], f["function"], f["line"]) for f in stack or []])
+    return out
+
+
+def expected_stacks(report: dict) -> dict[int, list[list[tuple]]]:
+    out: dict[int, list] = {}
+    for call in report["calls"]:
+        out.setdefault(call["tid"], []).append([tuple(f) for f in call["stack"]])
+    return out
+
+
+def check(out: Path, reports: list[Path]) -> None:
+    cap = open_capture(out)
+    assert cap.complete, cap.problems
+    assert cap.manifest["counts"]["stacks"]["lost_stacks"] == 0
+    assert cap.manifest["counts"]["stacks"]["unreadable_stacks"] == 0
+    for path in reports:
+        report = read_report(path)
+        status = cap.manifest["stacks"]["processes"][str(report["pid"])]
+        assert status["stacks"] and status["python"] == report["python"], status
+        want = expected_stacks(report)
+        assert len(want) == 3  # the main thread and two workers
+        got = captured_stacks(cap, report["pid"], {c["api"] for c in report["calls"]})
+        assert got == want, f"Python {report['python']}"
+
+
+def workload(python: str, report: Path, cuda_stub: Path, *extra: str) -> list[str]:
+    return [python, str(WORKLOAD), "--lib", str(cuda_stub), "--report", str(report), *extra]
+
+
+def test_launch(tmp_path, cuda_stub):
+    """-- CMD: a shell runs the workload under each interpreter in turn."""
+    out = tmp_path / "cap"
+    reports = [tmp_path / f"w{i}.json" for i in range(len(ALL))]
+    script = " && ".join(" ".join(workload(py, r, cuda_stub)) for py, r in zip(ALL, reports))
+    r = run_pasta(["-o", str(out), "--", "sh", "-c", script], timeout=300)
+    assert r.returncode == 0, r.stderr
+    check(out, reports)
+
+
+def _start_deep(tmp_path: Path, cuda_stub: Path) -> list[tuple[subprocess.Popen, Path, int]]:
+    started = []
+    for i, py in enumerate(ALL):
+        report = tmp_path / f"w{i}.json"
+        proc = subprocess.Popen(workload(py, report, cuda_stub, "--wait", "--deep", str(DEEP)))
+        started.append((proc, report, int(wait_for_file(report.with_name(report.name + ".ready"), proc=proc))))
+    return started
+
+
+def _go_and_wait(started) -> None:
+    for _, report, _ in started:
+        report.with_name(report.name + ".go").touch()
+    for proc, _, _ in started:
+        assert proc.wait(timeout=120) == 0
+
+
+def test_attach_deep(tmp_path, cuda_stub, tracer):
+    """-p: attached while each program waits 25 frames deep; the frames entered before attach are exact too."""
+    out = tmp_path / "cap"
+    started = _start_deep(tmp_path, cuda_stub)
+    try:
+        t = tracer(["-p", ",".join(str(pid) for _, _, pid in started), "-o", str(out)])
+        t.wait_ready(timeout=120)
+        _go_and_wait(started)
+    finally:
+        for proc, _, _ in started:
+            proc.kill()
+    assert t.finish() == 0, t.stderr()
+    check(out, [r for _, r, _ in started])
+    deepest = max(len(c["stack"]) for c in read_report(started[0][1])["calls"])
+    assert deepest > DEEP
+
+
+def test_system_wide(tmp_path, cuda_stub, tracer):
+    """-a: the interpreters start after the tracer; other processes on the machine do not disturb ours.
+
+    Code objects are read while the process lives: with the tracer also
+    draining every other process on the machine, a process that exits within
+    milliseconds of its last call can be gone first (its frames are then
+    counted in unsymbolized_frames).  The workloads stay a moment after their
+    last call."""
+    out = tmp_path / "cap"
+    t = tracer(["-a", "-o", str(out), "--buffer-pages", "16384"])
+    t.wait_ready(timeout=120)
+    reports = []
+    for i, py in enumerate(ALL):
+        reports.append(tmp_path / f"w{i}.json")
+        assert subprocess.run(workload(py, reports[-1], cuda_stub, "--linger", "1"), timeout=120).returncode == 0
+    assert t.stop() == 0, t.stderr()
+    check(out, reports)
+
+
+def test_truncated_and_off(tmp_path, cuda_stub):
+    """--stack-depth 4 keeps the 4 innermost frames and marks the stack truncated; --no-stacks records none."""
+    out, off = tmp_path / "cap", tmp_path / "off"
+    report = tmp_path / "w.json"
+    r = run_pasta(["-o", str(out), "--stack-depth", "4", "--", *workload(sys.executable, report, cuda_stub)],
+                  timeout=300)
+    assert r.returncode == 0, r.stderr
+    cap = open_capture(out)
+    got = captured_stacks(cap, read_report(report)["pid"], {"cuMemAlloc_v2", "cuMemFree_v2", "cuCtxSynchronize"})
+    want = expected_stacks(read_report(report))
+    assert got == {tid: [s[:4] for s in stacks] for tid, stacks in want.items()}
+    assert cap.stacks.select(pl.col("truncated").all()).collect().item()
+    n = sum(len(s) for s in want.values())
+    assert cap.manifest["counts"]["stacks"]["truncated_stacks"] == n
+    r = run_pasta(["-o", str(off), "--no-stacks", "--", *workload(sys.executable, report, cuda_stub)], timeout=300)
+    assert r.returncode == 0, r.stderr
+    cap = open_capture(off)
+    assert cap.events.select(pl.col("stack_id").is_null().all()).collect().item()
+    assert not (off / "stacks.parquet").exists()
+    assert json.loads((off / "manifest.json").read_text())["stacks"] is None
+
+
+def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub):
+    """A one-page stacks ring overflows: each event either has its stack or is counted lost, none silently null."""
+    out = tmp_path / "cap"
+    report = tmp_path / "w.json"
+    r = run_pasta(["-o", str(out), "--stack-buffer-pages", "1", "--",
+                   *workload(sys.executable, report, cuda_stub, "--deep", "40")], timeout=300)
+    assert r.returncode == 0, r.stderr
+    cap = open_capture(out)
+    counts = cap.manifest["counts"]["stacks"]
+    events = cap.events.collect()
+    with_stack = events["stack_id"].is_not_null().sum()
+    assert counts["lost_stacks"] > 0
+    assert counts["unreadable_stacks"] == counts["no_python_thread"] == 0
+    assert with_stack + counts["lost_stacks"] == events.height == cap.manifest["counts"]["events"]
+    # every stack an event names is in stacks.parquet
+    assert set(events["stack_id"].drop_nulls().to_list()) <= set(cap.stacks.collect()["stack_id"].to_list())
