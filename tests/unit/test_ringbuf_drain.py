@@ -48,8 +48,8 @@ class FakeRing:
 
 
 def test_stride_is_header_plus_payload_rounded_to_8():
-    assert DT.itemsize == 136
-    assert STRIDE == 144
+    assert DT.itemsize == 144  # pt_event with stack_id
+    assert STRIDE == 152
     assert record_stride(1) == 16
     assert record_stride(8) == 16
 
@@ -113,5 +113,5 @@ def test_wrong_record_size_is_refused():
     ring = FakeRing()
     ring.put(DT.itemsize - 8, payload=b"\1" * (DT.itemsize - 8))
     ring.put(DT.itemsize)
-    with pytest.raises(RecordSizeError, match="ring record of 128 bytes, expected 136"):
+    with pytest.raises(RecordSizeError, match=f"ring record of {DT.itemsize - 8} bytes, expected {DT.itemsize}"):
         decode_span(ring.buf, SIZE - 1, 0, ring.prod, DT)
