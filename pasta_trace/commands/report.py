@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"only this tool (repeatable): {', '.join(REGISTRY)}",
     )
     p.add_argument("--limit", type=int, default=20, metavar="N", help="rows per terminal table (default 20)")
+    p.add_argument("--stacks", action="store_true",
+                   help="also print the top --limit caller stacks in full (most time blocked, then most calls)")
 
 
 def _json_default(v: object) -> object:
@@ -129,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(to_json(facts, results) + "\n")
     elif not args.html:
         print_terminal(Console(), facts, results, args.limit)
+        if args.stacks:
+            from ..tools.call_sites import render_stacks, top_stacks
+
+            print(f"\nTop {args.limit} caller stacks (innermost frame first)")
+            print(render_stacks(top_stacks(cap, args.limit)))
     if html is not None:
         write_html(html, cap, facts, results)
         print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)

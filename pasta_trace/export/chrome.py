@@ -8,6 +8,8 @@ traces (HTA and others) read it.
   launch -> kernel ph s / f, cat and name ac2g, id = args.correlation on both ends
   live memory      ph C, one counter per process (and device)
   names            ph M process_name / thread_name
+  caller stacks    "stackFrames" (one node per frame, "function file:line", parent = its caller)
+                   and "sf" on each API call that has a stack
 
 Timestamps and durations are µs written with exactly three decimals (ns
 precision).  The lines are formatted column-wise by Polars and written in chunks.
@@ -113,6 +115,8 @@ def _api(model: TraceModel) -> list[Part]:
             _num("aux"), _arg("correlation", pl.col("corr").cast(pl.String)),
             pl.when(pl.col("dur_ns").is_null()).then(pl.lit('"entry_only":true')),
         )),
+        pl.when(pl.col("stack_id").is_not_null()).then(
+            pl.format('"sf":"{}:{}:0"', pl.col("pid"), pl.col("stack_id"))),
     ])
     flow = _event("s", [pl.lit('"cat":"ac2g","name":"ac2g"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
@@ -179,8 +183,35 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
             n += lines.height
     if n:
         out.seek(out.tell() - 2)
-    out.write(b"\n]}\n")
+    out.write(b"\n],\n")
+    _stack_frames(model, out, chunk_rows)
+    out.write(b"}\n")
     return n
+
+
+def _stack_frames(model: TraceModel, out: BinaryIO, chunk_rows: int) -> None:
+    """`"stackFrames":{...}`: node "pid:stack:depth" names one frame; its
+    parent is the caller's node (depth + 1); the outermost has none."""
+    frames = model.stacks
+    top = frames.group_by("pid", "stack_id").agg(pl.col("depth").max().alias("_top"))
+    frames = frames.join(top, on=["pid", "stack_id"]).with_columns(
+        label=pl.format("{} {}:{}", pl.col("function").fill_null("?"), pl.col("file").fill_null("?"),
+                        pl.col("line").cast(pl.String).fill_null("?")))
+    frames = frames.with_columns(j=json_strings(frames["label"]))
+    key = pl.format('"{}:{}:{}"', pl.col("pid"), pl.col("stack_id"), pl.col("depth"))
+    line = pl.format("{}:{}", key, _object(
+        _arg("name", pl.col("j")), _arg("category", pl.lit('"python"')),
+        pl.when(pl.col("depth") < pl.col("_top")).then(
+            pl.format('"parent":"{}:{}:{}"', pl.col("pid"), pl.col("stack_id"), pl.col("depth") + 1))))
+    out.write(b'"stackFrames":{\n')
+    n = 0
+    for start in range(0, frames.height, chunk_rows):
+        lines = frames.slice(start, chunk_rows).select(line.alias("line"))
+        lines.write_csv(out, include_header=False, quote_style="never", line_terminator=",\n")
+        n += lines.height
+    if n:
+        out.seek(out.tell() - 2)
+    out.write(b"\n}")
 
 
 def write_file(model: TraceModel, path: Path) -> int:

@@ -14,7 +14,7 @@ correlation ids restart in every process; the device's own id is kept as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -44,7 +44,7 @@ class TraceModel:
     #: pid, label ("GPU stream 0x..."): one row per GPU track
     streams: pl.DataFrame
     #: ts_ns, dur_ns (null: entry-only call), pid, tid, api, kind, cat, ret,
-    #: API_ARGS columns, corr (launches only)
+    #: API_ARGS columns, stack_id (null: no stack), corr (launches only)
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
     #: cupti_correlation, device (with device timing), grid_*/block_*,
@@ -58,6 +58,11 @@ class TraceModel:
     #: pid, label ("GPU memory"...), ts_ns, live_bytes: live device bytes
     #: after everything that happened at ts_ns
     memory: pl.DataFrame
+    #: pid, stack_id, depth (0 = innermost), function, file, line: the frames
+    #: of every stack an API call names
+    stacks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
+        schema={"pid": pl.UInt32, "stack_id": pl.UInt64, "depth": pl.UInt16, "function": pl.String,
+                "file": pl.String, "line": pl.UInt32}))
 
     @property
     def n_events(self) -> int:
@@ -81,7 +86,7 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
             "ts_ns", "dur_ns", "pid", "tid",
             pl.col("api").cast(pl.String),
             pl.col("kind").cast(pl.String),
-            "ret", *API_ARGS,
+            "ret", *API_ARGS, "stack_id",
         )
         .with_columns(
             cat=pl.when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
@@ -239,4 +244,5 @@ def build(cap: Capture) -> TraceModel:
         kernels=kernels,
         memops=memops,
         memory=_memory(cap),
+        stacks=cap.stacks.select("pid", "stack_id", "depth", "function", "file", "line").collect(),
     )

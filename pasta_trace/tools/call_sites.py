@@ -86,6 +86,38 @@ def leaks_by_call_site(cap: Capture) -> pl.DataFrame:
     )
 
 
+def top_stacks(cap: Capture, limit: int) -> pl.DataFrame:
+    """The ``limit`` stacks with the most time blocked in syncs, then the most
+    calls: one row per frame (pid, stack_id, calls, blocked_ns, depth,
+    function, file, line, truncated), innermost frame first."""
+    ev = cap.events.filter(pl.col("stack_id").is_not_null()).group_by("pid", "stack_id").agg(
+        pl.len().alias("calls"), measured_sum(pl.col("dur_ns").filter(pl.col("kind") == "sync")).alias("blocked_ns"),
+        pl.col("api").cast(pl.String).unique().sort().str.join(", ").alias("apis"))
+    top = ev.sort(["blocked_ns", "calls", "pid", "stack_id"], descending=[True, True, False, False],
+                  nulls_last=True).head(limit).with_row_index("rank")
+    return (
+        top.join(cap.stacks, on=["pid", "stack_id"])
+        .sort("rank", "depth")
+        .select("rank", "pid", "stack_id", "apis", "calls", "blocked_ns", "depth", "function", "file", "line",
+                "truncated")
+        .collect()
+    )
+
+
+def render_stacks(frame: pl.DataFrame) -> str:
+    """Each stack in full, innermost frame first, as a traceback reads bottom-up."""
+    out = []
+    for (rank, pid, sid), rows in frame.group_by("rank", "pid", "stack_id", maintain_order=True):
+        first = rows.row(0, named=True)
+        blocked = "" if first["blocked_ns"] is None else f", {first['blocked_ns'] / 1e3:,.1f} µs blocked"
+        out.append(f"#{rank + 1}  PID {pid}  {first['apis']}: {first['calls']} calls{blocked}")
+        for f in rows.iter_rows(named=True):  # a stack's frames, not the events: tens of rows
+            out.append(f"    {f['function'] or '?'}  {f['file'] or '?'}:{f['line'] if f['line'] is not None else '?'}")
+        if first["truncated"]:
+            out.append("    ... (truncated at --stack-depth)")
+    return "\n".join(out) if out else "no stacks in this capture (recorded with --no-stacks, or no Python callers)"
+
+
 TOOLS = [
     Tool(
         name="call_sites",

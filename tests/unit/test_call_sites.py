@@ -66,3 +66,21 @@ def test_peak_and_leaks_by_allocating_line(tmp_path: Path) -> None:
 
 def test_registered_for_every_report() -> None:
     assert {"call_sites", "peak_call_sites", "leak_call_sites"} <= set(REGISTRY)
+
+
+def test_report_stacks_prints_the_top_stacks_in_full(tmp_path: Path, capsys) -> None:
+    from pasta_trace.cli import main
+
+    cap = _capture(tmp_path / "cap")
+    assert main(["report", str(cap), "--stacks", "--limit", "2", "--tool", "call_sites"]) == 0
+    out = capsys.readouterr().out
+    tail = out[out.index("Top 2 caller stacks"):].splitlines()
+    assert tail == [
+        "Top 2 caller stacks (innermost frame first)",
+        "#1  PID 7  cuCtxSynchronize: 2 calls, 0.4 µs blocked",
+        "    Model.step  train.py:40",
+        "    main  train.py:90",
+        "#2  PID 7  cuMemAlloc_v2: 2 calls",
+        "    make_buffer  train.py:12",
+        "    main  train.py:80",
+    ]

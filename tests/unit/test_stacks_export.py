@@ -1,0 +1,33 @@
+"""Chrome trace export carries the caller stacks: `sf` on each API call that
+has one, `stackFrames` nodes whose parent chain is the stack, innermost first."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from pasta_trace.export import chrome, trace_model
+from pasta_trace.read import open_capture
+from test_call_sites import _capture
+
+
+def test_chrome_stack_frames(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    chrome.write(trace_model.build(open_capture(_capture(tmp_path / "cap"))), buf)
+    trace = json.loads(buf.getvalue())
+    calls = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cuda_driver"]
+    stacks = {}
+    for e in calls:
+        chain, node = [], e.get("sf")
+        while node:
+            chain.append(trace["stackFrames"][node]["name"])
+            node = trace["stackFrames"][node].get("parent")
+        stacks.setdefault(e["name"], []).append(chain)
+    assert stacks == {
+        "cuMemAlloc_v2": [["make_buffer train.py:12", "main train.py:80"]] * 2,
+        "cuCtxSynchronize": [["Model.step train.py:40", "main train.py:90"]] * 2,
+        "cuMemFree_v2": [[]],
+        "cuLaunchKernel": [[]],
+    }
+    assert len(trace["stackFrames"]) == 4
