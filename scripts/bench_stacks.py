@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Cost of the caller's Python stack per traced event (run as root).
+
+One run measures the same stub function (``cuMemFree_v2`` of a -O0 stub
+``libcuda.so.1``, an entry-only probe) called through ctypes from Python at
+stack depth 10 and 30:
+
+* untraced;
+* traced with ``--no-stacks`` (the probe alone);
+* traced with Python stacks (the default).
+
+Each figure is the calling thread's CPU time per call (the kernel runs the
+probe in that thread), the median of --batches batches of --calls calls; the
+probe's cost is traced minus untraced, the stacks' cost is stacks minus
+no-stacks, and the cost per extra frame is (depth 30 - depth 10) / 20.
+Targets (docs/performance.md): stacks <= 1.0 us per event at depth 10 and
+<= 60 ns per extra frame.  Every call site makes the same stack, so after the
+first event each one costs the walk and one hash lookup (identical stacks are
+sent once).
+
+    sudo .venv/bin/python scripts/bench_stacks.py --calls 20000 --batches 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+
+CALLER = r"""
+import ctypes, json, sys, time
+lib = ctypes.CDLL(sys.argv[1]); calls, batches, depth = map(int, sys.argv[2:5])
+free = lib.cuMemFree_v2
+def batch():
+    t = time.thread_time_ns()
+    for _ in range(calls):
+        free(0)
+    return (time.thread_time_ns() - t) / calls
+def down(n):
+    return down(n - 1) if n > 1 else [batch() for _ in range(batches)]
+print(json.dumps(down(depth - 1)))  # the module frame counts: `depth` frames at the call
+"""
+
+
+def measure(cmd_prefix: list[str], stub: Path, calls: int, batches: int, depth: int, tmp: Path) -> float:
+    script = tmp / "caller.py"
+    script.write_text(CALLER)
+    out = tmp / f"out-{depth}.json"
+    inner = [sys.executable, str(script), str(stub), str(calls), str(batches), str(depth)]
+    if cmd_prefix:
+        cap = tmp / f"cap-{len(os.listdir(tmp))}"
+        cmd = [*cmd_prefix, "-o", str(cap), "--", "sh", "-c", " ".join(inner) + f" > {out}"]
+    else:
+        cmd = ["sh", "-c", " ".join(inner) + f" > {out}"]
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=600)
+    return statistics.median(json.loads(out.read_text()))
+
+
+def main() -> int:
+    import build
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--batches", type=int, default=7)
+    a = ap.parse_args()
+    stub = build.cuda_stub()
+    tracer = [sys.executable, "-m", "pasta_trace.cli"]
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="bench-stacks-") as d:
+        tmp = Path(d)
+        res = {}
+        for depth in (10, 30):
+            res[depth] = {
+                "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
+                "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
+                "stacks": measure(tracer, stub, a.calls, a.batches, depth, tmp),
+            }
+    for depth, r in res.items():
+        print(f"depth {depth}: untraced {r['untraced']:.0f} ns/call; probe +{r['probe'] - r['untraced']:.0f} ns; "
+              f"with Python stacks +{r['stacks'] - r['untraced']:.0f} ns "
+              f"(stacks alone +{r['stacks'] - r['probe']:.0f} ns per event)")
+    slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
+    print(f"per extra frame: {slope:.0f} ns")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
