@@ -182,3 +182,24 @@ def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub):
     assert with_stack + counts["lost_stacks"] == events.height == cap.manifest["counts"]["events"]
     # every stack an event names is in stacks.parquet
     assert set(events["stack_id"].drop_nulls().to_list()) <= set(cap.stacks.collect()["stack_id"].to_list())
+
+
+def test_unsupported_interpreter_is_traced_without_stacks(tmp_path, cuda_stub):
+    """CPython 3.10 has no stacks here: the manifest and stderr say why, and its calls are still traced."""
+    builds = sorted(PYENV.glob("3.10.*/bin/python3"))
+    if not builds:
+        pytest.skip(f"no CPython 3.10 under {PYENV}")
+    out = tmp_path / "cap"
+    code = (f"import ctypes, os; lib = ctypes.CDLL({str(cuda_stub)!r}); "
+            "[lib.cuMemFree_v2(ctypes.c_uint64(0)) for _ in range(3)]; print(os.getpid())")
+    r = run_pasta(["-o", str(out), "--", str(builds[-1]), "-c", code], timeout=300)
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.strip().splitlines()[-1])
+    reason = f"PID {pid}: no Python stacks: Python 3.10: stacks need CPython 3.11 or later"
+    assert reason in r.stderr
+    cap = open_capture(out)
+    status = cap.manifest["stacks"]["processes"][str(pid)]
+    assert status == {"python": None, "stacks": False, "reason": "Python 3.10: stacks need CPython 3.11 or later"}
+    ev = cap.events.filter(pl.col("pid") == pid).collect()
+    assert ev["api"].cast(pl.String).to_list() == ["cuMemFree_v2"] * 3
+    assert ev["stack_id"].null_count() == 3
