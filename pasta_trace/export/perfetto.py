@@ -54,6 +54,7 @@ ARGS: tuple[tuple[str, str], ...] = (
       for c in API_ARGS),
     ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"), ("overlap_ns", "uint"),
     ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
+    ("stack", "str"),  # the caller's stack, one "function file:line" per line, innermost first
 )
 
 
@@ -106,6 +107,7 @@ def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
     api = model.api.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
                          maintain_order="left")
     api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.col("corr"))
+    api = api.join(_stack_texts(model), on=["pid", "stack_id"], how="left", maintain_order="left")
     kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
         cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
         device_timing=pl.col("dur_ns").is_not_null())
@@ -115,6 +117,16 @@ def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
     counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
         "track", "ts_ns", counter_value="live_bytes")
     return [api, kernels, memops], counts
+
+
+def _stack_texts(model: TraceModel) -> pl.DataFrame:
+    """pid, stack_id, stack: each stack as one string (interned: there are few)."""
+    return (
+        model.stacks.sort("pid", "stack_id", "depth")
+        .group_by("pid", "stack_id", maintain_order=True)
+        .agg(pl.format("{} {}:{}", pl.col("function").fill_null("?"), pl.col("file").fill_null("?"),
+                       pl.col("line").cast(pl.String).fill_null("?")).str.join("\n").alias("stack"))
+    )
 
 
 _HAS_DUR = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)

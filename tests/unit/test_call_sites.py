@@ -33,7 +33,8 @@ def _capture(d: Path) -> Path:
          "dur_ns": [r[3] for r in rows], "ptr": [r[4] for r in rows], "size": [r[5] for r in rows],
          "stack_id": [r[6] for r in rows], "pid": [7] * len(rows), "tid": [7] * len(rows), "ret": [0] * len(rows)},
     ).with_columns([pl.lit(None, dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()
-                    if c not in ("ts_ns", "api", "kind", "dur_ns", "ptr", "size", "stack_id", "pid", "tid", "ret")])
+                    if c not in ("ts_ns", "api", "kind", "dur_ns", "ptr", "size", "stack_id", "pid", "tid", "ret")]
+                   ).with_columns(func=pl.when(pl.col("kind") == "launch").then(pl.lit(0x77, pl.UInt64)))
     ev.select([pl.col(c).cast(dt) for c, dt in schema.EVENTS_SCHEMA.items()]).write_parquet(d / "events-00000.parquet")
     frames = [  # stack, depth, function, file, line
         (SYNC, 0, "Model.step", "train.py", 40), (SYNC, 1, "main", "train.py", 90),

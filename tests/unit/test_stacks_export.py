@@ -31,3 +31,22 @@ def test_chrome_stack_frames(tmp_path: Path) -> None:
         "cuLaunchKernel": [[]],
     }
     assert len(trace["stackFrames"]) == 4
+
+
+def test_perfetto_stack_argument(tmp_path: Path) -> None:
+    from pasta_trace.cli import main
+    from test_export_perfetto import Parsed
+
+    cap = _capture(tmp_path / "cap")
+    out = tmp_path / "cap.pftrace"
+    assert main(["export", str(cap), "--format", "perfetto", "-o", str(out)]) == 0
+    parsed = Parsed(out.read_bytes())
+    stacks = sorted({(name, parsed.args[(track, t)].get("stack"))
+                     for track, slices in parsed.slices.items() for t, _, name, _ in slices})
+    assert stacks == [
+        ("cuCtxSynchronize", "Model.step train.py:40\nmain train.py:90"),
+        ("cuLaunchKernel", None),
+        ("cuMemAlloc_v2", "make_buffer train.py:12\nmain train.py:80"),
+        ("cuMemFree_v2", None),
+        ("unknown@0x77", None),  # the launch's kernel, on its stream track: no caller stack there
+    ]
