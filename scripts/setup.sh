@@ -17,7 +17,7 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 if [ "$(id -u)" != 0 ]; then echo "setup.sh must run as root (apt-get, kernel headers): sudo $0" >&2; exit 77; fi
 
 pkgs=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc g++ make libamdhip64-5 libamdhip64-dev
-      chromium util-linux binutils)
+      chromium util-linux binutils tmux)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

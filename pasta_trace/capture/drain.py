@@ -49,6 +49,7 @@ class DrainLoop:
         self._status = status
         self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
+        self._open = True
 
     def run(self, *, stop: Callable[[], bool], held: HeldCommand | None, mode: str,
             duration: float | None) -> int | None:
@@ -94,5 +95,7 @@ class DrainLoop:
         self._writer.add_names(self._names.drain())
 
     def close(self) -> None:
-        self._events.close()
-        self._names.close()
+        if self._open:
+            self._open = False
+            self._events.close()
+            self._names.close()

@@ -121,12 +121,17 @@ class ProbeSet:
         detached grandchild inherits the descriptors and closes them; our own
         copies then close at once.  (BCC's own cleanup would also try to
         detach through tracefs's uprobe_events, which fails where tracefs is
-        not mounted.)"""
-        fds = list(self.bpf.uprobe_fds.values())
-        self.bpf.uprobe_fds.clear()
-        if fds:
-            close_in_background(fds)
-        self.bpf.cleanup()
+        not mounted.)  Removing is cleanup: a failure is a warning (in the
+        manifest's notes), never a failed capture."""
+        try:
+            fds = list(self.bpf.uprobe_fds.values())
+            self.bpf.uprobe_fds.clear()
+            if fds:
+                close_in_background(fds)
+            self.bpf.cleanup()
+        except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
+            self.notes.append(f"removing the probes: {type(e).__name__}: {e}")
+            self._say(f"warning: {self.notes[-1]}")
 
 
 def close_in_background(fds: list[int]) -> None:

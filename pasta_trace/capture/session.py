@@ -164,6 +164,9 @@ class Session:
         except BaseException:
             if held is not None and not held.released:
                 held.abandon()
+            # our probes go now, not in BCC's exit handler (which detaches through
+            # tracefs and raises where it is not mounted)
+            self.detach()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             raise

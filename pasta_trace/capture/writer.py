@@ -60,8 +60,10 @@ class CaptureWriter:
         args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd)]
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
+        # its own process group: a terminal's Ctrl-C reaches the whole foreground
+        # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, pass_fds=(out.fd,))
+                                      env=env, pass_fds=(out.fd,), process_group=0)
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
