@@ -77,14 +77,20 @@ class ProbeSet:
         fam = family or discovery.family_of(lib.attach_path) or discovery.family_of(getattr(lib, "path", ""))
         if fam is None:
             return None
-        res = probe_attach.attach_library(self.bpf, lib.attach_path, fam)
+        path = getattr(lib, "ns_path", None) or lib.path
+        try:
+            res = probe_attach.attach_library(self.bpf, lib.attach_path, fam)
+        except Exception as e:  # noqa: BLE001 - any per-library failure stays with that library
+            res = probe_attach.AttachResult(lib.attach_path, errors=[f"{type(e).__name__}: {e}"])
         if not res.attached and not os.path.exists(lib.attach_path):
-            return None  # the process exited between the scan and the attach: nothing to trace
+            # the process exited (or the file went) between the scan and the attach
+            self.notes.append(f"{path}: gone before its probes were attached "
+                              f"({'; '.join(res.errors[:1]) or 'no file'})")
+            return None
         try:
             bid = elf.build_id(lib.attach_path)
-        except Exception:  # noqa: BLE001 - a damaged ELF: no build-id, still traced
+        except Exception:  # noqa: BLE001 - a damaged or vanished ELF: no build-id, still traced
             bid = None
-        path = getattr(lib, "ns_path", None) or lib.path
         entry = mf.LibraryEntry(
             path=path, attach_path=lib.attach_path, dev=lib.dev, inode=lib.inode, build_id=bid, family=fam,
             symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,

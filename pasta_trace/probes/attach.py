@@ -51,10 +51,10 @@ def attach_library(
         if first != api.symbol:
             result.aliases[api.symbol] = first
             continue
-        offset = 0 if at_symbol else placement.choose_probe_offset(path, sym).offset
         entry_fn, return_fn = program.handler_names(api)
-        addr = sym.vaddr + offset
         try:
+            offset = 0 if at_symbol else placement.choose_probe_offset(path, sym).offset
+            addr = sym.vaddr + offset
             bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=entry_fn.encode(), pid=-1)
             result.probes += 1
             if return_fn:
