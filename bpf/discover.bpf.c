@@ -1,20 +1,26 @@
 /* Late-loaded libraries and process lifetimes (pasta_trace/capture/late_load.py).
  *
- * Raw tracepoints only: they need no tracefs mount, and every value here comes
- * from a helper or a syscall register, never from a kernel struct whose
- * layout would have to match the running kernel's.
+ * Raw tracepoints only: they need no tracefs mount.  The few kernel struct
+ * members read (to find the file behind a descriptor) are read at offsets
+ * taken from the running kernel's BTF (PT_OFF_*, capture/kernel_offsets.py),
+ * never from the installed headers, which may be another kernel's.
  *
- * - open/openat/openat2 of a file named libcuda.so* or libamdhip64.so*, by a
- *   traced process, that succeeded, and whose path is not in `known`: the
- *   process is stopped (SIGSTOP) before the open returns to user space and
- *   user space is told; it attaches the probes, adds the path to `known` and
- *   sends SIGCONT.  So the library's first call is traced.
+ * - open/openat/openat2 for reading, of a file named libcuda.so* or
+ *   libamdhip64.so*, by a traced process, that succeeded, and whose file
+ *   (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
+ *   before the open returns to user space, and recorded in `pt_stops`.  User
+ *   space attaches the probes, adds the file to `known_files`, deletes the
+ *   record and sends SIGCONT, so the library's first call is traced.  If the
+ *   tracer dies, its guardian (capture/guardian.py), which holds pt_stops and
+ *   discover_cfg, disarms and resumes every process still recorded.
+ * - pasta-trace's own processes (the tracer's tgid, and every process named
+ *   PT_OWN_COMM: other tracers, doctor, --dry-run) are never stopped.
  * - fork: a child of a traced process joins pid_filter in its own context, at
  *   its first return to user space, before it can run any code of its own.
  * - exec and exit of traced processes are reported for processes.parquet.
  *
- * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process) and
- * the struct pt_discover layout are prepended by late_load.py.
+ * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
+ * table sizes, the offsets and the struct layouts are prepended by late_load.py.
  */
 
 #include <uapi/linux/ptrace.h>
@@ -23,20 +29,38 @@
 #define PT_NR_OPEN 2
 #define PT_NR_OPENAT 257
 #define PT_NR_OPENAT2 437
+#define PT_O_ACCMODE 3
+#define PT_O_RDONLY 0
 
 struct pt_path_key {
     char path[PT_PATH_LEN];
 };
 
+struct pt_open_args {
+    u64 name;  /* user pointer to the file name */
+    u64 flags;
+};
+
 BPF_RINGBUF_OUTPUT(discover_events, 16);
-BPF_HASH(known_paths, struct pt_path_key, u8, 1024);
-BPF_HASH(open_args, u32, u64, 16384);       /* tid -> user pointer to the file name */
+BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
+BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
+BPF_HASH(open_args, u32, struct pt_open_args, 16384);
 BPF_HASH(pending_children, u64, u32, 16384); /* child task pointer -> parent tgid */
-BPF_PERCPU_ARRAY(discover_scratch, struct pt_path_key, 1);
-/* [0] the tracer's own tgid: never stop it; [1] 1 while the tracer is there to resume
- * what it stops (cleared before it stops polling, so a process that opens a library
- * while the probes are being removed is never left stopped) */
+BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
+/* [0] the tracer's own tgid: never stop it; [1] 1 while the tracer (or its guardian)
+ * is there to resume what it stops: cleared before the tracer stops polling, so a
+ * process that opens a library while the probes are being removed is never left stopped */
 BPF_ARRAY(discover_cfg, u32, 2);
+/* [PT_DLOST_STOPS] opens not paused because pt_stops was full;
+ * [PT_DLOST_NOTES] fork/exec/exit notifications dropped because the ring was full */
+BPF_PERCPU_ARRAY(discover_lost, u64, 2);
+
+static __always_inline void pt_dlost(int i)
+{
+    u64 *n = discover_lost.lookup(&i);
+    if (n)
+        (*n)++;
+}
 
 static __always_inline int pt_traced(u32 tgid)
 {
@@ -58,28 +82,62 @@ static __always_inline int pt_armed(void)
     return armed && *armed;
 }
 
-/* returns 1 when user space will see the notification */
-static __always_inline int pt_notify(u32 type, u32 pid, u32 tid, u32 ppid, s32 fd, struct pt_path_key *key)
+/* comm is inherited by threads and children until exec: every pasta-trace process */
+static __always_inline int pt_own_process(void)
+{
+    char comm[16] = {};
+    const char own[] = PT_OWN_COMM;
+    bpf_get_current_comm(comm, sizeof(comm));
+#pragma unroll
+    for (int i = 0; i < sizeof(own); i++)
+        if (comm[i] != own[i])
+            return 0;
+    return 1;
+}
+
+static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
 {
     struct pt_discover *e = discover_events.ringbuf_reserve(sizeof(struct pt_discover));
-    if (!e)
-        return 0;
+    if (!e) {
+        pt_dlost(PT_DLOST_NOTES);
+        return;
+    }
     e->ts_ns = bpf_ktime_get_ns();
     e->pid = pid;
     e->tid = tid;
     e->ppid = ppid;
     e->type = type;
-    e->fd = fd;
-    e->pad = 0;
     /* the cgroup at this moment: a short-lived process may be gone before
      * user space can read /proc/PID/cgroup */
     e->cgroup_id = bpf_get_current_cgroup_id();
-    if (key)
-        __builtin_memcpy(e->path, key->path, PT_PATH_LEN);
-    else
-        e->path[0] = 0;
     discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-    return 1;
+}
+
+/* (device, inode) of the current task's descriptor fd: task->files->fdt->fd[fd]->f_inode */
+static __always_inline int pt_fd_file(long fd, struct pt_file *out)
+{
+    char *p = (char *)bpf_get_current_task();
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + PT_OFF_TASK_FILES) || !p)
+        return -1;
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + PT_OFF_FILES_FDT) || !p)
+        return -1;
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + PT_OFF_FDT_FD) || !p)
+        return -1;
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + fd * sizeof(void *)) || !p)
+        return -1;
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + PT_OFF_FILE_INODE) || !p)
+        return -1;
+    u64 ino = 0;
+    if (bpf_probe_read_kernel(&ino, sizeof(ino), p + PT_OFF_INODE_INO))
+        return -1;
+    if (bpf_probe_read_kernel(&p, sizeof(p), p + PT_OFF_INODE_SB) || !p)
+        return -1;
+    u32 dev = 0;
+    if (bpf_probe_read_kernel(&dev, sizeof(dev), p + PT_OFF_SB_DEV))
+        return -1;
+    out->dev = dev;
+    out->ino = ino;
+    return 0;
 }
 
 /* a path component that starts with `libcuda.so` or `libamdhip64.so`, then
@@ -114,13 +172,23 @@ RAW_TRACEPOINT_PROBE(sys_enter)
     if (!pt_traced(id >> 32))
         return 0;
     struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
-    u64 name = 0;
-    if (nr == PT_NR_OPEN)
-        bpf_probe_read_kernel(&name, sizeof(name), &PT_REGS_PARM1(regs));
-    else
-        bpf_probe_read_kernel(&name, sizeof(name), &PT_REGS_PARM2(regs));
+    struct pt_open_args a = {};
+    if (nr == PT_NR_OPEN) {
+        bpf_probe_read_kernel(&a.name, sizeof(a.name), &PT_REGS_PARM1(regs));
+        bpf_probe_read_kernel(&a.flags, sizeof(a.flags), &PT_REGS_PARM2(regs));
+    } else {
+        bpf_probe_read_kernel(&a.name, sizeof(a.name), &PT_REGS_PARM2(regs));
+        bpf_probe_read_kernel(&a.flags, sizeof(a.flags), &PT_REGS_PARM3(regs));
+        if (nr == PT_NR_OPENAT2) { /* a pointer to struct open_how, whose first member is the flags */
+            u64 how = a.flags;
+            a.flags = 0;
+            bpf_probe_read_user(&a.flags, sizeof(a.flags), (void *)how);
+        }
+    }
+    if ((a.flags & PT_O_ACCMODE) != PT_O_RDONLY)
+        return 0; /* written, not loaded (cp, an installer): its content may not be there yet */
     u32 tid = (u32)id;
-    open_args.update(&tid, &name);
+    open_args.update(&tid, &a);
     return 0;
 }
 
@@ -139,31 +207,43 @@ RAW_TRACEPOINT_PROBE(sys_exit)
         u8 one = 1;
         pid_filter.update(&tgid, &one);
 #endif
-        pt_notify(PT_DISCOVER_FORK, tgid, tid, ppid, -1, NULL);
+        pt_notify(PT_DISCOVER_FORK, tgid, tid, ppid);
     }
 
-    u64 *name = open_args.lookup(&tid);
-    if (!name)
+    struct pt_open_args *a = open_args.lookup(&tid);
+    if (!a)
         return 0;
-    u64 uname = *name;
+    u64 uname = a->name;
     open_args.delete(&tid);
     long ret = ctx->args[1];
     if (ret < 0)
         return 0;
     int k = 0;
-    struct pt_path_key *key = discover_scratch.lookup(&k);
-    if (!key)
+    struct pt_stop *st = discover_scratch.lookup(&k);
+    if (!st)
         return 0;
-    __builtin_memset(key, 0, sizeof(*key));
-    if (bpf_probe_read_user_str(key->path, sizeof(key->path), (void *)uname) <= 0)
+    __builtin_memset(st, 0, sizeof(*st));
+    if (bpf_probe_read_user_str(st->path, sizeof(st->path), (void *)uname) <= 0)
         return 0;
-    if (!pt_is_gpu_library(key->path))
+    if (!pt_is_gpu_library(st->path))
         return 0;
-    if (known_paths.lookup(key))
+    struct pt_file f = {};
+    if (pt_fd_file(ret, &f) == 0 && known_files.lookup(&f))
         return 0;
-    /* stop only a process that user space will hear about and resume */
-    if (pt_armed() && pt_notify(PT_DISCOVER_OPEN, tgid, tid, 0, (s32)ret, key))
-        bpf_send_signal(PT_SIGSTOP);
+    /* stop only a process that someone is there to resume, and that is not ours */
+    if (!pt_armed() || pt_own_process())
+        return 0;
+    st->ts_ns = bpf_ktime_get_ns();
+    st->dev = f.dev;
+    st->ino = f.ino;
+    st->tgid = tgid;
+    st->fd = (s32)ret;
+    /* recorded before the signal: whoever resumes it learns of it from pt_stops */
+    if (pt_stops.update(&tid, st)) {
+        pt_dlost(PT_DLOST_STOPS);
+        return 0;
+    }
+    bpf_send_signal(PT_SIGSTOP);
     return 0;
 }
 
@@ -183,18 +263,20 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     u64 id = bpf_get_current_pid_tgid();
     if (!pt_traced(id >> 32))
         return 0;
-    pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0, -1, NULL);
+    pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
     return 0;
 }
 
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
+    u32 tid = (u32)id, tgid = id >> 32;
+    /* a stopped thread that was killed needs no resuming */
+    pt_stops.delete(&tid);
     /* the group leader's exit stands for the process's */
-    if ((u32)id != tgid || !pt_traced(tgid))
+    if (tid != tgid || !pt_traced(tgid))
         return 0;
-    pt_notify(PT_DISCOVER_EXIT, tgid, (u32)id, 0, -1, NULL);
+    pt_notify(PT_DISCOVER_EXIT, tgid, tid, 0);
 #if PT_DISCOVER_FILTER
     pid_filter.delete(&tgid);
 #endif

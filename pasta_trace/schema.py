@@ -324,9 +324,9 @@ DISCOVER_PATH_LEN = 256
 
 
 class DiscoverType(enum.IntEnum):
-    """What bpf/discover.bpf.c reports (pasta_trace/capture/late_load.py)."""
+    """What bpf/discover.bpf.c reports in its ring (pasta_trace/capture/late_load.py).
+    Stopped openers are not in the ring: they are in the pt_stops map (STOP_RECORD)."""
 
-    OPEN = 1  # a traced process opened libcuda.so*/libamdhip64.so*; it is stopped until resumed
     FORK = 2
     EXEC = 3
     EXIT = 4
@@ -341,13 +341,37 @@ DISCOVER_EVENT = Record(
             ("tid", "u32", "", ""),
             ("ppid", "u32", "", "FORK: the parent's tgid"),
             ("type", "u32", "", "DiscoverType"),
-            ("fd", "i32", "", "OPEN: the descriptor the open returned"),
-            ("pad", "u32", "", ""),
             ("cgroup_id", "u64", "", "cgroup v2 id of the task (its cgroupfs directory's inode)"),
-            ("path", f"char[{DISCOVER_PATH_LEN}]", "", "OPEN: the name passed to open"),
         ]
     ),
-    "late-load / process-lifetime notification, written into the discover_events ring buffer",
+    "process-lifetime notification, written into the discover_events ring buffer",
+)
+
+KNOWN_FILE = Record(
+    "pt_file",
+    _fields(
+        [
+            ("dev", "u64", "", "the file's device, as the kernel encodes it (major << 20 | minor)"),
+            ("ino", "u64", "", "the file's inode number"),
+        ]
+    ),
+    "key of known_files: a library file that has probes, whatever path reaches it",
+)
+
+STOP_RECORD = Record(
+    "pt_stop",
+    _fields(
+        [
+            ("ts_ns", "u64", "ns CLOCK_MONOTONIC", "when the process was stopped"),
+            ("dev", "u64", "", "KNOWN_FILE.dev of the opened file"),
+            ("ino", "u64", "", "inode of the opened file"),
+            ("tgid", "u32", "", "the stopped process"),
+            ("fd", "i32", "", "the descriptor the open returned"),
+            ("path", f"char[{DISCOVER_PATH_LEN}]", "", "the name passed to open"),
+        ]
+    ),
+    "value of pt_stops (key: the opener's tid): a process stopped at its open of a traced library, "
+    "until a tracer or its guardian resumes it",
 )
 
 # --------------------------------------------------------------------------- stacks

@@ -1,31 +1,52 @@
 """Libraries loaded after the capture starts, traced from their first call.
 
 bpf/discover.bpf.c stops (SIGSTOP) a traced process whose open of a
-libcuda.so* / libamdhip64.so* file succeeded, before the open returns, and
-reports it here.  The watcher resolves the opened file through
-/proc/PID/fd/<fd>, attaches the probes if its inode is new, records the path
-as known (so the next open of it does not stop anyone) and resumes the process
-with SIGCONT.  The same program reports forks, execs and exits of traced
-processes.
+libcuda.so* / libamdhip64.so* file for reading succeeded, before the open
+returns, and records it in the pt_stops map.  The watcher resolves the opened
+file through /proc/PID/fd/<fd>, attaches the probes if its inode is new,
+records the file's (device, inode) as known (so the next open of that file,
+by any path, does not stop anyone) and resumes the process with SIGCONT.  A
+file that got no probe (a library still being written, say) is not made
+known: its next open is stopped and tried again.  The same program reports
+forks, execs and exits of traced processes.
 
-Caveat (documented in docs/host-tracing.md): a process that was already
-stopped by job control when it opened the library is resumed by our SIGCONT.
+A guardian process (capture.guardian) resumes every recorded stop if the
+tracer dies before it could.
+
+Caveat (documented in README): a process that was already stopped by job
+control when it opened the library is resumed by our SIGCONT.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from .. import schema
+from . import guardian, own_process
+from .map_fds import Map, MapsByName, map_info
+from .kernel_offsets import discover_offsets
 from .ringbuf import RingBuffer, open_table
 
 PATH_LEN = schema.DISCOVER_PATH_LEN
 DiscoverType = schema.DiscoverType
 DISCOVER_EVENT = schema.DISCOVER_EVENT
+STOP_RECORD = schema.STOP_RECORD
+#: library files (inodes) with probes that the kernel remembers; beyond it, each open of another one is paused
+KNOWN_MAX = 1024
+#: processes stopped at once, waiting for the tracer
+STOPS_MAX = 16384
+#: discover_lost counters
+LOST_STOPS, LOST_NOTES = 0, 1
+
+
+def kernel_dev(st_dev: int) -> int:
+    """stat's st_dev in the kernel's own encoding (what BPF reads from a super_block)."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
 
 
 def bpf_source_path() -> Path:
@@ -37,15 +58,23 @@ def bpf_source_path() -> Path:
     raise FileNotFoundError("bpf/discover.bpf.c is missing from this installation")
 
 
-def discover_text(*, filter_pids: bool, own_pid_filter: bool = False) -> str:
+def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max: int = KNOWN_MAX) -> str:
     """The discover program's C text, to append to the probes program (which
     already includes schema.bpf_c_header() and, when filtering, pid_filter).
     ``own_pid_filter`` declares pid_filter here, for use without the probes."""
     head = [
         f"#define PT_DISCOVER_FILTER {int(filter_pids)}",
         f"#define PT_PATH_LEN {PATH_LEN}",
+        f"#define PT_KNOWN_MAX {known_max}",
+        f"#define PT_STOPS_MAX {STOPS_MAX}",
+        f'#define PT_OWN_COMM "{own_process.OWN_COMM}"',
+        f"#define PT_DLOST_STOPS {LOST_STOPS}",
+        f"#define PT_DLOST_NOTES {LOST_NOTES}",
+        *(f"#define {name} {off}" for name, off in discover_offsets().items()),
         *(f"#define PT_DISCOVER_{t.name} {int(t)}" for t in DiscoverType),
         DISCOVER_EVENT.c_struct(),
+        schema.KNOWN_FILE.c_struct(),
+        STOP_RECORD.c_struct(),
     ]
     if own_pid_filter:
         head.append("BPF_HASH(pid_filter, u32, u8, 65536);")
@@ -80,25 +109,40 @@ def resolve_open(pid: int, fd: int, path: str, proc: Path = Path("/proc")) -> Op
 
 
 class LateLoadWatcher:
-    """Drains discover events; calls back into the session for each."""
+    """Handles the stops and drains the notifications of bpf/discover.bpf.c;
+    calls back into the session for each.  ``on_library`` returns whether the
+    file has probes now (only then is it made known to the kernel)."""
 
     def __init__(
         self,
         bpf,
         *,
-        on_library: Callable[[OpenedLibrary], None],
+        on_library: Callable[[OpenedLibrary], bool],
         on_fork: Callable[[int, int, int], None],
         on_exec: Callable[[int, int], None],
         on_exit: Callable[[int, int], None],
+        on_warning: Callable[[str], None] = lambda msg: None,
     ):
         self._bpf = bpf
         self._ring: RingBuffer | None = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
-        self._known = bpf["known_paths"]
+        self._known = bpf["known_files"]
         self.on_library, self.on_fork, self.on_exec, self.on_exit = on_library, on_fork, on_exec, on_exit
+        self.on_warning = on_warning
+        stops_fd = bpf["pt_stops"].map_fd
+        self._stops = Map(stops_fd, 4, STOP_RECORD.dtype.itemsize)
+        self._others = MapsByName(guardian.STOPS_MAP, 4, STOP_RECORD.dtype.itemsize, {map_info(stops_fd)[0]})
         self._cfg = bpf["discover_cfg"]
         self._cfg[self._cfg.Key(0)] = self._cfg.Leaf(os.getpid())
-        self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)  # armed: we are here to resume what we stop
+        # armed only once someone outlives us to resume what we stop
+        self._guardian = guardian.Guardian(stops_fd, self._cfg.map_fd, STOP_RECORD.dtype.itemsize,
+                                           STOP_RECORD.dtype.fields["tgid"][1])
+        self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0
+        self.known_full = 0  # library files with probes that the kernel could not remember
+
+    @property
+    def guardian_pid(self) -> int:
+        return self._guardian.pid
 
     def disarm(self) -> None:
         """Stop stopping processes, then resume any stopped just before.
@@ -111,41 +155,66 @@ class LateLoadWatcher:
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(0)
         self.poll()
 
-    def add_known(self, path: str) -> None:
-        raw = path.encode()[: PATH_LEN - 1]
-        key = self._known.Key()
-        key.path = raw
-        self._known[key] = self._known.Leaf(1)
+    def add_known(self, dev: int, inode: int) -> None:
+        """A file (stat's st_dev, inode) that has probes: its opens need no stop."""
+        self._add_known_key(kernel_dev(dev), inode)
+
+    def _add_known_key(self, kdev: int, inode: int) -> None:
+        key = self._known.Key(kdev, inode)
+        if key in self._known:
+            return
+        try:
+            self._known[key] = self._known.Leaf(1)
+        except Exception:  # noqa: BLE001 - BCC raises a bare Exception (E2BIG: the table is full)
+            self.known_full += 1
+            if self.known_full == 1:
+                self.on_warning(f"more than {self._known.max_entries} library files have probes: each later "
+                                "open of another one pauses its process for a moment")
+
+    def lost(self) -> tuple[int, int]:
+        """(opens not paused because too many processes were stopped at once,
+        fork/exec/exit notifications dropped)."""
+        t = self._bpf["discover_lost"]
+        return int(sum(t[t.Key(LOST_STOPS)])), int(sum(t[t.Key(LOST_NOTES)]))
 
     def poll(self) -> int:
-        """Handle every pending notification; returns how many there were."""
+        """Handle every pending stop and notification; returns how many there were."""
         recs = self._ring.drain()
-        for rec in recs:  # rare events (opens, forks, exits), not the event stream
+        for rec in recs:  # rare events (forks, exits), not the event stream
             kind = int(rec["type"])
             pid = int(rec["pid"])
-            if kind == DiscoverType.OPEN:
-                self._opened(pid, int(rec["fd"]), bytes(rec["path"]).split(b"\0", 1)[0].decode("utf-8", "replace"))
-            elif kind == DiscoverType.FORK:
+            if kind == DiscoverType.FORK:
                 self.on_fork(pid, int(rec["ppid"]), int(rec["ts_ns"]))
             elif kind == DiscoverType.EXEC:
                 self.on_exec(pid, int(rec["cgroup_id"]))
             elif kind == DiscoverType.EXIT:
                 self.on_exit(pid, int(rec["ts_ns"]))
-        return int(recs.size)
+        return int(recs.size) + self._handle_stops()
 
-    def _opened(self, pid: int, fd: int, path: str) -> None:
-        self.stops += 1
+    def _handle_stops(self) -> int:
+        """Attach for every stopped process, then resume them all: a process
+        with two threads stopped at two libraries resumes once both have probes."""
+        pending = []
+        for key in self._stops.keys():
+            val = self._stops.lookup(key)
+            if val is not None:
+                pending.append((key, np.frombuffer(val, STOP_RECORD.dtype)[0]))
+        if not pending:
+            return 0
+        self.stops += len(pending)
         try:
-            lib = resolve_open(pid, fd, path)
-            if lib is not None:
-                self.on_library(lib)
-            self.add_known(path)
+            for _, st in pending:
+                path = bytes(st["path"]).split(b"\0", 1)[0].decode("utf-8", "replace")
+                lib = resolve_open(int(st["tgid"]), int(st["fd"]), path)
+                if lib is not None and self.on_library(lib):
+                    # the key the kernel computed: the same file seen through an overlay gets its own
+                    self._add_known_key(int(st["dev"]), int(st["ino"]))
+                    self.add_known(lib.dev, lib.inode)
         finally:
             # never leave a process stopped, whatever happened above
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            for key, st in pending:
+                guardian.release(self._stops, self._others, key, int(st["tgid"]))
+        return len(pending)
 
     def close(self) -> None:
         if self._ring is None:
@@ -153,3 +222,4 @@ class LateLoadWatcher:
         self.disarm()
         self._ring.close()
         self._ring = None
+        self._guardian.close()

@@ -151,6 +151,7 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path)
     def on_library(opened):
         state = Path(f"/proc/{opened.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         seen.append(("lib", opened.pid, opened.path, opened.ns_path, state, opened.inode))
+        return True  # as if probed: the file is made known, its next open does not stop
 
     w = LateLoadWatcher(
         b, on_library=on_library, on_fork=lambda pid, ppid, ts: seen.append(("fork", pid, ppid)),

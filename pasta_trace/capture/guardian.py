@@ -1,0 +1,123 @@
+"""The guardian of a tracer's late-load stops: resumes every process that the
+tracer stopped and did not resume, when the tracer ends (however it ends:
+SIGKILL, a crash, or a normal close).
+
+bpf/discover.bpf.c records each process it stops in the `pt_stops` map before
+it sends SIGSTOP.  The guardian is a small process of its own (its own
+session, so a Ctrl-C or a kill of the tracer's process group does not reach
+it) that holds descriptors of `pt_stops` and `discover_cfg` and a pidfd of
+the tracer.  When the tracer dies, or closes the guardian's stdin, it disarms
+the hook (no new stops), then deletes every record and sends SIGCONT, unless
+another tracer holds the same thread stopped (that tracer resumes it).
+
+    python -m pasta_trace.capture.guardian TRACER_PID PIDFD STOPS_FD CFG_FD VALUE_SIZE TGID_OFFSET
+
+(the STOP_RECORD layout comes as sizes: importing the schema would cost the
+tracer most of a second before it can arm the hook)
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import own_process
+from .map_fds import Map, MapsByName, map_info
+
+STOPS_MAP = "pt_stops"
+ARMED_KEY = (1).to_bytes(4, "little")
+#: after disarming, stops that raced with it may still land: look again this often, this many times
+SETTLE_S = 0.02
+SETTLE_ROUNDS = 5
+READY = b"ready\n"
+
+
+def release(stops: Map, others: MapsByName, key: bytes, tgid: int) -> bool:
+    """Forget one stop of ours and resume its process, unless another tracer
+    still holds that thread stopped (that tracer resumes it when it is done:
+    the last tracer to let go sends the SIGCONT).  True if resumed."""
+    stops.delete(key)
+    if others.any_holds(key):
+        return False
+    try:
+        os.kill(tgid, signal.SIGCONT)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def resume_all(stops: Map, others: MapsByName, tgid_offset: int) -> int:
+    """Release every record of ``stops``; returns how many processes were resumed."""
+    resumed = 0
+    for key in stops.keys():
+        val = stops.lookup(key)
+        if val is not None:
+            resumed += release(stops, others, key, int.from_bytes(val[tgid_offset:tgid_offset + 4], "little"))
+    return resumed
+
+
+def main(argv: list[str]) -> int:
+    tracer, pidfd, stops_fd, cfg_fd, value_size, tgid_offset = (int(a) for a in argv)
+    own_process.mark()
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    stops = Map(stops_fd, 4, value_size)
+    cfg = Map(cfg_fd, 4, 4)
+    others = MapsByName(STOPS_MAP, 4, value_size, {map_info(stops_fd)[0]})
+    sys.stdout.buffer.write(READY)
+    sys.stdout.buffer.flush()
+    os.close(1)
+    select.select([pidfd, 0], [], [])
+    cfg.update(ARMED_KEY, (0).to_bytes(4, "little"))
+    resumed = 0
+    for _ in range(SETTLE_ROUNDS):
+        resumed += resume_all(stops, others, tgid_offset)
+        time.sleep(SETTLE_S)
+    if resumed:
+        print(f"pasta-trace: resumed {resumed} process(es) that tracer PID {tracer} had stopped at a library "
+              "load and could not resume", file=sys.stderr)
+    return 0
+
+
+class Guardian:
+    """The tracer's handle on its guardian process."""
+
+    def __init__(self, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int):
+        pidfd = os.pidfd_open(os.getpid())
+        pkg_parent = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "pasta_trace.capture.guardian", str(os.getpid()), str(pidfd),
+                 str(stops_fd), str(cfg_fd), str(value_size), str(tgid_offset)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(pidfd, stops_fd, cfg_fd),
+                start_new_session=True, env=env,
+            )
+        finally:
+            os.close(pidfd)
+        if self._proc.stdout.readline() != READY:
+            self._proc.wait()
+            raise RuntimeError(f"the late-load guardian did not start (exit {self._proc.returncode})")
+        self._proc.stdout.close()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def close(self) -> None:
+        """Tell the guardian we are done (it resumes anything left) and reap it."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass  # it will still end, reparented; never hold up the tracer's exit
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
