@@ -8,6 +8,7 @@ import sys
 import traceback
 
 from . import __version__
+from .capture import own_process
 from .commands import VERBS
 from .errors import EXIT_RUNTIME, EXIT_USAGE, PastaError
 
@@ -68,6 +69,7 @@ def _with_default_verb(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_process.mark()  # before any thread starts: no pasta-trace process is ever stopped by a tracer
     argv = _with_default_verb(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     if not argv:

@@ -25,6 +25,7 @@ import polars as pl
 
 from .. import schema
 from ..safe_output import OutputDir
+from . import own_process
 from .decode import events_frame
 from .ringbuf import padded_dtype
 
@@ -53,6 +54,7 @@ def _read_exact(stream, n: int) -> bytes:
 
 
 def main(argv: list[str]) -> int:
+    own_process.mark()
     fd = int(argv[0])  # the capture directory, inherited open: every file is written relative to it
     out = OutputDir(fd, Path(f"/proc/self/fd/{fd}"))
     os.nice(NICE)

@@ -207,9 +207,8 @@ class LateLoadWatcher:
                 path = bytes(st["path"]).split(b"\0", 1)[0].decode("utf-8", "replace")
                 lib = resolve_open(int(st["tgid"]), int(st["fd"]), path)
                 if lib is not None and self.on_library(lib):
-                    # the key the kernel computed: the same file seen through an overlay gets its own
+                    # the key the kernel computed (ProbeSet made stat's known): an overlay's may differ
                     self._add_known_key(int(st["dev"]), int(st["ino"]))
-                    self.add_known(lib.dev, lib.inode)
         finally:
             # never leave a process stopped, whatever happened above
             for key, st in pending:
@@ -219,7 +218,17 @@ class LateLoadWatcher:
     def close(self) -> None:
         if self._ring is None:
             return
-        self.disarm()
-        self._ring.close()
-        self._ring = None
-        self._guardian.close()
+        try:
+            self.disarm()
+            unpaused, notes = self.lost()
+            if unpaused:
+                self.on_warning(f"{unpaused} opens of a GPU library were not paused (more than {STOPS_MAX} processes "
+                                "waiting at once): their libraries were found by the rescan or at a later open, "
+                                "and their first calls may be missing")
+            if notes:
+                self.on_warning(f"{notes} fork/exec/exit notifications were dropped: processes.parquet may miss "
+                                "some processes")
+        finally:
+            self._ring.close()
+            self._ring = None
+            self._guardian.close()

@@ -42,15 +42,17 @@ def load_program(opts: Options):
 class ProbeSet:
     """Which library files (by inode) have our probes, and what each got.
 
-    ``known`` is told each attached path, so that the discover program stops
-    no process for opening it again."""
+    ``known`` is told the (dev, inode) of each file that got probes, so that the
+    discover program stops no process for opening it again.  A file that got
+    none (still being written, say) is not kept: its next open tries again."""
 
-    def __init__(self, bpf, *, known: Callable[[str], None], say: Callable[[str], None], verbose: bool):
+    def __init__(self, bpf, *, known: Callable[[int, int], None], say: Callable[[str], None], verbose: bool):
         self.bpf = bpf
         self._known = known
         self._say = say
         self._verbose = verbose
         self.attached: dict[tuple[int, int], mf.LibraryEntry] = {}
+        self.unprobed: dict[tuple[int, int], mf.LibraryEntry] = {}  # tried, no probe attached (yet)
         self.library_rows: list[dict] = []
         self.notes: list[str] = []
         self._written_libs = 0
@@ -60,7 +62,10 @@ class ProbeSet:
         return sum(len(e.symbols_attached) for e in self.attached.values())
 
     def entries(self) -> list[mf.LibraryEntry]:
-        return list(self.attached.values())
+        return [*self.attached.values(), *(e for k, e in self.unprobed.items() if k not in self.attached)]
+
+    def has_probes(self, dev: int, inode: int) -> bool:
+        return (dev, inode) in self.attached
 
     def filter_pid(self, pid: int) -> None:
         """Let events of ``pid`` through the program's PID filter."""
@@ -96,20 +101,23 @@ class ProbeSet:
             symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,
             errors=res.errors,
         )
-        self.attached[key] = entry
-        self.library_rows.append({
-            "path": path, "attach_path": lib.attach_path, "dev": lib.dev, "inode": lib.inode, "build_id": bid,
-            "family": fam, "symbols_attached": len(res.attached), "symbols_missing": len(res.missing),
-        })
-        self._known(path)
         if self._verbose:
             self._say(probe_attach.describe_missing(res, None))
             if res.placements:
                 moved = {s: o for s, o in res.placements.items() if o}
                 self._say(f"  probes past the symbol (offset): {moved}" if moved else "  all probes at the symbols")
         if not res.attached:
-            self.notes.append(f"{path}: no probe attached ({'; '.join(res.errors[:3]) or 'no probed symbol'})")
-            self._say(f"warning: {self.notes[-1]}")
+            if key not in self.unprobed:  # said once; tried again at every open
+                self.notes.append(f"{path}: no probe attached ({'; '.join(res.errors[:3]) or 'no probed symbol'})")
+                self._say(f"warning: {self.notes[-1]}")
+            self.unprobed[key] = entry
+            return entry
+        self.attached[key] = entry
+        self.library_rows.append({
+            "path": path, "attach_path": lib.attach_path, "dev": lib.dev, "inode": lib.inode, "build_id": bid,
+            "family": fam, "symbols_attached": len(res.attached), "symbols_missing": len(res.missing),
+        })
+        self._known(lib.dev, lib.inode)
         return entry
 
     def write_libraries(self, writer) -> None:

@@ -66,7 +66,7 @@ class Session:
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
-                                        on_exec=self._on_exec, on_exit=self._on_exit)
+                                        on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
         self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
                                        stacks=self._stacks)
@@ -92,8 +92,8 @@ class Session:
         return None
 
     # the discover program's callbacks go to the tracker, which exists only after setup()
-    def _on_library(self, lib) -> None:
-        self._tracker.on_library(lib)
+    def _on_library(self, lib) -> bool:
+        return self._tracker.on_library(lib)
 
     def _on_fork(self, pid: int, ppid: int, ts: int) -> None:
         self._tracker.on_fork(pid, ppid, ts)
@@ -103,6 +103,10 @@ class Session:
 
     def _on_exit(self, pid: int, ts: int) -> None:
         self._tracker.on_exit(pid, ts)
+
+    def _warn(self, msg: str) -> None:
+        self._probes.notes.append(msg)
+        self.say(f"warning: {msg}")
 
     def _banner(self, who: str) -> None:
         what = "aggregating" if self.opts.aggregate else "Tracing"
@@ -137,6 +141,7 @@ class Session:
                 env.update(device.env())
             held = self.setup(env)
         except BaseException:
+            self._release_stops()
             out.abandon()
             raise
         # Ctrl-C/SIGTERM only ask the loop to stop, until the manifest is complete:
@@ -162,6 +167,7 @@ class Session:
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
+            self._release_stops()  # an internal error: nothing may stay stopped
             if held is not None and not held.released:
                 held.abandon()
             # our probes go now, not in BCC's exit handler (which detaches through
@@ -190,6 +196,10 @@ class Session:
         except ImportError as e:
             raise PastaError(f"--device {self.opts.device}: the device side is not installed ({e})") from None
         return DeviceSession(self.opts.device, self._out, command=self.opts.command)
+
+    def _release_stops(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
 
     def _request_stop(self, *_: object) -> None:
         self._stop = True

@@ -76,14 +76,16 @@ class ProcessTracker:
 
     # ------------------------------------------------------------------ callbacks from the discover program
 
-    def on_library(self, lib: OpenedLibrary) -> None:
+    def on_library(self, lib: OpenedLibrary) -> bool:
+        """Attach to a library a stopped process opened; True if the file has probes."""
         entry = self._probes.attach(lib)
         self.processes.add(lib.pid)
         self.save_maps([lib.pid])
         self._python(lib.pid)
-        if entry is not None:
+        if entry is not None and entry.symbols_attached:
             self._say(f"PID {lib.pid} loaded {lib.ns_path}: attached {len(entry.symbols_attached)} probes "
                       "before its first call")
+        return self._probes.has_probes(lib.dev, lib.inode)
 
     def on_fork(self, pid: int, ppid: int, ts: int) -> None:
         if pid != ppid:
