@@ -80,6 +80,10 @@ class StackCollector:
             return
         except OSError:
             return  # gone already
+        except Exception as e:  # noqa: BLE001 - a damaged interpreter file must not stop the tracing
+            if final:
+                self.status[pid] = {"python": None, "stacks": False, "reason": f"{type(e).__name__}: {e}"}
+            return
         self._add(pid, interp)
 
     def _add(self, pid: int, interp: interpreter.Interpreter) -> None:

@@ -95,12 +95,12 @@ class ProcessTracker:
                 self._stacks.fork(pid, ppid)
 
     def on_exec(self, pid: int, cgroup_id: int) -> None:
-        if self._stacks is not None:
-            self._stacks.exec(pid)
         if pid in self.processes:
             self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self.traced_pids:
             self.save_maps([pid])
+        if self._stacks is not None:
+            self._stacks.exec(pid)
 
     def on_exit(self, pid: int, ts: int) -> None:
         if pid in self.processes:
