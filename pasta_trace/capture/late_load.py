@@ -138,7 +138,7 @@ class LateLoadWatcher:
                                            STOP_RECORD.dtype.fields["tgid"][1])
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0
-        self.known_full = 0  # library files with probes that the kernel could not remember
+        self._unremembered: set[tuple[int, int]] = set()  # files with probes the kernel could not remember
 
     @property
     def guardian_pid(self) -> int:
@@ -166,10 +166,16 @@ class LateLoadWatcher:
         try:
             self._known[key] = self._known.Leaf(1)
         except Exception:  # noqa: BLE001 - BCC raises a bare Exception (E2BIG: the table is full)
-            self.known_full += 1
-            if self.known_full == 1:
+            first = not self._unremembered
+            self._unremembered.add((kdev, inode))
+            if first:
                 self.on_warning(f"more than {self._known.max_entries} library files have probes: each later "
                                 "open of another one pauses its process for a moment")
+
+    @property
+    def known_full(self) -> int:
+        """Library files with probes that the full known_files table could not hold."""
+        return len(self._unremembered)
 
     def lost(self) -> tuple[int, int]:
         """(opens not paused because too many processes were stopped at once,
