@@ -1,4 +1,4 @@
-"""User-facing errors and the exit codes documented in the README (DESIGN.md §6)."""
+"""User-facing errors and the exit codes documented in the README."""
 
 from __future__ import annotations
 

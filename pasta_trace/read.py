@@ -3,7 +3,7 @@
 This is the seam between capture (which writes the directory) and everything
 offline (merge, tools, report, export): those never parse files themselves.
 
-Capture directory (DESIGN.md §4, docs/formats.md):
+Capture directory (docs/formats.md):
     manifest.json           written last, atomically; "complete": true
     events*.parquet         schema.EVENTS_SCHEMA (one or more files, row groups every <= 1 s)
     names.parquet           schema.NAMES_SCHEMA

@@ -7,7 +7,7 @@ allocation instance live at its launch (or, for a known share, outside any),
 every device launch belongs to a known host launch, and the GPU clock runs
 with a known drift against CLOCK_MONOTONIC.  `Truth` carries what tests check.
 
-Layout it mimics (reference/polars-merge.md): several processes on one GPU
+Layout it mimics (what real multi-process captures look like): several processes on one GPU
 with the same-looking address layouts, allocations in fixed slots whose
 addresses are reused by later allocations of other sizes.
 """

@@ -78,7 +78,7 @@ def run_duckdb(cap_dir: Path, out: Path) -> None:
     samples = f"read_parquet('{cap_dir}/device/access_samples.parquet')"
     stmts = [
         f"SET threads={os.cpu_count()}",
-        "SET asof_loop_join_threshold=0",  # polars-merge.md §3.4 trap 3
+        "SET asof_loop_join_threshold=0",  # else a small estimated probe side turns ASOF into an O(N*M) nested loop
         "SET preserve_insertion_order=false",
         f"CREATE TABLE ev AS SELECT * FROM read_parquet('{cap_dir}/events*.parquet')",
         """CREATE TABLE host AS SELECT pid, tid, ts_ns,
@@ -130,7 +130,7 @@ def run_duckdb(cap_dir: Path, out: Path) -> None:
             FROM {samples} GROUP BY ALL) TO '{out}/working_set.parquet' (FORMAT parquet)""",
     ]
     for s in stmts:
-        con.sql(s)  # one statement per call (polars-merge.md §3.4 trap 8)
+        con.sql(s)  # one statement per call: execute() leaves a result open and the next fails
 
 
 def _np_popcount(x: np.ndarray) -> np.ndarray:

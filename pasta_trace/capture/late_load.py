@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from .. import schema
+from ..probes import program
 from . import guardian, own_process
 from .map_fds import Map, MapsByName, map_info
 from .kernel_offsets import discover_offsets
@@ -51,11 +52,10 @@ def kernel_dev(st_dev: int) -> int:
 
 def bpf_source_path() -> Path:
     """bpf/discover.bpf.c, from a source checkout or an installed package."""
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "bpf" / "discover.bpf.c", here / "bpf" / "discover.bpf.c"):
-        if cand.exists():
-            return cand
-    raise FileNotFoundError("bpf/discover.bpf.c is missing from this installation")
+    path = program.BPF_DIR / "discover.bpf.c"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from this installation")
+    return path
 
 
 def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max: int = KNOWN_MAX) -> str:

@@ -1,4 +1,4 @@
-"""manifest.json of a capture directory (DESIGN.md §4, docs/formats.md).
+"""manifest.json of a capture directory (docs/formats.md).
 
 Written twice: once at the start with ``complete: false`` (so a killed tracer
 still leaves a description of what it traced), and once at the end with the

@@ -1,4 +1,4 @@
-"""Read device record files (TLV, reference/device-side.md §5.4) into the frames of ``schema.DEVICE_FRAMES``.
+"""Read device record files (TLV, docs/device.md) into the frames of ``schema.DEVICE_FRAMES``.
 
 How it stays fast: the only per-record Python is a header walk with ``struct``
 (8-byte stride chains cannot be vectorised in general), and it jumps over runs

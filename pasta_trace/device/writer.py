@@ -1,4 +1,4 @@
-"""Write device record files (the TLV format of reference/device-side.md §5.4) from Python.
+"""Write device record files (the TLV format of docs/device.md) from Python.
 
 The CUPTI collector, the tests and the synthetic benchmark write through this
 module; the C++ writer in gpu_probes/ produces the same bytes from the header

@@ -1,4 +1,4 @@
-"""Host <-> device merge on one clock (DESIGN.md §5, docs/merge.md).
+"""Host <-> device merge on one clock (docs/merge.md).
 
 Every function takes a pasta_trace.read.Capture (a capture directory, or a
 merged timeline from `load`) and returns a lazy frame shaped like

@@ -1,8 +1,9 @@
 """Device addresses -> the allocation instance live there at that time.
 
 The big side (pages, access samples: up to 1e8+ rows) is never sorted and
-never joined to anything but small tables (reference/polars-merge.md §3.1,
-§3.3):
+never joined to anything but small tables: sorting or as-of joining 1e8 rows
+costs several GB and a blocking sort, a lookup into the few thousand segments
+does not (scripts/bench_merge.py):
 
 1. The address space of each process is cut into *segments* at every
    allocation boundary, so each address falls in exactly one segment and each
@@ -72,8 +73,7 @@ class Segments:
         """pid_index << 48 | address as a native Polars expression (UInt64;
         2^64-1 for a pid without allocations or an address beyond 48 bits,
         which lands in the last gap).  A when/then chain, not replace_strict:
-        that one buffers the whole column in the streaming engine
-        (polars-merge.md §3.3)."""
+        that one buffers the whole column in the streaming engine."""
         idx: pl.Expr = pl.lit(None, pl.UInt64)
         for i, p in enumerate(self.pids.tolist()):
             idx = pl.when(pid == p).then(pl.lit(i << ADDRESS_BITS, pl.UInt64)).otherwise(idx)

@@ -6,7 +6,8 @@ API-enter time, launch_id, grid_id, correlation id), its KERNEL_SUMMARY
 CLOCK_MONOTONIC), joined inside the device data by (pid, launch_id), then
 correlation id, then grid id.
 
-Device -> host, in order of preference (reference/polars-merge.md §3.4 trap 9):
+Device -> host, in order of preference (kernels queue FIFO per stream, so a
+queued kernel starts after later launches and time alone mismatches some):
   1. exact: the device's per-process launch_id and the host's per-process
      launch order differ by one constant per process.  The constant is read
      off the time matches below and trusted only if every time match of that

@@ -154,7 +154,7 @@ def working_set(cap: Capture, page_shift: int = WS_PAGE_SHIFT) -> pl.LazyFrame:
 
 def _pid_index(pids: np.ndarray) -> pl.Expr:
     """pid -> its index in `pids` (UInt64), as a when/then chain: native in
-    the streaming engine, unlike replace_strict (polars-merge.md §3.3)."""
+    the streaming engine, unlike replace_strict (which buffers the whole column)."""
     idx: pl.Expr = pl.lit(None, pl.UInt64)
     for i, p in enumerate(pids.tolist()):
         idx = pl.when(pl.col("pid") == p).then(pl.lit(i, pl.UInt64)).otherwise(idx)

@@ -9,8 +9,8 @@ comparable.  ``symbol`` is the exact exported name (for HIP 5.x's C++-mangled
 ``shape`` names the BPF macro that decodes the arguments (``PT_H_<SHAPE>`` in
 ``bpf/*.bpf.c``); ``arg`` is that macro's shape-specific parameter (a CopyKind
 for copies, the element size for memsets, a NameSource for name lookups).
-Argument registers and struct offsets come from
-``reference/probe-points.md`` and are checked by the tests.
+Struct offsets live in :mod:`pasta_trace.probes.offsets` and are checked
+against the vendor headers by ``tests/unit/test_struct_offsets.py``.
 """
 
 from __future__ import annotations

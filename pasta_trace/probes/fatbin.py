@@ -1,6 +1,6 @@
 """Kernel names from the CUDA fatbins embedded in a binary (no GPU, no CUDA).
 
-Layout (reference/probe-points.md, "Fatbin format"): the `.nv_fatbin` section
+Layout (as nvcc 13.0 writes it): the `.nv_fatbin` section
 (`__nv_relfatbin` in relocatable objects) holds one or more containers
 (magic 0xBA55ED50, u16 version, u16 header size, u64 payload size); each
 payload is a run of entries (u16 kind: 1 PTX, 2 cubin ELF; u32 header size;

@@ -10,7 +10,17 @@ from pathlib import Path
 from pasta_trace import schema
 from pasta_trace.probes import catalog, offsets
 
-BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"
+
+
+def _bpf_dir() -> Path:
+    """bpf/ of a source checkout (editable install), else the copy a wheel
+    installs as pasta_trace/bpf (setup.py)."""
+    package = Path(__file__).resolve().parents[1]
+    checkout = package.parent / "bpf"
+    return checkout if (checkout / "pasta.h").is_file() else package / "bpf"
+
+
+BPF_DIR = _bpf_dir()
 SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c")
 STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on

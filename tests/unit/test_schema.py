@@ -64,7 +64,7 @@ def test_checked_in_device_header_is_generated_from_schema() -> None:
 
 
 def test_header_sizes_from_the_design() -> None:
-    # DESIGN.md / device-side.md §5.4 fix these two sizes; the rest is ours.
+    # the C++ writer in gpu_probes/ and docs/device.md fix these two sizes; the rest is ours.
     assert schema.DEV_FILE_HEADER.size == 64
     assert schema.DEV_RECORD_HEADER.size == 16
     assert schema.DEV_FILE_HEADER.offsets()["backend"] == 48
