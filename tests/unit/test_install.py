@@ -1,5 +1,6 @@
 """A non-editable install finds its BPF sources (shipped as pasta_trace/bpf)."""
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -12,9 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_wheel_install_prints_the_bpf_program(tmp_path: Path) -> None:
+    # a clean copy: an in-tree build/ left by an earlier build would carry stale files into the wheel
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__"))
     wheels = tmp_path / "wheels"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(wheels)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(wheels)],
         capture_output=True, text=True, timeout=300,
     )
     if built.returncode != 0 and "build dependencies" in built.stderr:
