@@ -129,6 +129,9 @@ static __always_inline void pt_aggregate(struct pt_event *e)
     k.block_x = e->block_x;
     k.block_y = e->block_y;
     k.block_z = e->block_z;
+    /* a failed call is its own row, and moved no bytes */
+    k.flags = e->flags & PT_FLAG_HAS_RET;
+    k.ret = k.flags ? e->ret : 0;
     struct pt_agg_val init = {};
     init.first_ts = e->ts_ns;
     struct pt_agg_val *v = agg.lookup_or_try_init(&k, &init);
@@ -137,7 +140,7 @@ static __always_inline void pt_aggregate(struct pt_event *e)
         return;
     }
     __sync_fetch_and_add(&v->count, 1);
-    if (e->valid & PT_V_SIZE)
+    if ((e->valid & PT_V_SIZE) && k.ret == 0)
         __sync_fetch_and_add(&v->bytes, e->size);
     v->last_ts = e->ts_ns;
 }

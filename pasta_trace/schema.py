@@ -23,6 +23,8 @@ from typing import Iterable
 import numpy as np
 import polars as pl
 
+from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
+
 # --------------------------------------------------------------------------- versions
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
@@ -231,6 +233,11 @@ PAYLOAD_BITS = {
 COMM_LEN = 16
 NAME_LEN = 208
 
+#: Return-code names per API family, generated from the vendor headers
+#: (scripts/gen_return_codes.py writes pasta_trace/return_codes.py).  The
+#: family of an API is read from its name (pasta_trace.call_result).
+RETURN_CODES: dict[str, dict[int, str]] = {"cuda": CUDA_DRIVER, "cudart": CUDA_RUNTIME, "hip": HIP}
+
 # --------------------------------------------------------------------------- host records
 
 HOST_EVENT = Record(
@@ -300,9 +307,11 @@ AGG_KEY = Record(
             ("block_x", "u32", "", ""),
             ("block_y", "u32", "", ""),
             ("block_z", "u32", "", ""),
+            ("ret", "i32", "", "return code; valid if FLAG_HAS_RET: failed calls are their own rows"),
+            ("flags", "u32", "", "FLAG_HAS_RET or 0"),
         ]
     ),
-    "--aggregate mode key: one row per (pid, api, kernel, shape)",
+    "--aggregate mode key: one row per (pid, api, kernel, shape, return code)",
 )
 
 AGG_VAL = Record(
@@ -310,7 +319,7 @@ AGG_VAL = Record(
     _fields(
         [
             ("count", "u64", "", "calls"),
-            ("bytes", "u64", "bytes", "sum of size for allocs/copies/memsets"),
+            ("bytes", "u64", "bytes", "sum of size for allocs/copies/memsets; 0 for failed calls"),
             ("first_ts", "u64", "ns", ""),
             ("last_ts", "u64", "ns", ""),
         ]
@@ -855,6 +864,7 @@ AGGREGATE_SCHEMA: dict[str, pl.DataType] = {
     "block_x": pl.UInt32,
     "block_y": pl.UInt32,
     "block_z": pl.UInt32,
+    "ret": pl.Int32,  # null where no return code was read (entry-only probes)
     "count": pl.UInt64,
     "bytes": pl.UInt64,
     "first_ts_ns": pl.Int64,

@@ -176,6 +176,8 @@ def aggregate_frame(keys: np.ndarray, vals: np.ndarray, api_names: Sequence[str]
         {
             "pid": keys["pid"],
             **{c: keys[c] for c in ("func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")},
+            "ret": keys["ret"],
+            "flags": keys["flags"],
             "count": vals["count"],
             "bytes": vals["bytes"],
             "first_ts_ns": vals["first_ts"].view(np.int64),
@@ -184,4 +186,5 @@ def aggregate_frame(keys: np.ndarray, vals: np.ndarray, api_names: Sequence[str]
     ).with_columns(
         _lookup(keys["api"], table, pl.Categorical, "api"),
         _lookup(kinds, schema.KIND_NAMES, schema.AGGREGATE_SCHEMA["kind"], "kind"),
+        pl.when((pl.col("flags") & schema.FLAG_HAS_RET) != 0).then(pl.col("ret")).alias("ret"),
     ).select([pl.col(c).cast(dt) for c, dt in schema.AGGREGATE_SCHEMA.items()])

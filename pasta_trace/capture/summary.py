@@ -7,6 +7,8 @@ from pathlib import Path
 import polars as pl
 
 from .. import schema
+from ..call_result import api_errors, calls, done
+from ..lifetimes import MEMORY_NAMES, aggregate_totals, host_allocs, host_frees, pair, totals
 
 
 def _human(n: int) -> str:
@@ -17,21 +19,20 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def top_kernels(events: pl.LazyFrame, names: pl.DataFrame, n: int = 5) -> list[tuple[int, str]]:
-    """(launches, name) of the most launched kernels; unnamed handles are
-    shown as unknown@0x<handle>."""
+def top_kernels(calls: pl.LazyFrame, names: pl.DataFrame, n: int = 5) -> list[tuple[int, str]]:
+    """(launches, name) of the most launched kernels (call_result.calls rows);
+    unnamed handles are shown as unknown@0x<handle>."""
     by_handle = names.group_by("pid", "handle").agg(pl.col("name").first())
-    weight = pl.col("count").sum() if "count" in events.collect_schema() else pl.len()
     top = (
-        events.filter(pl.col("kind") == "launch")
+        calls.filter((pl.col("kind") == "launch") & done())
         .group_by("pid", "func")
-        .agg(weight.cast(pl.UInt64).alias("launches"))
+        .agg(pl.col("count").sum().alias("launches"))
         .collect()
         .join(by_handle, left_on=["pid", "func"], right_on=["pid", "handle"], how="left")
         .with_columns(pl.when(pl.col("name").is_null()).then(pl.col("func")).alias("unnamed"))
         .group_by("name", "unnamed")
         .agg(pl.col("launches").sum())
-        .sort("launches", descending=True, maintain_order=True)
+        .sort(["launches", "name", "unnamed"], descending=[True, False, False], nulls_last=True)
         .head(n)
     )
     return [
@@ -40,24 +41,64 @@ def top_kernels(events: pl.LazyFrame, names: pl.DataFrame, n: int = 5) -> list[t
     ]
 
 
-def byte_totals(events: pl.LazyFrame) -> dict[str, int]:
-    """Bytes allocated, freed (sizes of the allocations the frees release) and copied."""
-    allocs = events.filter((pl.col("kind") == "alloc") & pl.col("ptr").is_not_null())
-    freed = (
-        events.filter(pl.col("kind") == "free")
-        .select("pid", "ptr")
-        .join(allocs.group_by("pid", "ptr").agg(pl.col("size").last()), on=["pid", "ptr"], how="inner")
-        .select(pl.col("size").sum())
+#: failed-call lines shown before pointing at the report
+FAILURE_LINES = 8
+
+
+def failures(calls: pl.LazyFrame, out_dir: Path) -> list[str]:
+    """"209 of 209 cuMemAlloc_v2 calls failed: CUDA_ERROR_NOT_INITIALIZED",
+    one line per API with failed calls, all processes together."""
+    per_code = (
+        api_errors(calls).group_by("api", "error")
+        .agg(pl.col("failed").sum(), pl.col("ret").first())
+        .sort(["api", "failed", "ret"], descending=[False, True, False])
     )
-    return {
-        "allocated": int(allocs.select(pl.col("size").sum()).collect().item() or 0),
-        "freed": int(freed.collect().item() or 0),
-        "copied": int(events.filter(pl.col("kind") == "memcpy").select(pl.col("size").sum()).collect().item() or 0),
-    }
+    per_api = (
+        per_code.group_by("api", maintain_order=True)
+        .agg(
+            pl.col("failed").sum().alias("n"),
+            pl.when(pl.len() == 1).then(pl.col("error").first())
+            .otherwise(pl.format("{} {}", "error", "failed").str.join(", ")).alias("errors"),
+        )
+        .join(calls.group_by(pl.col("api").cast(pl.String)).agg(pl.col("count").sum().alias("calls")),
+              on="api", how="left")
+        .sort(["n", "api"], descending=[True, False])
+        .collect()
+    )
+    lines = [f"{n:,} of {total:,} {api} calls failed: {errors}"
+             for api, n, errors, total in per_api.head(FAILURE_LINES).iter_rows()]
+    if per_api.height > FAILURE_LINES:
+        lines.append(f"... and {per_api.height - FAILURE_LINES} more APIs with failed calls: "
+                     f"pasta-trace report {out_dir} --tool api_errors")
+    return lines
 
 
-def _kind_bytes(aggregate: pl.LazyFrame, kind: str) -> int:
-    return int(aggregate.filter(pl.col("kind") == kind).select(pl.col("bytes").sum()).collect().item() or 0)
+def _memory_line(what: str, row: dict | None, freed_known: bool) -> str:
+    if row is None:
+        return f"{what}: none allocated"
+    n = row["allocations"]
+    text = f"{what}: allocated {_human(row['allocated_bytes'])} in {n:,} allocation{'' if n == 1 else 's'}"
+    if freed_known:
+        text += f", freed {_human(row['freed_bytes'])}, held at the end {_human(row['held_bytes'])}"
+    return text
+
+
+def byte_lines(events: pl.LazyFrame, aggregate: pl.LazyFrame | None) -> list[str]:
+    """Bytes by what they count: device memory, pinned host memory, copies.
+    Failed calls count nowhere.  From the events, each free releases its own
+    allocation's bytes (lifetimes.pair); --aggregate keeps no per-free sizes."""
+    if aggregate is None:
+        per_pid = totals(pair(host_allocs(events), host_frees(events)))
+    else:
+        per_pid = aggregate_totals(aggregate)
+    copied_from = calls(events if aggregate is None else aggregate)
+    by_memory = {r["memory"]: r for r in per_pid.group_by("memory").agg(pl.all().exclude("pid", "memory").sum())
+                 .collect().iter_rows(named=True)}
+    copied = copied_from.filter((pl.col("kind") == "memcpy") & done()).select(pl.col("bytes").sum()).collect().item()
+    lines = [_memory_line(f"{m} memory", by_memory.get(m), aggregate is None) for m in MEMORY_NAMES]
+    lines.append(f"copied: {_human(int(copied or 0))}"
+                 + (" (--aggregate keeps no per-free sizes)" if aggregate is not None else ""))
+    return lines
 
 
 def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tuple[int, int, int],
@@ -67,28 +108,24 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tu
         pl.scan_parquet([str(f) for f in files]) if files else schema.empty_frame(schema.EVENTS_SCHEMA).lazy()
     )
     lines = []
-    aggregate = Path(out_dir) / "aggregate.parquet"
-    if aggregate.exists():  # --aggregate: counts kept in the kernel, no events
-        events = pl.scan_parquet(aggregate)
-        counted = events.group_by(pl.col("kind").cast(pl.String)).agg(pl.col("count").sum()).collect()
+    agg_path = Path(out_dir) / "aggregate.parquet"
+    aggregate = pl.scan_parquet(agg_path) if agg_path.exists() else None
+    if aggregate is not None:  # --aggregate: counts kept in the kernel, no events
+        counted = aggregate.group_by(pl.col("kind").cast(pl.String)).agg(pl.col("count").sum()).collect()
         by_kind = {k: 0 for k in schema.KIND_NAMES} | dict(counted.iter_rows())
         what = "calls counted in the kernel (--aggregate)"
     else:
         what = "events"
+    all_calls = calls(events if aggregate is None else aggregate)
     total = sum(by_kind.values())
     kinds = ", ".join(f"{k} {v:,}" for k, v in by_kind.items() if v)
     lines.append(f"{total:,} {what}" + (f": {kinds}" if kinds else ""))
-    top = top_kernels(events, names)
+    top = top_kernels(all_calls, names)
     if top:
         lines.append("top kernels by launches:")
         lines += [f"  {launches:>10,}  {name}" for launches, name in top]
-    if aggregate.exists():
-        lines.append(f"bytes: allocated {_human(_kind_bytes(events, 'alloc'))}, "
-                     f"copied {_human(_kind_bytes(events, 'memcpy'))} (--aggregate keeps no per-free sizes)")
-    else:
-        b = byte_totals(events)
-        lines.append(f"bytes: allocated {_human(b['allocated'])}, freed {_human(b['freed'])}, "
-                     f"copied {_human(b['copied'])}")
+    lines += failures(all_calls, Path(out_dir))
+    lines += byte_lines(events, aggregate)
     lost_total = lost[0] + lost[1]
     if lost_total or lost[2]:
         lines.append(

@@ -76,6 +76,7 @@ def print_terminal(console: Console, facts: dict, results: list[ToolResult], lim
         ("started", facts["started_utc"]),
         ("duration", None if facts["duration_ns"] is None else f"{facts['duration_ns'] / 1e9:.6f} s"),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", facts["events"]),
+        ("calls counted", None if facts["aggregate_calls"] is None else f"{facts['aggregate_calls']} (--aggregate)"),
         ("lost events", facts["lost_events"]), ("device data", "yes" if facts["device_data"] else "no"),
     ]
     for k, v in head:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import polars as pl
 
-HELP = "live per-process view: launches/s, bytes allocated, copies, syncs (refreshes every second)"
+from ..call_result import failed
+
+HELP = "live per-process view: launches/s, bytes allocated, copies, syncs, failed calls (refreshes every second)"
 
 EXAMPLES = """\
   sudo pasta-trace top                 every process using libcuda or libamdhip64
@@ -18,7 +20,9 @@ EXAMPLES = """\
   sudo pasta-trace top | tee top.log   plain lines when stdout is not a terminal
 """
 
-COLUMNS = ("pid", "comm", "launches/s", "allocs/s", "alloc_bytes", "copies/s", "copy_bytes/s", "syncs/s")
+COLUMNS = ("pid", "comm", "launches/s", "allocs/s", "device_alloc_bytes", "pinned_alloc_bytes", "copies/s",
+           "copy_bytes/s", "syncs/s", "failed/s")
+_KEY = ["pid", "kind", "failed", "memory"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,35 +34,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def snapshot(session) -> pl.DataFrame:
-    """Per (pid, kind) totals of the in-kernel aggregation so far."""
-    keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape): a few thousand at most
+    """Totals of the in-kernel aggregation so far, per process, call kind,
+    failed or not, and memory (device or pinned host) for allocations."""
+    from ..capture.decode import aggregate_frame
+    from ..lifetimes import kind_from_api, memory
+    from ..probes.catalog import APIS
+
+    keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape, ret): a few thousand at most
     return (
-        pl.DataFrame({"pid": keys["pid"], "kind": keys["kind"], "count": vals["count"], "bytes": vals["bytes"]})
-        .group_by("pid", "kind")
+        aggregate_frame(keys, vals, [a.symbol for a in APIS])
+        .group_by("pid", pl.col("kind").cast(pl.String), failed().alias("failed"),
+                  memory(kind_from_api(pl.col("api"))).cast(pl.String).alias("memory"))
         .agg(pl.col("count").sum(), pl.col("bytes").sum())
     )
 
 
 def rates(prev: pl.DataFrame, now: pl.DataFrame, dt: float, comms: dict[int, str]) -> pl.DataFrame:
-    from ..schema import Kind
-
-    d = now.join(prev, on=["pid", "kind"], how="left", suffix="_prev").with_columns(
+    """Per process: calls per second since `prev`, and bytes allocated so far.
+    Failed calls count only in failed/s (and moved no bytes)."""
+    d = now.join(prev, on=_KEY, how="left", suffix="_prev").with_columns(
         ((pl.col("count") - pl.col("count_prev").fill_null(0)) / dt).alias("rate"),
         ((pl.col("bytes") - pl.col("bytes_prev").fill_null(0)) / dt).alias("byte_rate"),
     )
 
-    def of(kind: Kind, col: str, name: str) -> pl.Expr:
-        return pl.col(col).filter(pl.col("kind") == int(kind)).sum().alias(name)
+    def of(kind: str, col: str, name: str, mem: str | None = None) -> pl.Expr:
+        keep = (pl.col("kind") == kind) & ~pl.col("failed")
+        if mem is not None:
+            keep &= pl.col("memory") == mem
+        return pl.col(col).filter(keep).sum().alias(name)
 
     return (
         d.group_by("pid")
         .agg(
-            of(Kind.launch, "rate", "launches/s"),
-            of(Kind.alloc, "rate", "allocs/s"),
-            of(Kind.alloc, "bytes", "alloc_bytes"),
-            of(Kind.memcpy, "rate", "copies/s"),
-            of(Kind.memcpy, "byte_rate", "copy_bytes/s"),
-            of(Kind.sync, "rate", "syncs/s"),
+            of("launch", "rate", "launches/s"),
+            of("alloc", "rate", "allocs/s"),
+            of("alloc", "bytes", "device_alloc_bytes", "device"),
+            of("alloc", "bytes", "pinned_alloc_bytes", "pinned host"),
+            of("memcpy", "rate", "copies/s"),
+            of("memcpy", "byte_rate", "copy_bytes/s"),
+            of("sync", "rate", "syncs/s"),
+            pl.col("rate").filter(pl.col("failed")).sum().alias("failed/s"),
         )
         .with_columns(pl.col("pid").replace_strict(comms, default="?", return_dtype=pl.String).alias("comm"))
         .sort("launches/s", "pid", descending=[True, False])

@@ -54,6 +54,7 @@ def _facts_html(facts: dict) -> str:
         ("host", facts["host"]), ("kernel", facts["kernel"]), ("started (UTC)", facts["started_utc"]),
         ("duration", None if facts["duration_ns"] is None else human_ns(facts["duration_ns"])),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", f"{facts['events']:,}"),
+        ("calls counted", None if facts.get("aggregate_calls") is None else f"{facts['aggregate_calls']:,} (--aggregate)"),
         ("lost events", f"{facts['lost_events']:,}"), ("device data", "yes" if facts["device_data"] else "no"),
     ]
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v is not None)

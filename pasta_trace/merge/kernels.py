@@ -231,3 +231,21 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         pl.coalesce("name", "dev_name", pl.format("unknown@{}", _hex(pl.col("func")))).alias("name")
     )
     return out.sort(["ts_ns", "pid", "launch_seq"]).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+
+
+def aggregate_launches(cap: Capture) -> pl.LazyFrame:
+    """An --aggregate capture's launch counts, one row per (pid, kernel,
+    shape, return code) with the kernel's name: the latest name seen for its
+    handle, else unknown@0x<handle>.  Empty for a capture with events."""
+    if cap.aggregate is None:
+        return pl.DataFrame(schema={**schema.AGGREGATE_SCHEMA, "name": pl.String}).lazy()
+    names = (
+        cap.names.drop_nulls(["handle", "name"]).sort(pl.col("ts_ns").fill_null(0))
+        .group_by("pid", "handle").agg(pl.col("name").last())
+        .rename({"handle": "func"})
+    )
+    return (
+        cap.aggregate.filter(pl.col("kind") == "launch")
+        .join(names, on=["pid", "func"], how="left")
+        .with_columns(pl.coalesce("name", pl.format("unknown@{}", _hex(pl.col("func")))).alias("name"))
+    )

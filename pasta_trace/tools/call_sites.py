@@ -11,6 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from .. import merge
+from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
 from .memory import memory_peaks
@@ -51,8 +52,9 @@ def by_call_site(cap: Capture) -> pl.DataFrame:
         .agg(
             pl.len().alias("calls"),
             (kind == "launch").sum().alias("launches"),
-            pl.col("size").filter(kind == "alloc").sum().alias("allocated_bytes"),
-            pl.col("size").filter(kind == "memcpy").sum().alias("copied_bytes"),
+            # a failed call allocated or copied nothing
+            pl.col("size").filter((kind == "alloc") & done()).sum().alias("allocated_bytes"),
+            pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
             (kind == "sync").sum().alias("syncs"),
             measured_sum(pl.col("dur_ns").filter(kind == "sync")).alias("blocked_ns"),
         )

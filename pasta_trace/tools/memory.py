@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import merge
+from .. import lifetimes, merge
 from ..read import Capture
 from . import render
 from .registry import Tool
@@ -62,6 +62,20 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
     )
 
 
+def memory_totals(cap: Capture) -> pl.DataFrame:
+    """Columns: pid; memory ("device": device, managed, async and VMM
+    allocations; "pinned host": page-locked host memory); allocations
+    (successful allocation calls); allocated_bytes; freed (those allocations
+    freed during the capture); freed_bytes (their sizes: each free releases
+    its own allocation's bytes); held_bytes (allocated, not freed by the end).
+    Failed calls count nowhere.  An --aggregate capture keeps no per-free
+    sizes: freed, freed_bytes and held_bytes are null.  The summary a
+    recording prints shows these totals, all processes together."""
+    if cap.aggregate is not None:
+        return lifetimes.aggregate_totals(cap.aggregate).collect(engine="streaming")
+    return lifetimes.totals(merge.allocations(cap)).collect(engine="streaming")
+
+
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -107,6 +121,13 @@ TOOLS = [
         compute=memory_timeline,
         render_text=render_timeline,
         description="one row per allocation or free: live device bytes per process after it, overall and per API",
+    ),
+    Tool(
+        name="memory_totals",
+        reads_aggregate=True,
+        title="Memory allocated and freed (device vs pinned host)",
+        compute=memory_totals,
+        description="per process: bytes allocated, freed and still held, device memory and pinned host memory apart",
     ),
     Tool(
         name="memory_peaks",

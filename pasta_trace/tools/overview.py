@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import merge
+from .. import lifetimes, merge
+from ..call_result import done, failed
 from ..read import Capture
+from .calls import capture_calls, is_aggregate
 from .memory import memory_peaks
 from .exprs import measured_sum
 from .registry import Tool
@@ -24,38 +26,74 @@ def _devices(cap: Capture) -> pl.LazyFrame:
     )
 
 
-def overview(cap: Capture) -> pl.DataFrame:
-    ev = cap.events
-    per_pid = ev.group_by("pid").agg(
+def _from_events(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFrame]:
+    """(per-process call facts, kernels, device memory) from the events."""
+    per_pid = cap.events.group_by("pid").agg(
         pl.len().alias("api_calls"),
+        failed().sum().alias("failed_calls"),
         pl.col("ts_ns").min().alias("first_ts_ns"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("last_ts_ns"),
         pl.col("tid").n_unique().alias("threads"),
         (pl.col("kind") == "launch").sum().alias("launches"),
-        pl.col("size").filter(pl.col("kind") == "memcpy").sum().alias("copy_bytes"),
+        pl.col("size").filter((pl.col("kind") == "memcpy") & done()).sum().alias("copy_bytes"),
         # no sync call blocked 0 ns; sync calls without measured durations: unknown
         pl.when((pl.col("kind") == "sync").sum() == 0).then(pl.lit(0, pl.Int64))
         .otherwise(measured_sum(pl.col("dur_ns").filter(pl.col("kind") == "sync"))).alias("sync_ns"),
     )
     allocated = (
-        merge.allocations(cap).filter(pl.col("kind") != "host")
-        .group_by("pid").agg(pl.col("size").sum().alias("device_alloc_bytes"))
+        lifetimes.totals(merge.allocations(cap)).filter(pl.col("memory") == "device")
+        .select("pid", pl.col("allocated_bytes").alias("device_alloc_bytes"))
     )
     kernels = merge.kernel_executions(cap).group_by("pid").agg(pl.col("name").n_unique().alias("kernels"))
     peaks = (
         memory_peaks(cap).lazy().filter(pl.col("api") == "all")
         .group_by("pid").agg(pl.col("peak_bytes").max().alias("peak_live_bytes"))
     )
+    memory = allocated.join(peaks, on="pid", how="full", coalesce=True).with_columns(
+        pl.col("device_alloc_bytes", "peak_live_bytes").fill_null(0))
+    return per_pid, kernels, memory
+
+
+def _from_aggregate(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFrame]:
+    """The same from an --aggregate capture's counts: no threads, no
+    durations, no live-memory curve (those columns are null)."""
+    per_pid = capture_calls(cap).group_by("pid").agg(
+        pl.col("count").sum().alias("api_calls"),
+        pl.col("count").filter(failed()).sum().alias("failed_calls"),
+        pl.col("first_ts_ns").min(),
+        pl.col("last_ts_ns").max(),
+        pl.lit(None, pl.UInt32).alias("threads"),
+        pl.col("count").filter(pl.col("kind") == "launch").sum().alias("launches"),
+        pl.col("bytes").filter((pl.col("kind") == "memcpy") & done()).sum().alias("copy_bytes"),
+        pl.lit(None, pl.Int64).alias("sync_ns"),
+    )
+    kernels = merge.aggregate_launches(cap).group_by("pid").agg(pl.col("name").n_unique().alias("kernels"))
+    memory = (
+        lifetimes.aggregate_totals(cap.aggregate).filter(pl.col("memory") == "device")
+        .select("pid", pl.col("allocated_bytes").fill_null(0).alias("device_alloc_bytes"),
+                pl.lit(None, pl.Int64).alias("peak_live_bytes"))
+    )
+    return per_pid, kernels, memory
+
+
+def overview(cap: Capture) -> pl.DataFrame:
+    """Columns: pid, comm, cmdline, container_id; threads; api_calls (probed
+    calls); failed_calls (those that returned an error); launches; kernels
+    (distinct names); device_alloc_bytes (device memory allocated, pinned host
+    memory apart: memory_totals); peak_live_bytes; copy_bytes; sync_ns (time
+    blocked in syncs); gpus, gpu_ids (with device data); first_ts_ns,
+    last_ts_ns.  From an --aggregate capture, the kernel's counts and byte
+    sums; threads, sync_ns and peak_live_bytes are null there."""
+    per_pid, kernels, memory = (_from_aggregate if is_aggregate(cap) else _from_events)(cap)
     procs = cap.processes.select("pid", "comm", "cmdline", "container_id").unique("pid", keep="first")
     return (
         per_pid.join(procs, on="pid", how="left")
         .join(kernels, on="pid", how="left")
-        .join(allocated, on="pid", how="left")
-        .join(peaks, on="pid", how="left")
+        .join(memory, on="pid", how="left")
         .join(_devices(cap), on="pid", how="left")
         .select(
-            "pid", "comm", "cmdline", "container_id", "threads", "api_calls", "launches",
-            pl.col("kernels").fill_null(0), pl.col("device_alloc_bytes").fill_null(0), pl.col("peak_live_bytes").fill_null(0),
+            "pid", "comm", "cmdline", "container_id", "threads", "api_calls", "failed_calls", "launches",
+            pl.col("kernels").fill_null(0), pl.col("device_alloc_bytes").fill_null(0), "peak_live_bytes",
             "copy_bytes", "sync_ns", "gpus", "gpu_ids", "first_ts_ns", "last_ts_ns",
         )
         .sort("pid")
@@ -66,11 +104,12 @@ def overview(cap: Capture) -> pl.DataFrame:
 TOOLS = [
     Tool(
         name="processes",
+        reads_aggregate=True,
         title="Processes and GPUs",
         compute=overview,
         description="per process: command, threads, API calls, launches, kernels, device memory, copies, syncs, GPUs used",
         terminal_columns=(
-            "pid", "comm", "api_calls", "launches", "kernels", "device_alloc_bytes", "peak_live_bytes", "copy_bytes",
+            "pid", "comm", "api_calls", "failed_calls", "launches", "kernels", "device_alloc_bytes", "peak_live_bytes", "copy_bytes",
             "sync_ns", "gpus",
         ),
     ),

@@ -15,6 +15,9 @@ class Tool:
     #: Capture -> frame (a capture directory or a merged timeline, pasta_trace.read.Capture)
     compute: Callable[..., pl.DataFrame]
     needs_device: bool = False  # True: empty result (and a note) without device data
+    #: True: computes from an --aggregate capture's counts too; otherwise such a
+    #: capture (no per-call events) gives an empty result and a note
+    reads_aggregate: bool = False
     #: optional custom text renderer; default is a table of the frame
     render_text: Callable[[pl.DataFrame], str] | None = None
     description: str = ""

@@ -12,6 +12,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
+from .calls import capture_calls
 from .registry import REGISTRY, Tool
 from .span import bounds
 
@@ -52,6 +53,8 @@ def run_tools(
         note = None
         if tool.needs_device and not device:
             note = "needs device data (gpu_probes or CUPTI); this capture has none"
+        elif cap.aggregate is not None and not tool.reads_aggregate:
+            note = "needs per-call events; an --aggregate capture keeps only counts and byte sums"
         out.append(ToolResult(tool, frame, note))
         if on_done:
             on_done(tool)
@@ -67,7 +70,8 @@ def capture_facts(cap: Capture) -> dict:
     m = cap.manifest
     start, end = bounds(cap)
     started = ((m.get("clock") or {}).get("start_sample") or {}).get("realtime_ns")
-    pids = cap.events.select(pl.col("pid").unique().sort()).collect(engine="streaming")["pid"]
+    calls = capture_calls(cap)
+    pids = calls.select(pl.col("pid").unique().sort()).collect(engine="streaming")["pid"]
     return {
         "path": str(cap.path),
         "command": shlex.join(m["command_line"]) if m.get("command_line") else None,
@@ -80,6 +84,9 @@ def capture_facts(cap: Capture) -> dict:
         "duration_ns": None if start is None or end is None else end - start,
         "pids": pids.to_list(),
         "events": cap.events.select(pl.len()).collect(engine="streaming").item(),
+        # --aggregate: the calls the kernel counted (there are no events); null otherwise
+        "aggregate_calls": (calls.select(pl.col("count").sum()).collect(engine="streaming").item()
+                            if cap.aggregate is not None else None),
         "lost_events": cap.lost_events,
         "complete": cap.complete,
         "problems": list(cap.problems),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
 from .render import human_bytes, human_ns
@@ -19,7 +20,8 @@ STORM_MIN_COPIES = 32
 
 
 def _copies(cap: Capture) -> pl.LazyFrame:
-    return cap.events.filter(pl.col("kind") == "memcpy").with_columns(
+    """Copies that did not fail (a failed copy moved no bytes)."""
+    return cap.events.filter((pl.col("kind") == "memcpy") & done()).with_columns(
         pl.col("copy_kind").cast(pl.String).alias("direction")
     )
 

@@ -157,15 +157,16 @@ def test_kernel_summary_host_only(cap) -> None:
 
 def test_processes_overview(cap) -> None:
     df = REGISTRY["processes"].compute(cap)
-    assert df.columns == ["pid", "comm", "cmdline", "container_id", "threads", "api_calls", "launches", "kernels",
+    assert df.columns == ["pid", "comm", "cmdline", "container_id", "threads", "api_calls", "failed_calls", "launches",
+                          "kernels",
                           "device_alloc_bytes", "peak_live_bytes", "copy_bytes", "sync_ns", "gpus", "gpu_ids",
                           "first_ts_ns", "last_ts_ns"]
     assert rows(df) == [
         # 13 calls; device memory 4096 + 8192 + 16384 (pinned host excluded); copies 1024 + 1024 + 512;
         # syncs 2000 + 1000; last event ends at 14000 + 100
-        (100, "train", "python train.py", None, 1, 13, 3, 2, 28672, 24576, 2560, 3000, None, None,
+        (100, "train", "python train.py", None, 1, 13, 0, 3, 2, 28672, 24576, 2560, 3000, None, None,
          T0 + 1000, T0 + 14100),
-        (200, "hipapp", "./hipapp --n 4", None, 1, 5, 1, 1, 3072, 2048, 0, 500, None, None,
+        (200, "hipapp", "./hipapp --n 4", None, 1, 5, 0, 1, 1, 3072, 2048, 0, 500, None, None,
          T0 + 1500, T0 + 20500),
     ]
 

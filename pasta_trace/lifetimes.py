@@ -1,0 +1,139 @@
+"""Allocation instances from the host's alloc and free calls, and the byte
+totals they add up to.
+
+The same address comes back again and again (caching allocators, pools), so an
+allocation is an *instance*: (pid, base) plus its lifetime.  Each free is
+paired with its own allocation: a forward as-of join alloc -> first free of
+that (pid, base) at or after it, bounded by the next alloc of the same
+(pid, base) (a free after that belongs to the next instance; the first one's
+free was missed).  A freed byte is then a byte some allocation of the capture
+allocated, so no total frees more than it allocated.
+
+Failed calls (a return code that is not 0) allocated and freed nothing and are
+left out.  Pinned host memory (`cuMemAllocHost`, `hipHostMalloc`, ...) is not
+device memory: the totals name each for what it counts.
+
+Used by the merge (allocation instances of a capture) and by the summary a
+recording prints, so both count the same bytes.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from . import schema
+from .call_result import done
+
+#: allocations.kind values that are not device memory
+HOST_KINDS = ("host",)
+#: what each byte total counts, by the `memory` column of totals()
+MEMORY_NAMES = ["device", "pinned host"]
+
+
+def kind_from_api(api: pl.Expr) -> pl.Expr:
+    a = api.cast(pl.String)
+    return (
+        pl.when(a.str.contains("Managed")).then(pl.lit("managed"))
+        .when(a.str.contains("Async|FromPool")).then(pl.lit("async"))
+        .when(a.str.contains("Host|hipHostMalloc")).then(pl.lit("host"))
+        .when(a.str.contains("MemCreate|MemMap|AddressReserve")).then(pl.lit("virtual"))
+        .when(a.str.contains("Malloc|MemAlloc|Alloc")).then(pl.lit("device"))
+        .otherwise(pl.lit("other"))
+        .cast(pl.Enum(schema.ALLOC_KIND_NAMES))
+    )
+
+
+def memory(kind: pl.Expr = pl.col("kind")) -> pl.Expr:
+    """"device" or "pinned host", from an allocation kind."""
+    return pl.when(kind.cast(pl.String).is_in(HOST_KINDS)).then(pl.lit("pinned host")).otherwise(
+        pl.lit("device")).cast(pl.Enum(MEMORY_NAMES))
+
+
+def host_allocs(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Successful allocations: pid, tid, base, size, api, kind, alloc_ts_ns."""
+    return events.filter(
+        (pl.col("kind") == "alloc") & done() & pl.col("ptr").is_not_null() & (pl.col("ptr") != 0)
+    ).select(
+        "pid", "tid", pl.col("ptr").alias("base"), pl.col("size").fill_null(0), "api",
+        kind_from_api(pl.col("api")).alias("kind"), pl.col("ts_ns").alias("alloc_ts_ns"),
+    )
+
+
+def host_frees(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Frees that did not fail: pid, base, free_ts_ns, free_api."""
+    return events.filter((pl.col("kind") == "free") & done() & pl.col("ptr").is_not_null()).select(
+        "pid", pl.col("ptr").alias("base"), pl.col("ts_ns").alias("free_ts_ns"), pl.col("api").alias("free_api"),
+    )
+
+
+def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame) -> pl.LazyFrame:
+    """`allocs` with free_ts_ns and free_api of the free that ended each
+    instance (null: not freed during the capture)."""
+    # join_asof(by=...) does not check sortedness: sort both sides explicitly
+    allocs = allocs.sort(["pid", "base", "alloc_ts_ns"]).with_columns(
+        pl.col("alloc_ts_ns").shift(-1).over(["pid", "base"]).alias("_next_alloc")
+    )
+    frees = frees.sort(["pid", "base", "free_ts_ns"])
+    paired = allocs.join_asof(
+        frees, left_on="alloc_ts_ns", right_on="free_ts_ns", by=["pid", "base"], strategy="forward",
+        check_sortedness=False,
+    )
+    late = pl.col("_next_alloc").is_not_null() & (pl.col("free_ts_ns") > pl.col("_next_alloc"))
+    return paired.with_columns(
+        pl.when(late).then(None).otherwise(pl.col("free_ts_ns")).alias("free_ts_ns"),
+        pl.when(late).then(None).otherwise(pl.col("free_api")).alias("free_api"),
+    ).drop("_next_alloc")
+
+
+#: totals() columns
+TOTALS_SCHEMA: dict[str, pl.DataType] = {
+    "pid": pl.UInt32,
+    "memory": pl.Enum(MEMORY_NAMES),
+    "allocations": pl.UInt32,
+    "allocated_bytes": pl.UInt64,
+    "freed": pl.UInt32,  # allocations of the capture freed during it
+    "freed_bytes": pl.UInt64,
+    "held_bytes": pl.UInt64,  # allocated and not freed by the end of the capture
+}
+
+
+def totals(allocations: pl.LazyFrame) -> pl.LazyFrame:
+    """Per process and memory (device, pinned host): bytes allocated, freed
+    and still held, from allocation instances (pair() or merge.allocations)."""
+    freed = pl.col("free_ts_ns").is_not_null()
+    return (
+        allocations.group_by("pid", memory().alias("memory"))
+        .agg(
+            pl.len().alias("allocations"),
+            pl.col("size").sum().alias("allocated_bytes"),
+            freed.sum().alias("freed"),
+            pl.col("size").filter(freed).sum().alias("freed_bytes"),
+            pl.col("size").filter(~freed).sum().alias("held_bytes"),
+        )
+        .select([pl.col(k).cast(v) for k, v in TOTALS_SCHEMA.items()])
+        .sort("pid", "memory")
+    )
+
+
+def aggregate_totals(aggregate: pl.LazyFrame) -> pl.LazyFrame:
+    """totals() of an --aggregate capture (schema.AGGREGATE_SCHEMA): the
+    kernel kept counts and byte sums per API, not the frees' sizes, so the
+    freed and held columns are null."""
+    return (
+        aggregate.filter((pl.col("kind") == "alloc") & done())
+        .group_by("pid", memory(kind_from_api(pl.col("api"))).alias("memory"))
+        .agg(pl.col("count").sum().alias("allocations"), pl.col("bytes").sum().alias("allocated_bytes"))
+        .with_columns(pl.lit(None).alias(c) for c in ("freed", "freed_bytes", "held_bytes"))
+        .select([pl.col(k).cast(v) for k, v in TOTALS_SCHEMA.items()])
+        .sort("pid", "memory")
+    )
+
+
+def unpaired_frees(events: pl.LazyFrame, allocations: pl.LazyFrame) -> pl.LazyFrame:
+    """Frees no allocation of the capture made (memory allocated before it
+    began): per process, how many.  Their sizes are unknown and counted nowhere."""
+    paired = allocations.filter(pl.col("free_ts_ns").is_not_null()).select(
+        "pid", "base", pl.col("free_ts_ns").alias("ts_ns"))
+    frees = host_frees(events).filter(pl.col("base") != 0).select("pid", "base", pl.col("free_ts_ns").alias("ts_ns"))
+    return frees.join(paired, on=["pid", "base", "ts_ns"], how="anti").group_by("pid").agg(
+        pl.len().cast(pl.UInt32).alias("unpaired_frees"))
