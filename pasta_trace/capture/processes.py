@@ -93,6 +93,9 @@ class ProcessTable:
 
     def __init__(self) -> None:
         self._rows: dict[int, dict] = {}
+        #: cgroup ids from exec notifications of processes not in the table yet: one
+        #: that is first seen in events after it has exited still gets its cgroup
+        self._exec_cgroups: dict[int, tuple[int, Path | None]] = {}
         self.changed = False
 
     def __contains__(self, pid: int) -> bool:
@@ -105,6 +108,7 @@ class ProcessTable:
         row = process_row(pid, proc)
         if row is None:
             return False
+        self._exec_cgroups.pop(pid, None)  # alive: /proc told its cgroup
         self._rows[pid] = row
         self.changed = True
         return True
@@ -114,6 +118,7 @@ class ProcessTable:
         if pid not in self._rows and not self.add(pid):
             self._rows[pid] = {**dict.fromkeys(schema.PROCESSES_SCHEMA), "pid": pid, "comm": comm}
             self.changed = True
+            self._apply_cgroup(pid, *self._exec_cgroups.pop(pid, (0, None)))
 
     def refresh(self, pid: int, proc: Path = Path("/proc"), cgroup_id: int = 0,
                 cgroup_root: Path | None = None) -> None:
@@ -121,6 +126,8 @@ class ProcessTable:
         already gone, its cgroup still comes from the id the kernel gave with
         the exec notification (a process may join a cgroup just before exec)."""
         if pid not in self._rows:
+            if cgroup_id:
+                self._exec_cgroups[pid] = (cgroup_id, cgroup_root)
             return
         row = process_row(pid, proc)
         if row is not None:
@@ -128,6 +135,9 @@ class ProcessTable:
             self._rows[pid] = row
             self.changed = True
             return
+        self._apply_cgroup(pid, cgroup_id, cgroup_root)
+
+    def _apply_cgroup(self, pid: int, cgroup_id: int, cgroup_root: Path | None) -> None:
         path = cgroup_path(cgroup_id, cgroup_root or cgroup2_root()) if cgroup_id else None
         if path is not None and path != self._rows[pid]["cgroup"]:
             self._rows[pid].update(cgroup=path, container_id=container_id(path))

@@ -95,8 +95,7 @@ class ProcessTracker:
                 self._stacks.fork(pid, ppid)
 
     def on_exec(self, pid: int, cgroup_id: int) -> None:
-        if pid in self.processes:
-            self.processes.refresh(pid, cgroup_id=cgroup_id)
+        self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self.traced_pids:
             self.save_maps([pid])
         if self._stacks is not None:

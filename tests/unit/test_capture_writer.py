@@ -204,3 +204,23 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
         4242, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
+
+
+def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kernel_reported(tmp_path):
+    """-a: the exec notification comes before the process is in the table (its
+    events arrive later, after it has exited): the cgroup id is kept for it."""
+    from pasta_trace.capture.processes import ProcessTable
+
+    root = tmp_path / "cgroup"
+    scope = root / ("docker-" + "cd" * 32 + ".scope")
+    scope.mkdir(parents=True)
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    table = ProcessTable()
+    gone = 4194305  # above the kernel's largest pid_max: never a live process
+    table.refresh(gone, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
+    assert table.frame().height == 0
+    table.add_minimal(gone, "cuda_workload")
+    row = table.frame().row(0, named=True)
+    assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
+        gone, "cuda_workload", f"/docker-{'cd' * 32}.scope", "cd" * 32)
