@@ -74,7 +74,7 @@ def test_the_launched_command_cannot_redirect_roots_writes(require_bpf, user, ba
     assert m["complete"] is True and m["launched"]["exit_code"] == 0
     entries = sorted(os.listdir(out))
     # libraries.parquet only where the ld.so cache has a GPU library to attach to at launch
-    assert set(entries) - {"libraries.parquet"} == {"manifest.json", "names.parquet", "processes.parquet"}
+    assert set(entries) - {"libraries.parquet"} == {"manifest.json", "names.parquet", "processes.parquet", "stacks.parquet"}
     # handed over at the end: the user's, and only the user's to read
     st = out.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (user.uid, user.gid, 0o700)
