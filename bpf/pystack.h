@@ -19,7 +19,7 @@
  *      code object (pasta_trace/stacks/pycode.py);
  *   3. a 64-bit hash of the frames is the stack id; a stack is written into
  *      the pystacks ring only the first time (py_seen), so identical stacks
- *      cost one hash lookup.
+ *      cost one hash lookup.  That write wakes the tracer's drain loop.
  * A stack that cannot be written or read is counted in py_stats, never
  * silently dropped.  C-stack shim frames are kept and filtered offline: a
  * branchy filter here made the unrolled program too large for the verifier.
@@ -108,9 +108,12 @@ static __always_inline void pt_py_mark(u64 id)
     py_seen.update(&id, &one);
 }
 
+/* A new stack wakes the tracer at once: its code objects are read from the
+ * process while they exist (a module's code object is freed as soon as the
+ * module finishes).  Each distinct stack is sent once, so wake-ups are rare. */
 static __always_inline int pt_py_emit(struct pt_pystack *s)
 {
-    return pystacks.ringbuf_output(s, sizeof(*s), BPF_RB_NO_WAKEUP);
+    return pystacks.ringbuf_output(s, sizeof(*s), BPF_RB_FORCE_WAKEUP);
 }
 
 /* Stack id of the calling thread's Python stack; 0 when the process is not a

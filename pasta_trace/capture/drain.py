@@ -1,9 +1,14 @@
 """The drain loop: empties the rings every POLL_INTERVAL_S into the writer,
-handles late-loaded libraries, and decides when the capture ends."""
+handles late-loaded libraries, and decides when the capture ends.
+
+With Python stacks on, the loop also wakes as soon as a new stack is written
+(the BPF side sends each distinct stack once, with a wake-up): its code
+objects are read from the process at once, while they still exist."""
 
 from __future__ import annotations
 
 import os
+import select
 import time
 from typing import Callable
 
@@ -49,7 +54,19 @@ class DrainLoop:
         self._status = status
         self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
+        self._wake = None
+        if stacks is not None:
+            self._wake = select.poll()
+            self._wake.register(stacks.fd, select.POLLIN)
         self._open = True
+
+    def _sleep(self) -> None:
+        """Wait POLL_INTERVAL_S, or less when a new stack arrives."""
+        if self._wake is None:
+            time.sleep(POLL_INTERVAL_S)
+            return
+        self._wake.poll(POLL_INTERVAL_S * 1000)
+        self._stacks.drain()
 
     def run(self, *, stop: Callable[[], bool], held: HeldCommand | None, mode: str,
             duration: float | None) -> int | None:
@@ -79,7 +96,7 @@ class DrainLoop:
             if mode == "pid" and not self._tracker.alive_pids():
                 self._say("all traced processes exited")
                 break
-            time.sleep(POLL_INTERVAL_S)
+            self._sleep()
         # what the probes wrote before we stopped
         self.drain()
         self._watcher.disarm()

@@ -92,6 +92,7 @@ class RingBuffer:
         if data_size <= 0 or data_size & (data_size - 1) or data_size % PAGE_SIZE:
             raise ValueError(f"ring size {data_size} is not a power-of-two number of pages")
         self.dtype = dtype
+        self.fd = map_fd
         self.size = data_size
         self._mask = data_size - 1
         self._cons_map = mmap.mmap(map_fd, PAGE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)

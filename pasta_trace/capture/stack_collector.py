@@ -125,6 +125,11 @@ class StackCollector:
 
     # ------------------------------------------------------------------ stacks
 
+    @property
+    def fd(self) -> int:
+        """The stack ring's descriptor: readable (poll) as soon as a new stack is written."""
+        return self._ring.fd
+
     def drain(self) -> None:
         recs = self._ring.drain()
         if recs.size:
