@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .. import merge
+from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
 from ..safe_output import OutputDir, OutputFile, invoking_user
@@ -83,15 +84,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown format {args.format!r}; choose one of: {', '.join(FORMATS)}")
     out = output_path(args.path, args.format, args.output)
     target = _target(out, args.format, args.force)
-    cap = merge.load(args.path)
-    for problem in cap.problems:
-        print(f"pasta-trace: warning: {problem}", file=sys.stderr)
-    t0 = time.perf_counter()
-    what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
+    with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
+        for problem in cap.problems:
+            if problem not in cap.damaged:  # those end the run, as its error
+                print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+        t0 = time.perf_counter()
+        what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     for line in hints:
         print(line, file=sys.stderr)
     if cap.lost_events:
         print(f"pasta-trace: warning: INCOMPLETE: {cap.lost_events} events were lost during capture",
               file=sys.stderr)
+    left_out(cap)
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from .. import merge
+from ..damage import left_out, reading
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
 
@@ -42,15 +43,19 @@ def _rows(cap) -> int:
     return sum(f.select(pl.len()).collect().item() for f in frames)
 
 
-def _inputs(src: Path, device_files: list[Path]):
-    cap = open_capture(src)
-    if device_files:
-        missing = [str(f) for f in device_files if not f.is_file()]
-        if missing:
-            raise FormatError(f"{missing[0]}: no such device record file")
-        frames, problems = read_device(list(device_files))
-        cap.device.update(frames)
-        cap.problems.extend(problems)
+def _inputs(src: Path, device_files: list[Path], out):
+    try:
+        cap = open_capture(src)
+        if device_files:
+            missing = [str(f) for f in device_files if not f.is_file()]
+            if missing:
+                raise FormatError(f"{missing[0]}: no such device record file")
+            frames, problems = read_device(list(device_files))
+            cap.device.update(frames)
+            cap.problems.extend(problems)
+    except BaseException:
+        out.discard()
+        raise
     return cap
 
 
@@ -61,12 +66,25 @@ def run(args: argparse.Namespace) -> int:
     if merge.is_timeline(src):
         raise UsageError(f"{src} is already a merged timeline", hint="give the capture directory")
     out = merge.timeline_output(args.output, force=args.force)  # a bad -o fails before any work
+    with reading(lambda: _inputs(src, args.device_files, out), verbose=args.verbose) as cap:
+        stats = _merge(cap, out, int(args.tolerance_us * 1000))
+    for problem in cap.problems:
+        if problem not in cap.damaged:  # those end the run, as its error
+            print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+    for line in stats.lines():
+        print(line, file=sys.stderr)
+    print(f"Wrote {args.output}", file=sys.stderr)
+    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    left_out(cap)  # the timeline holds the rest; its problems say what is missing
+    return 0
+
+
+def _merge(cap, out, tolerance_ns: int) -> merge.MergeStats:
     try:
-        cap = _inputs(src, args.device_files)
-    except BaseException:
+        show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
+    except BaseException:  # write_timeline discards `out` itself from here on
         out.discard()
         raise
-    show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
     progress = _progress() if show else nullcontext(None)
     with progress as bar:
         task = bar.add_task("merging", total=len(STEPS)) if bar else None
@@ -75,15 +93,7 @@ def run(args: argparse.Namespace) -> int:
             if bar:
                 bar.update(task, description=f"merging: {name}", advance=1)
 
-        stats = merge.write_timeline(cap, out, step=step,
-                                     tolerance_ns=int(args.tolerance_us * 1000))
-    for problem in cap.problems:
-        print(f"pasta-trace: warning: {problem}", file=sys.stderr)
-    for line in stats.lines():
-        print(line, file=sys.stderr)
-    print(f"Wrote {args.output}", file=sys.stderr)
-    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
-    return 0
+        return merge.write_timeline(cap, out, step=step, tolerance_ns=tolerance_ns)
 
 
 STEPS = ["host frames", "device frames", "kernels", "allocations", "pages", "alloc_touches", "working_set",

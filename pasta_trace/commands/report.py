@@ -15,8 +15,10 @@ from rich.progress import Progress
 from rich.text import Text
 
 from .. import merge
+from ..damage import left_out, reading
 from ..errors import UsageError
 from ..export.html import write_html
+from ..read import Capture
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
 from ..tools.render import table
@@ -118,7 +120,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be at least 1")
     # the output is checked before any work: a bad --html fails in a second, not after the analysis
     html = OutputFile(args.html, force=args.force, example="report.html") if args.html else None
-    cap = merge.load(args.path)
+    with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
+        _report(args, cap, html)
+    left_out(cap)  # exit 1 naming each damaged file, after reporting the rest
+    return 0
+
+
+def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> None:
     names = args.tool or list(REGISTRY)
     with _progress(len(names) + 1) as step:
         cap = with_merged(cap)
@@ -142,4 +150,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)
         if banner:
             print(f"pasta-trace: warning: {banner}", file=sys.stderr)
-    return 0
