@@ -96,6 +96,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "o").exists()
 
 
+def test_output_under_a_file_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    src = fx.write(tmp_path / "cap", device=False)
+    for force in ([], ["--force"]):
+        assert main(["merge", str(src), "-o", "/dev/null/x", *force]) == 2
+        assert capsys.readouterr().err == "pasta-trace: error: /dev/null is not a directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap"]
+
+
 def test_device_record_file_argument(tmp_path: Path) -> None:
     """Host-only capture + a TLV device file written by pasta_trace.device's
     writer and decoded by its reader: the same matches as the golden frames."""

@@ -142,6 +142,16 @@ def test_errors_are_one_line_with_exit_codes(tmp_path: Path, capsys, argv, code,
     assert (rc, out, err) == (code, "", message.format(tmp=tmp_path))
 
 
+def test_html_into_a_directory_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    cap = str(write_capture(tmp_path / "cap"))
+    d = tmp_path / "out"
+    d.mkdir()
+    for force in ([], ["--force"]):
+        assert run(capsys, cap, "--html", str(d), *force) == (
+            EXIT_USAGE, "", f"pasta-trace: error: {d} is a directory (give a file name, e.g. {d}/report.html)\n")
+    assert list(d.iterdir()) == []
+
+
 def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
     cap = write_capture(tmp_path / "cap")
     (cap / "manifest.json").write_text("{not json")
