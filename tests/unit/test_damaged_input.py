@@ -146,3 +146,14 @@ def test_panic_report_is_held_back_and_other_native_output_shown(tmp_path: Path,
     with reading(lambda: open_capture(cap), verbose=True):  # -v: nothing held
         os.write(2, b"thread 'x' panicked at y\n")
     assert capfd.readouterr().err == "thread 'x' panicked at y\n"
+
+
+def test_a_polars_panic_outside_reading_is_still_one_line(capsys, monkeypatch) -> None:
+    from pasta_trace.commands import report
+
+    def panics(_args):
+        raise PanicException("boom")
+
+    monkeypatch.setattr(report, "run", panics)
+    assert run(capsys, "report", "x") == (
+        EXIT_RUNTIME, "", ["pasta-trace: internal error: PanicException: boom (run with -v for the traceback)"])
