@@ -49,14 +49,15 @@ def reading(load: Callable[[], Capture], *, verbose: bool = False) -> Iterator[C
 def _damaged_file(cap: Capture | None, err: BaseException) -> str:
     for f in cap.files if cap is not None else []:
         try:
-            for _ in pl.scan_parquet(str(f), glob=False).collect_batches():
-                pass  # decoded, in bounded memory: that is the check
+            # every value decoded (hashed) by the streaming engine, in bounded memory;
+            # not collect_batches: it ends quietly, with no batch, when the decoder panics
+            pl.scan_parquet(str(f), glob=False).select(pl.all().hash().sum()).collect(engine="streaming")
         except POLARS_ERRORS as e:
             return f"{f}: damaged Parquet data ({first_line(e)})"
         except OSError as e:
             return f"{f}: cannot read ({e.strerror})"
-    where = f"{cap.path}: " if cap is not None else ""
-    return f"{where}cannot read ({first_line(err)})"
+    # every file decodes: values the analysis cannot use (or a bug), said as Polars says it
+    return f"{cap.path}: {first_line(err)}" if cap is not None else first_line(err)
 
 
 def left_out(cap: Capture) -> None:
@@ -79,12 +80,15 @@ def _on_fd2(stream: object) -> bool:
 
 @contextmanager
 def _native_stderr_held(enabled: bool) -> Iterator[None]:
-    if not enabled:
+    try:
+        terminal = os.dup(2) if enabled else -1
+    except OSError:  # no descriptor 2 at all (started with 2>&-): nothing to keep clean
+        terminal = -1
+    if terminal < 0:
         yield
         return
     python_stderr = sys.stderr
     python_stderr.flush()
-    terminal = os.dup(2)
     held = tempfile.TemporaryFile()
     os.dup2(held.fileno(), 2)
     ours = None

@@ -11,6 +11,7 @@ file then.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,10 +28,16 @@ POLARS_ERRORS = (pl.exceptions.PolarsError, PanicException)
 
 
 def first_line(e: BaseException, limit: int = 160) -> str:
-    """An error's message as one short line (Polars' span several)."""
-    lines = str(e).strip().splitlines()
-    text = lines[0] if lines else type(e).__name__
-    return text.removeprefix("parquet: ")[:limit]
+    """An error's message as one short line (Polars' span several).  A panic
+    that passed through worker threads nests its cause in JoinError::Panic(..., "cause"):
+    the innermost cause is what went wrong."""
+    text = str(e).strip()
+    if isinstance(e, PanicException):
+        marks = list(re.finditer(r'Panic\(Id\(\d+\), \\*"', text))
+        cause = re.split(r'\\*"', text[marks[-1].end():], maxsplit=1)[0] if marks else text
+        text = f"decoder failed: {cause}"
+    lines = text.splitlines()
+    return (lines[0] if lines else type(e).__name__).removeprefix("parquet: ")[:limit]
 
 
 def _strings(t: pl.DataType) -> bool:

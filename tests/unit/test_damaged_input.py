@@ -17,6 +17,7 @@ from polars.exceptions import PanicException
 from pasta_trace import cli
 from pasta_trace.damage import reading
 from pasta_trace.errors import EXIT_RUNTIME, FormatError
+from pasta_trace.parquet_scan import first_line
 from pasta_trace.read import open_capture
 
 import merge_fixtures as fx
@@ -137,7 +138,7 @@ def test_panic_report_is_held_back_and_other_native_output_shown(tmp_path: Path,
             os.write(2, b"\nthread 'async-executor-1' (7) panicked at crates/x.rs:1:1:\nboom\nstack backtrace:\n")
             print("said by Python", file=sys.stderr)
             raise PanicException("boom")
-    assert str(e.value) == f"{cap}: cannot read (boom)"  # the capture's files all decode
+    assert str(e.value) == f"{cap}: decoder failed: boom"  # the capture's files all decode
     assert capfd.readouterr().err == "said by Python\n"
     with reading(lambda: open_capture(cap)):
         os.write(2, b"a native note\n")
@@ -146,6 +147,15 @@ def test_panic_report_is_held_back_and_other_native_output_shown(tmp_path: Path,
     with reading(lambda: open_capture(cap), verbose=True):  # -v: nothing held
         os.write(2, b"thread 'x' panicked at y\n")
     assert capfd.readouterr().err == "thread 'x' panicked at y\n"
+
+
+def test_a_panic_is_said_by_its_innermost_cause() -> None:
+    nested = ('called `Result::unwrap()` on an `Err` value: JoinError::Panic(Id(188), "called `Result::unwrap()` '
+              'on an `Err` value: JoinError::Panic(Id(187), \\"assertion failed: offset + length <= self.length\\", '
+              '...)", ...)')
+    assert first_line(PanicException(nested)) == "decoder failed: assertion failed: offset + length <= self.length"
+    assert first_line(PanicException("assertion `left == right` failed\n  left: 0\n right: 65")) == (
+        "decoder failed: assertion `left == right` failed")
 
 
 def test_a_polars_panic_outside_reading_is_still_one_line(capsys, monkeypatch) -> None:
