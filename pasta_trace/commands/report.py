@@ -20,7 +20,7 @@ from ..export.html import write_html
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
 from ..tools.render import table
-from ..tools.run import ToolResult, capture_facts, incomplete_banner, run_tools, with_merged
+from ..tools.run import ToolResult, capture_facts, device_data_text, incomplete_banner, run_tools, with_merged
 
 HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
 EXAMPLES = """\
@@ -77,7 +77,7 @@ def print_terminal(console: Console, facts: dict, results: list[ToolResult], lim
         ("duration", None if facts["duration_ns"] is None else f"{facts['duration_ns'] / 1e9:.6f} s"),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", facts["events"]),
         ("calls counted", None if facts["aggregate_calls"] is None else f"{facts['aggregate_calls']} (--aggregate)"),
-        ("lost events", facts["lost_events"]), ("device data", "yes" if facts["device_data"] else "no"),
+        ("lost events", facts["lost_events"]), ("device data", device_data_text(facts)),
     ]
     for k, v in head:
         if v is not None:

@@ -16,7 +16,7 @@ from ..safe_output import OutputFile
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
 from ..tools.render import cell, human_ns
-from ..tools.run import ToolResult, incomplete_banner
+from ..tools.run import ToolResult, device_data_text, incomplete_banner
 from . import html_plots
 
 #: rows per table in the page; the full data is in --json and CSV
@@ -55,7 +55,7 @@ def _facts_html(facts: dict) -> str:
         ("duration", None if facts["duration_ns"] is None else human_ns(facts["duration_ns"])),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", f"{facts['events']:,}"),
         ("calls counted", None if facts.get("aggregate_calls") is None else f"{facts['aggregate_calls']:,} (--aggregate)"),
-        ("lost events", f"{facts['lost_events']:,}"), ("device data", "yes" if facts["device_data"] else "no"),
+        ("lost events", f"{facts['lost_events']:,}"), ("device data", device_data_text(facts)),
     ]
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v is not None)
 

@@ -152,10 +152,11 @@ def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_unknown_tool_is_a_usage_error(tmp_path: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
-    assert e.value.code == EXIT_USAGE
-    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+    rc = cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
+    assert rc == EXIT_USAGE
+    choices = ", ".join(f"'{name}'" for name in REGISTRY)
+    assert capsys.readouterr().err == (f"pasta-trace: error: argument --tool: invalid choice: 'nosuch' "
+                                       f"(choose from {choices})\n")
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
