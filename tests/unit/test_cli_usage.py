@@ -130,9 +130,14 @@ def test_a_kernel_thread_is_refused_with_the_reason(capsys, tmp_path) -> None:
     assert not (tmp_path / "cap").exists()
 
 
+def _sh(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          timeout=60)
+
+
 def _as(prefix: list[str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, sys.executable, "-m", "pasta_trace.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    """The CLI run under `prefix` (setpriv, unshare)."""
+    return _sh([*prefix, sys.executable, "-m", "pasta_trace.cli", *args])
 
 
 needs_setpriv = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -215,6 +220,25 @@ def test_a_tracer_in_a_user_namespace_says_the_boundary_denies_it(tmp_path) -> N
         "SELinux) or a user namespace boundary denies it (look for the denial in `dmesg`; trace from the user "
         "namespace of the process or above it)")
     assert not out.exists()
+
+
+@needs_setpriv
+def test_a_process_hidden_by_hidepid_is_no_such_process_saying_why() -> None:
+    """In a mount namespace of its own, a /proc mounted hidepid=2 hides root's
+    processes from nobody: the message names the mount option."""
+    mine = subprocess.Popen(["sleep", "60"])
+    try:
+        inner = (f"mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid={NOBODY} --regid={NOBODY} "
+                 f"--clear-groups {sys.executable} -m pasta_trace.cli --dry-run -p {mine.pid}")
+        r = _sh(["unshare", "-m", "--propagation", "private", "sh", "-c", inner])
+    finally:
+        mine.kill()
+        mine.wait()
+    if "unshare:" in r.stderr or "mount:" in r.stderr:
+        pytest.skip(f"cannot mount a private /proc here: {r.stderr.strip()}")
+    assert (r.returncode, r.stdout) == (EXIT_RUNTIME, "")
+    assert r.stderr in (error(f"no such process: {mine.pid} (/proc is mounted with hidepid={value}: other users' "
+                              "processes are hidden)") for value in ("invisible", "2"))
 
 
 def test_a_missing_command_fails_before_the_bpf_compile(capsys, tmp_path, monkeypatch) -> None:
