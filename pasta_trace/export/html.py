@@ -6,13 +6,12 @@ plots as inline SVG."""
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
 
 import polars as pl
 
 from .. import __version__, merge
 from ..read import Capture
-from ..safe_output import OutputFile
+from ..tools.findings import Finding
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
 from ..tools.render import cell, human_ns
@@ -97,7 +96,7 @@ def _activity(cap: Capture, kernels: pl.LazyFrame) -> tuple[int | None, int | No
     return row[0], row[1]
 
 
-def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
+def render_html(cap: Capture, facts: dict, results: list[ToolResult], findings: list[Finding]) -> str:
     by_name = {r.tool.name: r for r in results}
     sections = []
     kernels = merge.kernel_executions(cap)
@@ -154,15 +153,3 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
         + f"<nav>{nav}</nav>" + "".join(sections)
         + f"<footer>pasta-trace {escape(__version__)}</footer></body></html>\n"
     )
-
-
-def write_html(out: OutputFile, cap: Capture, facts: dict, results: list[ToolResult]) -> Path:
-    """Write the report atomically (a reader never sees half a page)."""
-    text = render_html(cap, facts, results).encode()
-
-    def write(path: str) -> None:
-        with open(path, "wb") as f:
-            f.write(text)
-
-    out.write(write)
-    return out.path
