@@ -46,7 +46,7 @@ HEADERS = {
     "unattributed_pages": "pages outside", "alloc_base": "base", "alloc_size": "size", "alloc_api": "API",
     "pages_touched": "pages touched", "pages_spanned": "pages spanned", "touched_share": "touched",
     "first_launch_id": "first launch", "page_first": "first page", "page_last": "last page",
-    "prefetch_ptr": "prefetch at", "delta_bytes": "change", "api_live_bytes": "API live",
+    "prefetch_ptr": "prefetch at", "delta_bytes": "change", "api_live_bytes": "API live", "ts_ns": "at",
 }
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -115,7 +115,7 @@ class Column:
     cut: str | None
 
 
-def _scale(col: str, top: float) -> tuple[str, float, int]:
+def scale(col: str, top: float) -> tuple[str, float, int]:
     """(unit, divisor, decimals) for a duration or byte column whose largest
     absolute value is `top`."""
     if is_bytes(col):
@@ -158,7 +158,7 @@ def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
     if col.endswith("share"):
         return Column(col, f"{name} (%)", cells(lambda v: f"{v * 100:.1f}"), True, None)
     if col.endswith("_ns") or is_bytes(col):
-        unit, div, places = _scale(col, max((abs(v) for v in present), default=0))
+        unit, div, places = scale(col, max((abs(v) for v in present), default=0))
         return Column(col, f"{name} ({unit})", cells(lambda v: f"{v / div:.{places}f}"), True, None)
     if values.dtype.is_float():
         return Column(col, name, cells(lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"), True, None)

@@ -121,7 +121,9 @@ def test_html_written_once_then_refused_without_force(tmp_path: Path, capsys) ->
     assert err == f"Wrote {out_html}  (open it in a browser; no network needed)\n"
     page = out_html.read_text()
     assert page.startswith("<!DOCTYPE html>")
-    assert "<script" not in page and "http://" not in page and "https://" not in page
+    # self-contained: one inline script, nothing loaded from anywhere (no src=, no <link>, no address at all)
+    assert page.count("<script") == 1 and "<script>" in page
+    assert " src=" not in page and "<link" not in page and "http://" not in page and "https://" not in page
     assert page.count('class="series"') == 2 and page.count('class="cell"') == 8
     out_html.write_text("keep me")
     rc, out, err = run(capsys, cap, "--html", str(out_html))
