@@ -62,9 +62,10 @@ const nice = (span, n) => {
   const raw = span / n, mag = 10 ** Math.floor(Math.log10(raw));
   return [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw);
 };
-const fmt = (ns, step) => {
+// ns as the axis writes it: in the largest unit where `step` has at most one decimal, with `more` decimals
+const fmt = (ns, step, more = 0) => {
   const [u, s] = [["s", 1e9], ["ms", 1e6], ["µs", 1e3]].find(([, s]) => step >= s / 10) || ["ns", 1];
-  return (ns / s).toFixed(Math.max(0, -Math.floor(Math.log10(step / s) + 1e-9))) + " " + u;
+  return (ns / s).toFixed(Math.max(0, -Math.floor(Math.log10(step / s) + 1e-9)) + more) + " " + u;
 };
 const plots = [...document.querySelectorAll("svg.tplot")];
 const XS = plots.length ? +plots[0].dataset.xs : 1;
@@ -104,8 +105,8 @@ function draw() {
   plots.forEach(drawPlot);
   const r = document.getElementById("zoom-range");
   if (r && plots.length) {
-    const [a, b] = plots[0].dataset.view.split(" ").map(Number), step = nice(b - a, 6) / 10;
-    r.textContent = `showing ${fmt(a, step)} to ${fmt(b, step)}`;
+    const [a, b] = plots[0].dataset.view.split(" ").map(Number), step = nice(b - a, 6);
+    r.textContent = `showing ${fmt(a, step, 2)} to ${fmt(b, step, 2)}`;
   }
 }
 function show(a, b) {

@@ -5,7 +5,7 @@ memory per process, on one time axis that the page's script zooms and pans.
 Marks are placed in data units (XS across the plotted window) inside a nested
 <svg> stretched to the plot's width, so zooming is a change of its viewBox.
 Strokes do not scale, so a mark keeps its thickness at any zoom.  Marks are
-binned (BINS per lane, four per pixel at the default width), so a plot's size
+binned (BINS per lane, two per pixel at the default width), so a plot's size
 does not grow with the capture: memory keeps each bin's minimum and maximum,
 so short-lived frees and peaks both show."""
 
@@ -27,7 +27,7 @@ PLOT_W = WIDTH - LEFT - RIGHT
 AXIS_H = 28
 TICKS = 6
 XS = 1_000_000  # data x units across the plotted window
-BINS = 4 * PLOT_W
+BINS = 2 * PLOT_W  # twice per pixel at the default width: detail for a first zoom, at twice the size
 
 #: Fill per event kind (classes ev-<kind> in the page's CSS use the same).
 KIND_COLOURS = {
@@ -134,10 +134,11 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, w: Window) -> str:
     """One lane per host thread (a thin band per event kind) and one per GPU
     stream (kernel executions, with device timing)."""
     host = (
-        events.select("pid", "tid", pl.col("kind").cast(pl.String), "ts_ns")
+        events.select("pid", "tid", pl.col("kind").cast(pl.String), "ts_ns",
+                      (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"))
         .with_columns(w.bin(pl.col("ts_ns")).alias("bin"))
         .group_by("pid", "tid", "kind", "bin")
-        .agg(pl.len().alias("n"), pl.col("ts_ns").min())
+        .agg(pl.len().alias("n"), pl.col("ts_ns").min(), pl.col("end_ns").max())
         .collect(engine="streaming")
     )
     kinds = [k for k in schema.KIND_NAMES if k in set(host["kind"].to_list())]
@@ -155,18 +156,18 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, w: Window) -> str:
     top = 6
     gpu_top = top + host_lanes.height * lane_h
     height = gpu_top + gpu_lanes.height * 20 + AXIS_H + 6
-    bin_w = XS / BINS
-
     kind_idx = pl.DataFrame({"kind": kinds, "k": list(range(len(kinds)))})
     ev_marks = (
         host.join(host_lanes, on=["pid", "tid"]).join(kind_idx, on="kind")
         .select(
             pl.format(
                 '<rect class="ev ev-{}" x="{}" y="{}" width="{}" height="{}"><title>{} {} call(s) · pid {} tid {} · '
-                "{} s</title></rect>",
-                "kind", (pl.col("bin") * bin_w).round(1), top + 1 + pl.col("lane") * lane_h + pl.col("k") * band,
-                # 2 px of stroke around: a mark stays 2 px wide at any zoom, and fills its band
-                pl.lit(round(bin_w, 1)), pl.lit(band - 2), "n", "kind", "pid", "tid", w.seconds(pl.col("ts_ns")),
+                "{} s to {} s</title></rect>",
+                # from the bin's first call to the end of its last: what a closer look finds there; 2 px of
+                # stroke around keep a mark visible at any zoom, and fill its band
+                "kind", w.x(pl.col("ts_ns")), top + 1 + pl.col("lane") * lane_h + pl.col("k") * band,
+                (w.x(pl.col("end_ns")) - w.x(pl.col("ts_ns"))).clip(0.1).round(1), pl.lit(band - 2),
+                "n", "kind", "pid", "tid", w.seconds(pl.col("ts_ns")), w.seconds(pl.col("end_ns")),
             ).alias("svg")
         )["svg"]
     )

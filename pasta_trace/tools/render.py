@@ -15,6 +15,7 @@ header ("blocked (ms)"), so that its cells line up and compare at a glance.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -81,26 +82,6 @@ def seconds_after(ts: float, t0: int | None) -> str:
     return f"{(ts - (t0 or 0)) / 1e9:.6f}"
 
 
-def cell(col: str, value: object, t0: int | None) -> str:
-    """One value on its own, with its unit ("12.3 µs", "1.5 MiB", "+1.234567 s")."""
-    if value is None:
-        return "-"
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if is_timestamp(col):
-            return f"+{seconds_after(value, t0)} s"
-        if col.endswith("_ns"):
-            return human_ns(value)
-        if is_bytes(col):
-            return human_bytes(value)
-        if col in ADDRESS_COLUMNS:
-            return f"0x{int(value):x}"
-        if col.endswith("share"):
-            return f"{value * 100:.1f}%"
-        if isinstance(value, float):
-            return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value)
-
-
 @dataclass(frozen=True)
 class Column:
     """One column as a person reads it."""
@@ -159,7 +140,12 @@ def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
         return Column(col, f"{name} (%)", cells(lambda v: f"{v * 100:.1f}"), True, None)
     if col.endswith("_ns") or is_bytes(col):
         unit, div, places = scale(col, max((abs(v) for v in present), default=0))
-        return Column(col, f"{name} ({unit})", cells(lambda v: f"{v / div:.{places}f}"), True, None)
+        # more decimals (up to 3) when the smallest value would otherwise read as 0.0
+        least = min((abs(v) / div for v in present if v), default=1.0)
+        if places and least < 1:
+            places = max(places, min(3, 1 - math.floor(math.log10(least))))
+        # an exact zero reads as 0, not 0.00
+        return Column(col, f"{name} ({unit})", cells(lambda v: f"{v / div:.{places}f}" if v else "0"), True, None)
     if values.dtype.is_float():
         return Column(col, name, cells(lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"), True, None)
     return Column(col, name, cells(str), True, None)

@@ -9,7 +9,7 @@ import re
 import polars as pl
 
 from pasta_trace.export import html_plots
-from pasta_trace.export.html_plots import BINS, XS, Window
+from pasta_trace.export.html_plots import XS, Window
 
 
 def test_memory_keeps_each_bins_minimum_and_maximum() -> None:
