@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .. import merge
+from ..hexfmt import hex_series
 from ..read import Capture
 from ..tools.memory import memory_timeline
 
@@ -69,17 +70,6 @@ class TraceModel:
         return self.api.height + self.kernels.height + self.memops.height + self.memory.height
 
 
-def hex_labels(s: pl.Series, prefix: str) -> pl.Series:
-    """`prefix` + lower-case hex of each value; formatted once per distinct value
-    (handles repeat: a few streams serve millions of launches)."""
-    uniq = s.unique().drop_nulls()
-    table = pl.DataFrame(
-        {"v": uniq, "h": [prefix + format(int(v), "x") for v in uniq.to_list()]},
-        schema={"v": s.dtype, "h": pl.String},
-    )
-    return s.to_frame("v").join(table, on="v", how="left", maintain_order="left")["h"]
-
-
 def _api_calls(cap: Capture) -> pl.DataFrame:
     return (
         cap.events.select(
@@ -121,7 +111,7 @@ def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.Data
         .drop("_row")
     )
     has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
-    kernels = ex.with_columns(label=hex_labels(ex["stream"], "GPU stream 0x")).select(
+    kernels = ex.with_columns(label=hex_series(ex["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.lit("GPU stream (unknown)")),
         stream="stream",
@@ -157,7 +147,7 @@ def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:
         .sort("start", "pid")
         .collect()
     )
-    return ops.with_columns(label=hex_labels(ops["stream"], "GPU stream 0x")).select(
+    return ops.with_columns(label=hex_series(ops["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.format("GPU stream #{}", pl.col("stream_id"))),
         stream="stream",

@@ -9,19 +9,11 @@ from __future__ import annotations
 import polars as pl
 
 from .. import merge
+from ..hexfmt import hex_expr
 from ..read import Capture
 from .registry import Tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
-
-
-def _hex(col: str) -> pl.Expr:
-    """0x-prefixed lowercase hex of a UInt64 column: Polars has no integer -> hex
-    formatter, so pick each nibble's digit out of a 16-character string."""
-    x = pl.col(col)
-    digits = pl.lit("0123456789abcdef")
-    nibbles = [digits.str.slice(((x // 16**i) % 16).cast(pl.Int64), 1) for i in range(15, -1, -1)]
-    return pl.concat_str([pl.lit("0x"), pl.concat_str(nibbles).str.strip_chars_start("0").replace("", "0")])
 
 
 def prefetch_plan(cap: Capture) -> pl.DataFrame:
@@ -59,13 +51,13 @@ def prefetch_plan(cap: Capture) -> pl.DataFrame:
     advice = pl.format(
         "{}((void*){}, {}, {}, {})",
         pl.when(hip).then(pl.lit("hipMemPrefetchAsync")).otherwise(pl.lit("cudaMemPrefetchAsync")),
-        _hex("prefetch_ptr"),
+        hex_expr(pl.col("prefetch_ptr")),
         pl.col("bytes"),
         pl.col("device").cast(pl.String).fill_null("dev"),
         pl.format(
             "({}){}",
             pl.when(hip).then(pl.lit("hipStream_t")).otherwise(pl.lit("cudaStream_t")),
-            _hex("stream").fill_null("0"),
+            hex_expr(pl.col("stream")).fill_null("0"),
         ),
     )
     return plan.with_columns(advice.alias("advice")).select(
