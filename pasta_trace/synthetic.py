@@ -235,6 +235,9 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
         "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
         "exit_ns": [None] * pids.size,
+        # one rank per process, as torchrun starts them
+        "rank": np.arange(pids.size, dtype=np.int32), "local_rank": np.arange(pids.size, dtype=np.int32),
+        "world_size": np.full(pids.size, pids.size, np.int32),
     }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
     for name, df in _device_launches(spec, rng, launches).items():
         df.cast(schema.DEVICE_FRAMES[name]).write_parquet(p / "device" / f"{name}.parquet")

@@ -203,7 +203,10 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     overwritten by the end of the array."""
     streams = stream_tids(model)
     parts = [*_metadata(model, streams), *_api(model), *_gpu(model, streams), *_counters(model)]
-    out.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
+    out.write(b'{"displayTimeUnit":"ns",')
+    if model.distributed:  # the rank that trace-analysis tools (HTA) key a file on
+        out.write(b'"distributedInfo":' + json.dumps(model.distributed, separators=(",", ":")).encode() + b",")
+    out.write(b'"traceEvents":[\n')
     n = 0
     for frame, line in parts:
         for start in range(0, frame.height, chunk_rows):

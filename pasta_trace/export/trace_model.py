@@ -64,6 +64,9 @@ class TraceModel:
     stacks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"pid": pl.UInt32, "stack_id": pl.UInt64, "depth": pl.UInt16, "function": pl.String,
                 "file": pl.String, "line": pl.UInt32}))
+    #: rank, local_rank, world_size of the distributed job the traced processes
+    #: belong to, where one rank made every call (empty: unknown or several ranks)
+    distributed: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_events(self) -> int:
@@ -191,6 +194,17 @@ def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _distributed(cap: Capture, api: pl.DataFrame) -> dict[str, int]:
+    """The job coordinates shared by every process that made a call; a key is
+    left out where they differ or are unknown (a trace file stands for one rank
+    in trace-analysis tools, so a capture of several ranks names none)."""
+    cols = ("rank", "local_rank", "world_size")
+    callers = cap.processes.join(api.lazy().select("pid").unique(), on="pid", how="semi")
+    seen = callers.select(pl.col(c).drop_nulls().unique().implode() for c in cols).collect().row(0)
+    known = {c: v[0] for c, v in zip(cols, seen) if len(v) == 1}
+    return known if "rank" in known else {}
+
+
 def _threads(cap: Capture) -> pl.DataFrame:
     return (
         cap.events.group_by("pid", "tid")
@@ -235,4 +249,5 @@ def build(cap: Capture) -> TraceModel:
         memops=memops,
         memory=_memory(cap),
         stacks=cap.stacks.select("pid", "stack_id", "depth", "function", "file", "line").collect(),
+        distributed=_distributed(cap, api),
     )

@@ -167,3 +167,26 @@ def test_names_are_escaped(tmp_path: Path) -> None:
     events = validate(json.loads(out.read_text()))
     assert [e["args"]["kernel"] for e in events if e.get("args", {}).get("kind") == "launch"] == [
         odd, "hip_fill", odd, "reduce"]
+
+
+def _with_ranks(cap: Path, ranks: dict[int, tuple[int, int, int]]) -> Path:
+    procs = pl.read_parquet(cap / "processes.parquet")
+    cols = ("rank", "local_rank", "world_size")
+    procs = procs.with_columns(
+        pl.col("pid").replace_strict({p: r[i] for p, r in ranks.items()}, default=None, return_dtype=pl.Int32).alias(c)
+        for i, c in enumerate(cols))
+    procs.write_parquet(cap / "processes.parquet")
+    return cap
+
+
+@pytest.mark.parametrize("ranks, info", [
+    ({100: (3, 1, 8), 200: (3, 1, 8)}, {"rank": 3, "local_rank": 1, "world_size": 8}),
+    ({100: (3, 1, 8)}, {"rank": 3, "local_rank": 1, "world_size": 8}),  # 200: no RANK in its environment
+    ({100: (3, 1, 8), 200: (4, 0, 8)}, None),  # two ranks in one file: it stands for neither
+    ({}, None),
+])
+def test_distributed_info_names_the_rank(tmp_path: Path, ranks: dict, info: dict | None) -> None:
+    cap = _with_ranks(write_capture(tmp_path / "cap"), ranks)
+    out = tmp_path / "t.json"
+    assert main(["export", str(cap), "--format", "chrome", "-o", str(out)]) == 0
+    assert json.loads(out.read_text()).get("distributedInfo") == info
