@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema
+from . import schema, synthetic_host
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -44,6 +44,9 @@ class Spec:
     args_per_launch: int = 4  # allocation slots each launch touches (a kernel's buffer arguments)
     page_hist: bool = True  # also write page_hist and alloc_touch derived from the samples
     chunk_rows: int = 5_000_000  # access rows generated per chunk (bounds the generator's memory)
+    syncs: int = 0  # sync calls (synthetic_host)
+    copies: int = 0  # copies, plus one storm of small copies when > 0 (synthetic_host)
+    stacks: bool = False  # Python stacks on the host calls, and stacks.parquet (synthetic_host)
 
 
 @dataclass
@@ -222,7 +225,15 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     pids = _pid_list(spec.pids)
     allocs = _allocations(spec, rng, pids)
     launches = _launches(spec, rng, pids)
-    _events(launches, allocs).write_parquet(p / "events-00000.parquet")
+    events = _events(launches, allocs)
+    extra = np.random.default_rng(spec.seed + 1)  # its own stream: captures without extras stay the same
+    if spec.syncs or spec.copies:
+        events = pl.concat([events, synthetic_host.syncs_and_copies(
+            spec.syncs, spec.copies, pids, spec.span_ns, MONO0, extra)]).sort("ts_ns")
+    if spec.stacks:
+        events = synthetic_host.with_stacks(events, extra)
+        synthetic_host.stacks(pids).write_parquet(p / "stacks.parquet")
+    events.write_parquet(p / "events-00000.parquet")
     funcs = launches.select("pid", "func").unique().sort(["pid", "func"])
     funcs.select(
         "pid", pl.col("func").alias("handle"),
@@ -296,7 +307,7 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "format_version": ".".join(map(str, schema.CAPTURE_FORMAT_VERSION)), "tool": "pasta-trace synthetic",
         "command": ["synthetic", json.dumps(spec.__dict__)], "host": "synthetic", "pids": [int(x) for x in pids],
         "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns,
-        "counts": {"events": launches.height + allocs.height, "lost_events": 0, "lost_names": 0},
+        "counts": {"events": events.height, "lost_events": 0, "lost_names": 0},
         "complete": True,
     }
     (p / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -170,10 +170,10 @@ def test_report_renders_in_chromium(tmp_path: Path, capsys) -> None:
     assert got["requests"] == []
     # [marks, marks with an empty box]: 18 host events at distinct pixels; 4 kernel executions;
     # 2 thread lanes + 2 stream lanes; one memory series and one peak per process;
-    # 8 (page, launch) cells; one table per tool with rows (20 tools; copy_storms and api_errors found nothing)
+    # 8 (page, launch) cells; one table per tool with rows (24 tools; copy_storms and api_errors found nothing)
     assert got["marks"] == {
         "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "peaks": [2, 0],
-        "cells": [8, 0], "tables": [18, 0],
+        "cells": [8, 0], "tables": [22, 0],
     }
     px = got["pixels"]
     assert (px["width"], px["height"]) == (1100, 1600)

@@ -12,9 +12,10 @@ from pasta_trace.capture.processes import distributed, process_row
 
 def test_rank_from_the_environment_of_the_process() -> None:
     env = {**os.environ, "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16"}
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], env=env,
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert child.stdout.readline() == b"ready\n"  # past its exec: its environment is in place
         row = process_row(child.pid)
     finally:
         child.communicate(b"")
