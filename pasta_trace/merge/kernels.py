@@ -49,9 +49,11 @@ def host_launches(cap: Capture) -> pl.LazyFrame:
     )
 
 
-def _names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
-    """Kernel name of each launch: the latest handle->name seen before the
-    launch, else any name of that handle (names found offline carry no time)."""
+def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
+    """`launches` (pid, func, ts_ns, ...) with the kernel `name` of each: the
+    latest handle->name seen before the launch, else any name of that handle
+    (names found offline carry no time); null when none was seen.  Rows come
+    back in another order."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
     timed = launches.sort(["pid", "func", "ts_ns"]).join_asof(
@@ -220,7 +222,7 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    out = _names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
+    out = kernel_names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
     out = out.with_columns(
         pl.coalesce("name", "dev_name", pl.format("unknown@{}", hex_expr(pl.col("func")))).alias("name")
     )
