@@ -12,7 +12,7 @@ import polars as pl
 from .. import lifetimes, merge
 from ..read import Capture
 from . import render
-from .registry import PID, TOP_CALL_SITE, Tool, columns, returns
+from .registry import PID, Tool, columns, returns
 from .sites import NO_STACK, allocation_sites, top_site
 
 _API = ("api", pl.String, "", "allocation API (for a free: the API that allocated the block)")
