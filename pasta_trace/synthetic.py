@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema
+from . import schema, synthetic_host
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -47,6 +47,7 @@ class Spec:
     syncs: int = 0  # cuStreamSynchronize calls, all processes together, each blocking 50 µs to 5 ms
     failed_allocs: int = 0  # cuMemAlloc_v2 calls that return CUDA_ERROR_OUT_OF_MEMORY
     stacks: bool = False  # every call carries a Python stack from CALL_PATHS (stacks.parquet)
+    copies: int = 0  # h2d/d2h copies of a few host buffers (repeats), plus one storm of small copies; no stacks
 
 
 #: The Python stack of each kind of call when Spec.stacks is set, innermost
@@ -290,7 +291,11 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     launches = _launches(spec, rng, pids)
     # their own generator: the other frames stay what they were without them
     extra = _extra_calls(spec, np.random.default_rng([spec.seed, 1]), pids)
-    _events(launches, allocs, extra, pids, spec.stacks).write_parquet(p / "events-00000.parquet")
+    events = _events(launches, allocs, extra, pids, spec.stacks)
+    if spec.copies:
+        copies = synthetic_host.copies(spec.copies, pids, spec.span_ns, MONO0, np.random.default_rng([spec.seed, 2]))
+        events = pl.concat([events, copies]).sort("ts_ns")
+    events.write_parquet(p / "events-00000.parquet")
     if spec.stacks:
         _stacks(pids).write_parquet(p / "stacks.parquet")
     funcs = launches.select("pid", "func").unique().sort(["pid", "func"])
@@ -305,6 +310,9 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
         "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
         "exit_ns": [None] * pids.size,
+        # one rank per process, as torchrun starts them
+        "rank": np.arange(pids.size, dtype=np.int32), "local_rank": np.arange(pids.size, dtype=np.int32),
+        "world_size": np.full(pids.size, pids.size, np.int32),
     }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
     for name, df in _device_launches(spec, rng, launches).items():
         df.cast(schema.DEVICE_FRAMES[name]).write_parquet(p / "device" / f"{name}.parquet")
@@ -364,7 +372,7 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "command": ["synthetic", json.dumps(spec.__dict__)], "host": "synthetic", "pids": [int(x) for x in pids],
         "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns,
         "clock": {"domain": "CLOCK_MONOTONIC", "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns},
-        "counts": {"events": launches.height + allocs.height + extra.height, "lost_events": 0, "lost_names": 0},
+        "counts": {"events": events.height, "lost_events": 0, "lost_names": 0},
         "complete": True,
     }
     (p / "manifest.json").write_text(json.dumps(manifest, indent=1))
