@@ -32,7 +32,8 @@ from .stats import MergeStats, from_frames
 
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
-         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
+         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
+         "stacks": schema.STACKS_SCHEMA}
 
 
 def is_timeline(path: str | Path) -> bool:
@@ -102,7 +103,8 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
 
 def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
-    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries}
+    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries,
+            "stacks": cap.stacks}
     if cap.aggregate is not None:
         host["aggregate"] = cap.aggregate
     for name, lf in host.items():
