@@ -1,11 +1,12 @@
 """Damaged input met while a verb works: one line that names the file.
 
-A Parquet file whose footer and column types pass the checks at open
-(parquet_scan) can still hold damaged data pages.  Polars finds that only
-when it decodes them, in the middle of a merge or report, and says so with an
-error that names no file, or with a panic.  `reading` turns either into a
-FormatError naming the damaged file, found by decoding the capture's files
-one by one (only then: that is a second read).
+Every file passed the checks at open (parquet_scan, which decodes each page
+once with Arrow's reader), yet Polars can still fail while a verb works: on a
+file changed since, on a page only its decoder rejects, or on values the
+analysis cannot use.  It says so with an error that names no file, or with a
+panic.  `reading` turns either into a FormatError naming the damaged file,
+found by decoding the capture's files one by one with Polars (only then: that
+is a second read), or naming the capture when every file decodes.
 
 Rust prints a panic (and, under RUST_BACKTRACE, its backtrace) straight to
 file descriptor 2 before Python sees it.  So while a verb reads, what native

@@ -127,6 +127,8 @@ def worker(cases_file: str, results_file: str) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
     from pasta_trace.cli import main
 
+    # where the watchdog writes: the worker's own stdout, which the verbs' redirections do not touch
+    watchdog_out = os.fdopen(os.dup(1), "w")
     spec = json.loads(Path(cases_file).read_text())
     base, work = Path(spec["base"]), Path(spec["work"])
     with open(results_file, "w") as results:
@@ -141,7 +143,7 @@ def worker(cases_file: str, results_file: str) -> None:
             for verb in case["verbs"]:
                 say(id=case["id"], verb=verb, started=True)
                 # a hang ends the worker with every thread's stack on its stderr
-                faulthandler.dump_traceback_later(VERB_TIMEOUT_S, exit=True)
+                faulthandler.dump_traceback_later(VERB_TIMEOUT_S, exit=True, file=watchdog_out)
                 t0 = time.perf_counter()
                 rc, out, err = _run_verb(main, VERBS[verb](str(d / "cap"), str(d)), d)
                 faulthandler.cancel_dump_traceback_later()
@@ -305,11 +307,13 @@ def test_capture_fuzz(tmp_path: Path) -> None:
     cases = _cases(base)
     by_id = {c["id"]: c for c in cases}
     procs = []
+    runs_of: dict[Path, int] = {}
     for w in range(WORKERS):
         spec = tmp_path / f"cases-{w}.json"
         spec.write_text(json.dumps({"base": str(base), "work": str(tmp_path), "cases": cases[w::WORKERS]}))
         results = tmp_path / f"results-{w}.jsonl"
         env = {**os.environ, "POLARS_MAX_THREADS": "2"}
+        runs_of[results] = sum(len(c["verbs"]) for c in cases[w::WORKERS])
         procs.append((subprocess.Popen([sys.executable, __file__, str(spec), str(results)], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT), results))
     runs = 0
@@ -317,7 +321,8 @@ def test_capture_fuzz(tmp_path: Path) -> None:
     outcomes: dict = {}
     for proc, results in procs:
         try:
-            output = proc.communicate(timeout=VERB_TIMEOUT_S * 8)[0].decode(errors="replace")
+            # a backstop only: each verb's watchdog ends a hung worker after VERB_TIMEOUT_S
+            output = proc.communicate(timeout=120 + 3 * runs_of[results])[0].decode(errors="replace")
         except subprocess.TimeoutExpired:
             proc.kill()
             output = proc.communicate()[0].decode(errors="replace")
