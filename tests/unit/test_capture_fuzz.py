@@ -25,7 +25,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -36,7 +35,7 @@ RSS_LIMIT_MIB = 1024  # peak resident memory per worker, asserted after the run
 VERB_TIMEOUT_S = 30  # one verb on this small capture takes well under a second
 WORKERS = max(2, min(4, os.cpu_count() or 1))
 #: bit flips in Parquet files, each run by every verb; for a deeper run by hand:
-#: PASTA_FUZZ_FLIPS=500 PASTA_FUZZ_SEED=11 pytest tests/unit/test_capture_fuzz.py
+#: PASTA_FUZZ_FLIPS=500 PASTA_FUZZ_SEED=11 PASTA_FUZZ_SUMMARY=1 pytest -s tests/unit/test_capture_fuzz.py
 FLIPS = int(os.environ.get("PASTA_FUZZ_FLIPS", "24"))
 SEED = int(os.environ.get("PASTA_FUZZ_SEED", "7"))
 
@@ -144,11 +143,9 @@ def worker(cases_file: str, results_file: str) -> None:
                 say(id=case["id"], verb=verb, started=True)
                 # a hang ends the worker with every thread's stack on its stderr
                 faulthandler.dump_traceback_later(VERB_TIMEOUT_S, exit=True, file=watchdog_out)
-                t0 = time.perf_counter()
                 rc, out, err = _run_verb(main, VERBS[verb](str(d / "cap"), str(d)), d)
                 faulthandler.cancel_dump_traceback_later()
-                say(id=case["id"], verb=verb, rc=rc, stdout=bool(out), json_ok=_whole_json(out), stderr=err,
-                    s=time.perf_counter() - t0)
+                say(id=case["id"], verb=verb, rc=rc, stdout=bool(out), json_ok=_whole_json(out), stderr=err)
             shutil.rmtree(d)
         say(maxrss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 
@@ -317,8 +314,7 @@ def test_capture_fuzz(tmp_path: Path) -> None:
         procs.append((subprocess.Popen([sys.executable, __file__, str(spec), str(results)], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT), results))
     runs = 0
-    timing: dict = {}
-    outcomes: dict = {}
+    outcomes: dict[tuple, int] = {}
     for proc, results in procs:
         try:
             # a backstop only: each verb's watchdog ends a hung worker after VERB_TIMEOUT_S
@@ -336,18 +332,16 @@ def test_capture_fuzz(tmp_path: Path) -> None:
         assert done["maxrss_mib"] < RSS_LIMIT_MIB, f"peak RSS {done['maxrss_mib']} MiB"
         for r in lines[:-1]:
             if not r.get("started"):
-                timing.setdefault((by_id[r["id"]]["kind"], r["verb"]), []).append(r["s"])
-                said = r["stderr"].splitlines()[-1].split(": ", 3)[-1].split(" (")[0][:40] if r["rc"] else "-"
-                key = (by_id[r["id"]]["kind"], r["rc"], said)
-                outcomes[key] = outcomes.get(key, 0) + 1
                 _check(by_id[r["id"]], r)
                 runs += 1
+                # what each kind of damage came to: (kind, exit, the error's reason)
+                said = r["stderr"].splitlines()[-1].split(": ", 3)[-1].split(" (")[0][:40] if r["rc"] else ""
+                key = (by_id[r["id"]]["kind"], r["rc"], said)
+                outcomes[key] = outcomes.get(key, 0) + 1
     assert runs == sum(len(c["verbs"]) for c in cases)
-    if os.environ.get("FUZZ_TIMING"):
-        for k, v in sorted(timing.items(), key=lambda kv: -sum(kv[1])):
-            print(k, len(v), round(sum(v), 2))
-        for k, v in sorted(outcomes.items()):
-            print(k, v)
+    if os.environ.get("PASTA_FUZZ_SUMMARY"):  # with -s, for a deeper run by hand
+        for key, n in sorted(outcomes.items()):
+            print(*key, n, sep="  ")
 
 
 if __name__ == "__main__":
