@@ -148,7 +148,8 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         .with_row_index("_dev_row")
         .lazy()
     )
-    host = host_launches(cap).select("pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
+    # small, and read by four branches below: once
+    host = host_launches(cap).select("pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq").collect().lazy()
 
     # 2. time: device API-enter time -> host uprobe entry, same pid and thread
     timed = execs.filter(pl.col("dev_ts").is_not_null() & pl.col("tid").is_not_null()).sort(
@@ -204,7 +205,8 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         )
     )
     # two executions claiming one launch (a time fallback gone wrong): the first keeps it
-    claimed = pl.int_range(pl.len()).over(["pid", "launch_seq"]) > 0
+    # (sorted: a row claims what the row above claimed; cheaper than a window over every launch)
+    claimed = (pl.col("pid") == pl.col("pid").shift(1)) & (pl.col("launch_seq") == pl.col("launch_seq").shift(1))
     matched = matched.sort(["pid", "launch_seq", "launch_id", "_dev_row"], nulls_last=True).with_columns(
         pl.when(pl.col("launch_seq").is_not_null() & claimed).then(None).otherwise(pl.col("launch_seq"))
         .alias("launch_seq"),
