@@ -25,6 +25,7 @@ queued kernel starts after later launches and time alone mismatches some):
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from .. import clock, schema
@@ -40,13 +41,40 @@ _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_
 TOLERANCE_NS = 1_000_000
 
 
+def _launch_events(cap: Capture) -> pl.LazyFrame:
+    """The capture's launch events, `_row` numbering them in scan order."""
+    return cap.events.filter(pl.col("kind") == "launch").with_row_index("_row")
+
+
+def launch_order(cap: Capture) -> pl.DataFrame:
+    """_row, pid, tid, ts_ns, func, stack_id and launch_seq (0-based order within
+    the process, by time then thread) of every host launch, sorted by (pid,
+    ts_ns, tid).  Narrow, so the sort that numbers millions of launches moves
+    few bytes; computed once per capture, for everything that numbers launches."""
+    key = ("launch_order",)
+    if key not in cap.cache:
+        cap.cache[key] = (
+            _launch_events(cap).select("_row", "pid", "tid", "ts_ns", "func", "stack_id")
+            .sort(["pid", "ts_ns", "tid"])
+            .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
+            .collect()
+        )
+    return cap.cache[key]
+
+
 def host_launches(cap: Capture) -> pl.LazyFrame:
-    """Host launch events with launch_seq: 0-based order within the process."""
-    return (
-        cap.events.filter(pl.col("kind") == "launch")
-        .sort(["pid", "ts_ns", "tid"])
-        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
-    )
+    """Host launch events with launch_seq (see launch_order), in scan order."""
+    order = launch_order(cap)
+    return _launch_events(cap).with_columns(_by_row(order, order["launch_seq"]).alias("launch_seq")).drop("_row")
+
+
+def _by_row(order: pl.DataFrame, values: pl.Series) -> pl.Expr:
+    """`values` (one per row of `order`) as a column of the launch events, put
+    in place by `_row`: a gather per batch, not a join of millions of rows."""
+    at = np.empty(order.height, dtype=np.int64)
+    at[order["_row"].to_numpy()] = np.arange(order.height)
+    return pl.col("_row").map_batches(lambda r: values.gather(at[r.to_numpy()]), return_dtype=values.dtype,
+                                      is_elementwise=True)
 
 
 def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
@@ -56,14 +84,21 @@ def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
     back in another order."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
-    timed = launches.sort(["pid", "func", "ts_ns"]).join_asof(
+    per_handle = names.sort("name_ts").group_by(["pid", "func"]).agg(
+        pl.len().alias("_names"), pl.col("name").first().alias("_any_name"))
+    launches = launches.join(per_handle, on=["pid", "func"], how="left")
+    # a handle named once (the usual case) has that name whenever it was seen:
+    # only launches of renamed handles (a module reloaded) need the as-of join,
+    # which costs ~1 us a row with by= on millions of launches
+    renamed = pl.col("_names").fill_null(0) > 1
+    timed = launches.filter(renamed).sort(["pid", "func", "ts_ns"]).join_asof(
         names.sort(["pid", "func", "name_ts"]), left_on="ts_ns", right_on="name_ts",
         by=["pid", "func"], strategy="backward", check_sortedness=False,
-    )
-    anytime = names.sort("name_ts").group_by(["pid", "func"]).agg(pl.col("name").first().alias("_any_name"))
-    return timed.join(anytime, on=["pid", "func"], how="left").with_columns(
+    ).drop("name_ts")
+    once = launches.filter(renamed.not_()).with_columns(pl.lit(None, pl.String).alias("name"))
+    return pl.concat([once, timed], how="vertical").with_columns(
         pl.coalesce("name", "_any_name").alias("name")
-    ).drop("_any_name", "name_ts")
+    ).drop("_any_name", "_names")
 
 
 def _clock_maps(cap: Capture, execs: pl.LazyFrame) -> pl.LazyFrame:
@@ -146,10 +181,13 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         # ids below stay the same in every branch of the plan (joins do not keep order)
         .collect()
         .with_row_index("_dev_row")
-        .lazy()
     )
-    # small, and read by four branches below: once
-    host = host_launches(cap).select("pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq").collect().lazy()
+    # without executions to match, the launches need not even be numbered
+    ev = schema.EVENTS_SCHEMA
+    host = (launch_order(cap) if execs.height else pl.DataFrame(schema={
+        "pid": ev["pid"], "tid": ev["tid"], "ts_ns": ev["ts_ns"], "launch_seq": pl.Int64})).lazy().select(
+        "pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
+    execs = execs.lazy()
 
     # 2. time: device API-enter time -> host uprobe entry, same pid and thread
     timed = execs.filter(pl.col("dev_ts").is_not_null() & pl.col("tid").is_not_null()).sort(
@@ -220,15 +258,40 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
-    launches = host_launches(cap)
+    # names and output order worked out on the narrow launch_order; the wide
+    # launch rows only gather them, and are sorted by one presorted key
+    # (millions of launches: a multi-key sort of the wide rows cost seconds)
+    order = launch_order(cap)
+    unknown = order.lazy().select("func").unique().with_columns(
+        pl.format("unknown@{}", hex_expr(pl.col("func"))).alias("_unknown"))  # once per handle
+    named = (
+        kernel_names(cap, order.lazy().select("_row", "pid", "func", "ts_ns", "launch_seq"))
+        .join(unknown, on="func", how="left")
+        .sort(["ts_ns", "pid", "launch_seq"])
+        .with_row_index("_rank")
+        .sort("_row")
+        .collect()
+    )
+    names = named["name"].cast(pl.Categorical)
+    launches = _launch_events(cap).with_columns(
+        _by_row(order, order["launch_seq"]).alias("launch_seq"),
+        _by_row(named, names).alias("name"),
+        _by_row(named, named["_unknown"].cast(pl.Categorical)).alias("_unknown"),
+        _by_row(named, named["_rank"]).alias("_rank"),
+    )
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    out = kernel_names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
-    out = out.with_columns(
-        pl.coalesce("name", "dev_name", pl.format("unknown@{}", hex_expr(pl.col("func")))).alias("name")
-    )
-    return out.sort(["ts_ns", "pid", "launch_seq"]).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    if device_executions(cap, tolerance_ns).select(pl.len()).collect().item():
+        out = launches.join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left", maintain_order="left")
+    else:  # a host-only capture: nothing to join
+        dev_schema = dev.select(dev_cols).collect_schema()
+        out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
+    if not named["_rank"].is_sorted():  # launches stored out of time order: reordered (a gather of every row)
+        out = out.sort("_rank")
+    return out.with_columns(
+        pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
+    ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
 
 
 def aggregate_launches(cap: Capture) -> pl.LazyFrame:

@@ -10,7 +10,7 @@ from .. import schema
 from ..read import Capture
 from .allocations import allocations
 from .attribution import Segments, segments
-from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
+from .kernels import TOLERANCE_NS, device_executions, kernel_executions, launch_order
 from .samples import SampleSums, packing, sample_sums
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
@@ -31,7 +31,7 @@ def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS, names: bool = T
     time, else the kernel's start on the host clock."""
     key = ("launch_times", tolerance_ns, names)
     if key not in cap.cache:
-        host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
+        host = launch_order(cap).lazy().select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
         dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
         out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
             "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
@@ -74,9 +74,13 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
     merged = cap.merged.get("pages")
     if merged is not None:
         return merged
+    cols = schema.TIMELINE_FRAMES["pages"]
+    hist, samples = cap.device["page_hist"], cap.device["access_samples"]
+    if _is_empty(hist) and _is_empty(samples):
+        # no device pages: nothing to attribute (and no segments or launch times to build)
+        return schema.empty_frame(cols).lazy()
     segs, allocs = _segments(cap)
     times = launch_times(cap, tolerance_ns)
-    hist = cap.device["page_hist"]
     if not _is_empty(hist):
         rows = hist.select(
             "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
@@ -85,14 +89,12 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
         shift = PAGE_SHIFT if page_shift is None else page_shift
         lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
         rows = (
-            cap.device["access_samples"]
-            .with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+            samples.with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
             .group_by("pid", "launch_id", "seg_id", (pl.col("address") // (1 << shift)).alias("page"))
             .agg(lanes.sum().alias("count"), (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
             .with_columns(pl.lit(shift, pl.UInt32).alias("page_shift"))
         )
     out = _attribute(rows, segs, allocs, times)
-    cols = schema.TIMELINE_FRAMES["pages"]
     return out.select([pl.col(k).cast(v) for k, v in cols.items()]).sort(["pid", "launch_id", "page"])
 
 
