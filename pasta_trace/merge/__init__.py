@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .allocations import allocations
 from .attribution import Segments, segments
-from .kernels import (TOLERANCE_NS, aggregate_launches, device_executions, host_launches, kernel_executions,
-                      kernel_names, launch_order)
+from .kernels import TOLERANCE_NS, aggregate_launches, device_executions, kernel_executions, kernel_names
+from .launches import host_launches, launch_order
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, stats
 from .timeline import is_timeline, load, timeline_output, write_timeline

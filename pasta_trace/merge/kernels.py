@@ -31,6 +31,7 @@ import polars as pl
 from .. import clock, schema
 from ..hexfmt import hex_expr
 from ..read import Capture
+from .launches import by_row, launch_events, launch_order, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
 _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
@@ -39,42 +40,6 @@ _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_
 #: Default tolerance between the host uprobe's entry and the device callback's
 #: API-enter time of the same launch.
 TOLERANCE_NS = 1_000_000
-
-
-def _launch_events(cap: Capture) -> pl.LazyFrame:
-    """The capture's launch events, `_row` numbering them in scan order."""
-    return cap.events.filter(pl.col("kind") == "launch").with_row_index("_row")
-
-
-def launch_order(cap: Capture) -> pl.DataFrame:
-    """_row, pid, tid, ts_ns, func, stack_id and launch_seq (0-based order within
-    the process, by time then thread) of every host launch, sorted by (pid,
-    ts_ns, tid).  Narrow, so the sort that numbers millions of launches moves
-    few bytes; computed once per capture, for everything that numbers launches."""
-    key = ("launch_order",)
-    if key not in cap.cache:
-        cap.cache[key] = (
-            _launch_events(cap).select("_row", "pid", "tid", "ts_ns", "func", "stack_id")
-            .sort(["pid", "ts_ns", "tid"])
-            .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
-            .collect()
-        )
-    return cap.cache[key]
-
-
-def host_launches(cap: Capture) -> pl.LazyFrame:
-    """Host launch events with launch_seq (see launch_order), in scan order."""
-    order = launch_order(cap)
-    return _launch_events(cap).with_columns(_by_row(order, order["launch_seq"]).alias("launch_seq")).drop("_row")
-
-
-def _by_row(order: pl.DataFrame, values: pl.Series) -> pl.Expr:
-    """`values` (one per row of `order`) as a column of the launch events, put
-    in place by `_row`: a gather per batch, not a join of millions of rows."""
-    at = np.empty(order.height, dtype=np.int64)
-    at[order["_row"].to_numpy()] = np.arange(order.height)
-    return pl.col("_row").map_batches(lambda r: values.gather(at[r.to_numpy()]), return_dtype=values.dtype,
-                                      is_elementwise=True)
 
 
 def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
@@ -259,25 +224,18 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     if merged is not None:
         return merged
     # names and output order worked out on the narrow launch_order; the wide
-    # launch rows only gather them, and are sorted by one presorted key
-    # (millions of launches: a multi-key sort of the wide rows cost seconds)
+    # launch rows only gather them (launches.py)
     order = launch_order(cap)
-    unknown = order.lazy().select("func").unique().with_columns(
-        pl.format("unknown@{}", hex_expr(pl.col("func"))).alias("_unknown"))  # once per handle
-    named = (
-        kernel_names(cap, order.lazy().select("_row", "pid", "func", "ts_ns", "launch_seq"))
-        .join(unknown, on="func", how="left")
-        .sort(["ts_ns", "pid", "launch_seq"])
-        .with_row_index("_rank")
-        .sort("_row")
-        .collect()
-    )
-    names = named["name"].cast(pl.Categorical)
-    launches = _launch_events(cap).with_columns(
-        _by_row(order, order["launch_seq"]).alias("launch_seq"),
-        _by_row(named, names).alias("name"),
-        _by_row(named, named["_unknown"].cast(pl.Categorical)).alias("_unknown"),
-        _by_row(named, named["_rank"]).alias("_rank"),
+    named = kernel_names(cap, order.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort("_i").collect()
+    funcs = order["func"].unique().drop_nulls()
+    unknown = order["func"].replace_strict(  # formatted once per handle
+        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None)
+    rank = time_rank(order)
+    launches = launch_events(cap).with_columns(
+        by_row(order, order["launch_seq"]).alias("launch_seq"),
+        by_row(order, named["name"].cast(pl.Categorical)).alias("name"),
+        by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
+        by_row(order, rank).alias("_rank"),
     )
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
@@ -287,8 +245,10 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     else:  # a host-only capture: nothing to join
         dev_schema = dev.select(dev_cols).collect_schema()
         out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
-    if not named["_rank"].is_sorted():  # launches stored out of time order: reordered (a gather of every row)
-        out = out.sort("_rank")
+    in_scan_order = np.empty(order.height, dtype=np.uint32)
+    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
+    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+        out = out.sort("_rank")  # launches stored out of time order: reordered (a gather of every row)
     return out.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
     ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])

@@ -10,7 +10,8 @@ from .. import schema
 from ..read import Capture
 from .allocations import allocations
 from .attribution import Segments, segments
-from .kernels import TOLERANCE_NS, device_executions, kernel_executions, launch_order
+from .kernels import TOLERANCE_NS, device_executions, kernel_executions
+from .launches import launch_order
 from .samples import SampleSums, packing, sample_sums
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
