@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import merge
+from .. import merge, schema
 from ..errors import UsageError
 from ..read import Capture
 from ..safe_output import OutputDir, OutputFile, invoking_user
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     for line in hints:
         print(line, file=sys.stderr)
-    if cap.lost_events:
-        print(f"pasta-trace: warning: INCOMPLETE: {cap.lost_events} events were lost during capture",
+    if cap.losses:
+        print(f"pasta-trace: warning: INCOMPLETE: {schema.loss_text(cap.losses)} were lost during capture",
               file=sys.stderr)
     return 0

@@ -47,6 +47,16 @@ def _pages(text: str) -> int:
     return n
 
 
+def _rows(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive number of rows")
+    return n
+
+
 def _seconds(text: str) -> float:
     try:
         s = float(text)
@@ -87,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregate", action="store_true",
                    help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
                         "events; writes aggregate.parquet")
+    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
+                   help=f"rows the --aggregate map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
+                        "raise it when calls are not counted")
     p.add_argument("--no-stacks", action="store_true",
                    help="do not record the caller's Python stack on each event (on by default)")
     p.add_argument("--stack-depth", type=_depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
@@ -114,7 +127,8 @@ def _options(args: argparse.Namespace):
     return Options(
         mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],
         pids=args.pid or [], command=args.command, duration=args.duration, force=args.force,
-        buffer_pages=args.buffer_pages, aggregate=args.aggregate, verbose=args.verbose, device=args.device,
+        buffer_pages=args.buffer_pages, aggregate=args.aggregate, aggregate_max=args.aggregate_max,
+        verbose=args.verbose, device=args.device,
         stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
     )
 
@@ -138,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         result = Session(opts, say=status.say, status=status.update if status.live else None).run()
     if result.exit_code is not None:
         _say(f"{' '.join(opts.command)} exited with code {result.exit_code}")
-    _say(summary.render(result.out_dir, result.by_kind, result.names, result.lost, opts.buffer_pages))
+    _say(summary.render(result.out_dir, result.by_kind, result.names, result.manifest.counts, opts.settings))
     _say(f"Wrote {result.out_dir}")
     _say(f"You can now run: pasta-trace report {result.out_dir}")
     return 0

@@ -137,7 +137,8 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     first = json.loads((tmp_path / "manifest.json").read_text())
     assert first["complete"] is False and first["counts"] == {}
     m.end = mf.ClockSample.now()
-    m.counts = mf.counts(events=5, names=2, lost=(3, 1, 0), by_kind={"launch": 5})
+    m.counts = mf.counts(events=5, names=2, lost={"lost_events": 3, "lost_names": 1, "lost_inflight": 0},
+                         by_kind={"launch": 5})
     m.libraries = [mf.LibraryEntry("/usr/lib/libcuda.so.1", "/proc/1/root/usr/lib/libcuda.so.1", 1, 2, "ab",
                                    "cuda", ["cuLaunchKernel"], ["cuLaunchKernelEx"], {"cuLaunchKernel": 10})]
     m.write(out, complete=True)
