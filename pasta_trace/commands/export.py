@@ -58,9 +58,7 @@ def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
     results = csv.write(cap, out)
     out.hand_over(invoking_user())
     out.close()
-    empty = [r.tool.name for r in results if r.note]
-    notes = [f"note: {', '.join(empty)}: header only (they need device data)"] if empty else []
-    return f"events.csv and {len(results)} tool tables", notes
+    return f"events.csv and {len(results)} tool tables", csv.notes(results)
 
 
 def _trace(cap: Capture, out: OutputFile, fmt: str) -> tuple[str, list[str]]:

@@ -81,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"pasta-trace: warning: {problem}", file=sys.stderr)
     for line in stats.lines():
         print(line, file=sys.stderr)
+    if cap.aggregate is not None:
+        counted = cap.aggregate.filter(pl.col("kind") == "launch").select(pl.col("count").sum()).collect().item()
+        print(f"note: an --aggregate capture: {counted or 0:,} launches counted per kernel and shape, no single "
+              "launch to match with device data; the counts are carried into the timeline", file=sys.stderr)
     print(f"Wrote {args.output}", file=sys.stderr)
     print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
     return 0

@@ -42,3 +42,13 @@ def write(cap: Capture, out: OutputDir, names: list[str] | None = None) -> list[
     for r in results:
         out.write_atomic(f"{r.tool.name}.csv", flat(r.frame).write_csv)
     return results
+
+
+def notes(results: list[ToolResult]) -> list[str]:
+    """One line per reason why some tables hold only their header
+    (ToolResult.note: no device data, or an --aggregate capture's counts)."""
+    by_note: dict[str, list[str]] = {}
+    for r in results:
+        if r.note:
+            by_note.setdefault(r.note, []).append(r.tool.name)
+    return [f"note: {', '.join(names)}: header only ({note})" for note, names in by_note.items()]
