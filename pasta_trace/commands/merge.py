@@ -43,13 +43,18 @@ def _rows(cap) -> int:
 
 
 def _inputs(src: Path, device_files: list[Path]):
+    """The capture with the device frames of `device_files` added to its own
+    (DIR/device/); a file that is one of DIR's own is read once."""
     cap = open_capture(src)
-    if device_files:
-        missing = [str(f) for f in device_files if not f.is_file()]
-        if missing:
-            raise FormatError(f"{missing[0]}: no such device record file")
-        frames, problems = read_device(list(device_files))
-        cap.device.update(frames)
+    missing = [str(f) for f in device_files if not f.is_file()]
+    if missing:
+        raise FormatError(f"{missing[0]}: no such device record file")
+    own = list((src / "device").glob("*.bin"))
+    extra = [f for f in dict.fromkeys(device_files) if not any(f.samefile(o) for o in own)]
+    if extra:
+        frames, problems = read_device(extra)
+        for name, frame in frames.items():
+            cap.device[name] = pl.concat([cap.device[name], frame], how="vertical_relaxed")
         cap.problems.extend(problems)
     return cap
 

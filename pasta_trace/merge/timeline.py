@@ -25,7 +25,7 @@ from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
-from .stats import MergeStats, from_frames
+from .stats import MergeStats, from_frames, saved_stats
 
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
@@ -50,7 +50,9 @@ def load(path: str | Path) -> Capture:
     device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
     device.update(device_parquet(p / "device"))
     manifest = dict(meta.get("capture_manifest") or {})
-    manifest["merge_stats"] = meta.get("merge_stats")
+    manifest["merge_stats"], notes = saved_stats(meta.get("merge_stats"))
+    if notes:
+        manifest["notes"] = [*(manifest.get("notes") or []), *notes]
     return Capture(
         path=p,
         manifest=manifest,

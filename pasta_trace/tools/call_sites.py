@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import merge
+from .. import lifetimes, merge
 from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
@@ -47,13 +47,16 @@ def _allocations_with_stack(cap: Capture) -> pl.LazyFrame:
 def by_call_site(cap: Capture) -> pl.DataFrame:
     ev = with_call_site(cap.events, cap)
     kind = pl.col("kind")
+    alloc = (kind == "alloc") & done()
+    memory = lifetimes.memory(lifetimes.kind_from_api(pl.col("api")))
     return (
         ev.group_by("pid", "call_site")
         .agg(
             pl.len().alias("calls"),
             (kind == "launch").sum().alias("launches"),
-            # a failed call allocated or copied nothing
-            pl.col("size").filter((kind == "alloc") & done()).sum().alias("allocated_bytes"),
+            # a failed call allocated or copied nothing; device and pinned host memory apart
+            pl.col("size").filter(alloc & (memory == "device")).sum().alias("device_alloc_bytes"),
+            pl.col("size").filter(alloc & (memory == "pinned host")).sum().alias("pinned_alloc_bytes"),
             pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
             (kind == "sync").sum().alias("syncs"),
             measured_sum(pl.col("dur_ns").filter(kind == "sync")).alias("blocked_ns"),
@@ -125,8 +128,8 @@ TOOLS = [
         name="call_sites",
         title="Call sites (the Python line of each call)",
         compute=by_call_site,
-        description="per process and Python line: calls, launches, bytes allocated and copied, syncs and time "
-                    "blocked in them; (no stack) gathers the calls without one",
+        description="per process and Python line: calls, launches, device and pinned host bytes allocated, "
+                    "bytes copied, syncs and time blocked in them; (no stack) gathers the calls without one",
     ),
     Tool(
         name="peak_call_sites",

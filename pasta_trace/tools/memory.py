@@ -40,7 +40,8 @@ def memory_timeline(cap: Capture) -> pl.DataFrame:
 
 def memory_peaks(cap: Capture) -> pl.DataFrame:
     """Per process: the peak of live device bytes and when it was first reached,
-    overall (api = "all") and for each allocation API alone."""
+    overall (api = "all") and for each allocation API alone; allocations and
+    device_alloc_bytes count device memory only (pinned host: memory_totals)."""
     tl = memory_timeline(cap).lazy()
 
     def peaks(by: list[str], live: str) -> pl.LazyFrame:
@@ -49,12 +50,12 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
             pl.col("ts_ns").get(pl.col(live).arg_max()).alias("peak_ts_ns"),
             pl.col(live).last().alias("end_bytes"),
             (pl.col("delta_bytes") > 0).sum().alias("allocations"),
-            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("allocated_bytes"),
+            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("device_alloc_bytes"),
         )
 
     overall = peaks(["pid"], "live_bytes").with_columns(pl.lit("all").alias("api"))
     by_api = peaks(["pid", "api"], "api_live_bytes")
-    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "device_alloc_bytes"]
     return (
         pl.concat([overall.select(cols), by_api.select(cols)])
         .sort(["pid", pl.col("api") != "all", "api"])

@@ -150,7 +150,7 @@ def test_no_tool_counts_failed_bytes(cap_dir: Path) -> None:
         (200, "device", 1, 2048, 0, 0, 2048),
     ]
     peaks = REGISTRY["memory_peaks"].compute(cap).filter(pl.col("api") == "all")
-    assert peaks.select("pid", "peak_bytes", "allocated_bytes").rows() == [(100, 4096, 4096), (200, 2048, 2048)]
+    assert peaks.select("pid", "peak_bytes", "device_alloc_bytes").rows() == [(100, 4096, 4096), (200, 2048, 2048)]
     assert REGISTRY["leaks"].compute(cap)["size"].to_list() == [4096, 2048, 512]
 
 
