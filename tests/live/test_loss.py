@@ -1,7 +1,8 @@
 """Nothing is lost silently: with a one-page ring buffer and workloads that
 flood it with launches from several threads, every probed call is either in
 the capture or counted as lost, exactly (manifest counts); with a tiny
---aggregate map, every call of a row it could not hold is counted as lost."""
+--aggregate map, every call of a row it could not hold is counted as lost
+(manifest, summary, report and `top`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import polars as pl
 import pytest
@@ -56,7 +58,9 @@ def test_captured_plus_lost_equals_calls(families, tmp_path, tracer):
 
 #: 10 launch shapes, 3 launches each: with a map of 4 rows, shapes 5..10 find it full
 AGG_WORKLOAD = """
-import ctypes, sys
+import ctypes, os, sys, time
+while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
 lib = ctypes.CDLL(sys.argv[1])
 lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 for grid in range(1, 11):
@@ -83,3 +87,19 @@ def test_a_full_aggregate_map_counts_each_call_it_could_not_hold(cuda_stub, tmp_
     assert doc["incomplete"] == "INCOMPLETE: 18 aggregated calls lost"
     kernels = doc["tools"]["kernels"]["rows"]
     assert [(k["name"], k["launches"], k["shapes"]) for k in kernels] == [("unknown@0x10", 12, 4)]
+
+
+def test_top_shows_the_aggregate_overflow(cuda_stub, tmp_path, tracer):
+    go = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", AGG_WORKLOAD, str(cuda_stub), str(go)])
+    try:
+        t = tracer(["top", "-p", str(proc.pid), "--aggregate-max", "4", "-i", "0.2"])
+        t.wait_ready()
+        go.touch()
+        assert proc.wait(timeout=60) == 0
+        time.sleep(1)  # a few refreshes after the last call
+    finally:
+        proc.kill()
+    assert t.stop() == 0, t.stderr()
+    lost = [line.split(" ", 1)[1] for line in t.stdout.splitlines() if " LOST: " in line]
+    assert lost[-1] == "LOST: 18 aggregated calls: the --aggregate map was full; raise --aggregate-max (now 4)"
