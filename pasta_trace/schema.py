@@ -485,8 +485,11 @@ def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
 #: nested deeper is not recorded and is counted in lost_inflight.
 INFLIGHT_DEPTH = 4
 
-#: Rows (pid, API, kernel, shape, return code) the --aggregate map holds by default.
+#: Rows (pid, API, kernel, shape, return code) the --aggregate map holds by
+#: default, and at most: the kernel allocates them all when the program loads
+#: (about 128 bytes each).
 DEFAULT_AGGREGATE_MAX = 65536
+MAX_AGGREGATE_MAX = 1 << 22
 
 
 @dataclass(frozen=True)

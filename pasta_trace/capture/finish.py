@@ -26,8 +26,9 @@ from .writer import CaptureWriter
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
                  tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
-                 known_full: Callable[[], int] = lambda: 0):
+                 say: Callable[[str], None] = lambda _msg: None, known_full: Callable[[], int] = lambda: 0):
         self._stacks = stacks
+        self._say = say
         self._known_full = known_full
         self._opts = opts
         self._out = out
@@ -40,6 +41,8 @@ class Finisher:
                exit_code: int | None, device, detach) -> Result:
         """Write everything that is left; ``detach`` removes the probes once
         nothing more is read from the BPF maps."""
+        what = "the in-kernel counts" if self._opts.aggregate else f"{writer.events:,} events"
+        self._say(f"writing {what}, the names and the process table...")
         writer.flush_async()
         writer.close()
         bpf = self._probes.bpf
@@ -71,6 +74,7 @@ class Finisher:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:
             manifest.device_files = [str(p.relative_to(self._opts.out_dir)) for p in device.finish()]
+        self._say(f"removing {self._probes.functions} probes...")
         detach()
         manifest.write(self._out, complete=True)
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])

@@ -65,6 +65,8 @@ class Manifest:
     buffer_pages: int = 0
     end: ClockSample | None = None
     counts: dict = field(default_factory=dict)
+    #: the --device backend asked for (None: none); with no device_files it recorded nothing
+    device: str | None = None
     device_files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     #: stack settings and, per Python process, its interpreter or why it has no stacks; None: --no-stacks
@@ -95,6 +97,7 @@ class Manifest:
             "buffer_pages": self.buffer_pages,
             "libraries": [asdict(lib) for lib in self.libraries],
             "counts": self.counts,
+            "device": self.device,
             "device_files": self.device_files,
             "notes": self.notes,
             "stacks": self.stacks,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
@@ -16,6 +17,10 @@ from . import manifest as mf
 DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
 MIN_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # 1 MiB for new stacks only (~1 KiB each at depth 64): identical ones are not resent
+#: A BPF ring buffer's size is its map's max_entries, a u32 that must be a
+#: power of two (kernel/bpf/ringbuf.c): 2 GiB at most (2 GiB loads, 4 GiB
+#: wraps to 0 in BCC's BPF_RINGBUF_OUTPUT and fails to compile).
+MAX_RING_PAGES = (1 << 31) // os.sysconf("SC_PAGE_SIZE")
 
 #: files a capture writes; --force removes these (and only these) first
 CAPTURE_FILES = ("manifest.json", "events-*.parquet", "names.parquet", "processes.parquet",

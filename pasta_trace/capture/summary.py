@@ -150,3 +150,13 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
     lines += known_full_line(counts)
     lines += loss_lines({loss.name: loss.count_in(counts) for loss in schema.LOSSES}, settings)
     return "\n".join(lines)
+
+
+def device_line(backend: str | None, files: list[str]) -> str | None:
+    """What --device recorded: said even when it is nothing, which is never silent."""
+    if backend is None:
+        return None
+    if not files:
+        return (f"device (--device {backend}): nothing recorded (the command made no GPU work the backend saw, "
+                "or the backend did not load in it)")
+    return f"device (--device {backend}): {len(files)} file{'' if len(files) == 1 else 's'} in device/"

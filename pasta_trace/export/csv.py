@@ -11,7 +11,7 @@ import polars as pl
 
 from ..read import Capture
 from ..safe_output import OutputDir
-from ..tools.run import ToolResult, run_tools
+from ..tools.run import ToolResult
 
 
 def flat(frame: pl.DataFrame) -> pl.DataFrame:
@@ -33,15 +33,12 @@ def flat(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.select(out)
 
 
-def write(cap: Capture, out: OutputDir, names: list[str] | None = None) -> list[ToolResult]:
-    """events.csv, then one CSV per tool, into `out`.  Each file is written
-    to a temporary and renamed, so a reader never sees half a file.  Returns
-    the tools' results."""
+def write_tables(cap: Capture, results: list[ToolResult], out: OutputDir) -> None:
+    """events.csv, then one CSV per tool result, into `out`.  Each file is
+    written to a temporary and renamed, so a reader never sees half a file."""
     out.write_atomic("events.csv", cap.events.sink_csv)  # streams: the capture may be larger than memory
-    results = run_tools(cap, names)
     for r in results:
         out.write_atomic(f"{r.tool.name}.csv", flat(r.frame).write_csv)
-    return results
 
 
 def notes(results: list[ToolResult]) -> list[str]:

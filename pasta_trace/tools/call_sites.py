@@ -35,7 +35,7 @@ def with_call_site(frame: pl.LazyFrame, cap: Capture) -> pl.LazyFrame:
         pl.col("call_site").fill_null(NO_STACK))
 
 
-def _allocations_with_stack(cap: Capture) -> pl.LazyFrame:
+def allocations_with_stack(cap: Capture) -> pl.LazyFrame:
     """Allocation instances with the stack of the call that made them (same
     process, thread and entry time as its event)."""
     calls = cap.events.filter(pl.col("kind") == "alloc").select(
@@ -67,14 +67,19 @@ def by_call_site(cap: Capture) -> pl.DataFrame:
     )
 
 
-def peak_by_call_site(cap: Capture) -> pl.DataFrame:
-    """Device bytes live at each process's peak, by the line that allocated them."""
+def live_at_peak(cap: Capture) -> pl.LazyFrame:
+    """The device allocations live at their process's peak of live bytes
+    (allocations_with_stack's columns, plus peak_ts_ns)."""
     peaks = memory_peaks(cap).lazy().filter(pl.col("api") == "all").select("pid", "peak_ts_ns")
-    live = (_allocations_with_stack(cap).join(peaks, on="pid")
+    return (allocations_with_stack(cap).join(peaks, on="pid")
             .filter((pl.col("alloc_ts_ns") <= pl.col("peak_ts_ns"))
                     & (pl.col("free_ts_ns").is_null() | (pl.col("free_ts_ns") > pl.col("peak_ts_ns")))))
+
+
+def peak_by_call_site(cap: Capture) -> pl.DataFrame:
+    """Device bytes live at each process's peak, by the line that allocated them."""
     return (
-        live.group_by("pid", "call_site")
+        live_at_peak(cap).group_by("pid", "call_site")
         .agg(pl.col("size").sum().alias("live_bytes"), pl.len().alias("allocations"), pl.col("peak_ts_ns").first())
         .sort(["live_bytes", "pid", "call_site"], descending=[True, False, False])
         .collect(engine="streaming")
@@ -83,7 +88,7 @@ def peak_by_call_site(cap: Capture) -> pl.DataFrame:
 
 def leaks_by_call_site(cap: Capture) -> pl.DataFrame:
     return (
-        _allocations_with_stack(cap).filter(pl.col("free_ts_ns").is_null())
+        allocations_with_stack(cap).filter(pl.col("free_ts_ns").is_null())
         .group_by("pid", "call_site")
         .agg(pl.col("size").sum().alias("leaked_bytes"), pl.len().alias("allocations"))
         .sort(["leaked_bytes", "pid", "call_site"], descending=[True, False, False])

@@ -92,9 +92,19 @@ def capture_facts(cap: Capture) -> dict:
         "complete": cap.complete,
         "problems": list(cap.problems),
         "device_data": cap.has_device_data,
+        # the --device backend the capture asked for (null: none), so that "recorded nothing" is said
+        "device_backend": m.get("device"),
         # what the host <-> device merge matched and what it could not (never dropped silently)
         "merge": merge.stats(cap).as_dict() if cap.has_device_data else None,
     }
+
+
+def device_data_text(facts: dict) -> str:
+    """The header's "device data" cell."""
+    if facts["device_data"]:
+        return "yes"
+    backend = facts.get("device_backend")
+    return f"none: --device {backend} recorded nothing" if backend else "no"
 
 
 def incomplete_banner(facts: dict) -> str | None:

@@ -69,12 +69,17 @@ def test_aggregate_map_size_and_names_ring_are_load_time_settings() -> None:
     assert "#define PT_NAMES_PAGES 1024\n" in program_text(buffer_pages=65536, aggregate=False, filter_pids=False)
 
 
-def test_aggregate_max_must_be_positive() -> None:
-    r = subprocess.run([sys.executable, "-m", "pasta_trace.cli", "--aggregate-max", "0", "--aggregate", "-p", "1"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == (
-        "pasta-trace record: error: argument --aggregate-max: 0 is not a positive number of rows")
+@pytest.mark.parametrize("value, error", [
+    ("0", "0 rows: give at least 1: try 65536"),
+    ("lots", "not a number of rows: 'lots': try 65536"),
+    ("4194305", "4194305 rows is more than the map may take (about 512 MiB of kernel memory): try 4194304"),
+])
+def test_aggregate_max_is_a_usage_error_out_of_range(value: str, error: str) -> None:
+    for verb in ([], ["top"]):
+        r = subprocess.run([sys.executable, "-m", "pasta_trace.cli", *verb, "--aggregate-max", value, "-p", "1"],
+                           capture_output=True, text=True)
+        assert r.returncode == 2
+        assert r.stderr == f"pasta-trace: error: argument --aggregate-max: {error}\n"
 
 
 def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path: Path) -> None:
