@@ -107,6 +107,11 @@ def device_data_text(facts: dict) -> str:
     return f"none: --device {backend} recorded nothing" if backend else "no"
 
 
+def lost_text(facts: dict) -> str:
+    """Every kind of loss that counted ("5 events, 2 Python stacks"), or "0"."""
+    return schema.loss_text(facts["losses"]) or "0"
+
+
 def incomplete_banner(facts: dict) -> str | None:
     """The one line every report shows when anything was lost or cut short."""
     if facts["lost_events"] == 0 and facts["complete"] and not facts["problems"]:

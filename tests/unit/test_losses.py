@@ -177,3 +177,9 @@ def test_banner_counts_every_kind_of_loss(tmp_path: Path, capsys, counts: dict, 
     out, err = capsys.readouterr()
     assert json.loads(out)["incomplete"] == banner
     assert err == f"pasta-trace: warning: {banner}\n"
+    # the terminal report heads with the banner, and its facts name each kind
+    assert cli.main(["report", str(cap), "--tool", "processes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == banner
+    assert [line.strip() for line in lines if line.strip().startswith("lost  ")] == [
+        "lost  " + banner.removeprefix("INCOMPLETE: ").removesuffix(" lost")]
