@@ -38,14 +38,19 @@ def _pids(text: str) -> list[int]:
     return pids
 
 
+def _whole(text: str, what: str, example: int) -> int:
+    """``text`` as an integer, or a usage error naming ``what`` with an example."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of {what}: {text!r}: try {example}") from None
+
+
 def _pages(text: str) -> int:
     """A BPF ring buffer size in pages: a power of two the kernel accepts."""
     from ..capture.options import MAX_RING_PAGES
 
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of pages: {text!r}: try 4096") from None
+    n = _whole(text, "pages", 4096)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} pages: give at least 1 (a power of two): try 4096")
     if n > MAX_RING_PAGES:
@@ -59,10 +64,7 @@ def _pages(text: str) -> int:
 def _rows(text: str) -> int:
     """Rows of the --aggregate map (allocated whole when the program loads)."""
     default, most = schema.DEFAULT_AGGREGATE_MAX, schema.MAX_AGGREGATE_MAX
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of rows: {text!r}: try {default}") from None
+    n = _whole(text, "rows", default)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} rows: give at least 1: try {default}")
     if n > most:
@@ -82,10 +84,7 @@ def _seconds(text: str) -> float:
 
 
 def _depth(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}: try {schema.DEFAULT_STACK_DEPTH}") from None
+    n = _whole(text, "frames", schema.DEFAULT_STACK_DEPTH)
     if not 1 <= n <= schema.MAX_STACK_DEPTH:
         raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}: "
                                          f"try {min(max(n, 1), schema.MAX_STACK_DEPTH)}")
