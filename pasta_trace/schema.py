@@ -930,6 +930,12 @@ PROCESSES_SCHEMA: dict[str, pl.DataType] = {
     "mnt_ns": pl.UInt64,
     "start_ns": pl.Int64,  # CLOCK_MONOTONIC (from /proc/PID/stat starttime)
     "exit_ns": pl.Int64,  # null while alive at the end of the capture
+    # the process's place in a distributed job, from RANK, LOCAL_RANK and
+    # WORLD_SIZE in its environment (torchrun, mpirun -x, SLURM wrappers);
+    # null when unset or unreadable (format 1.1+; older files read as null)
+    "rank": pl.Int32,
+    "local_rank": pl.Int32,
+    "world_size": pl.Int32,
 }
 
 LIBRARIES_SCHEMA: dict[str, pl.DataType] = {

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema
+from . import schema, synthetic_host
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -47,6 +47,7 @@ class Spec:
     syncs: int = 0  # cuStreamSynchronize calls, all processes together, each blocking 50 µs to 5 ms
     failed_allocs: int = 0  # cuMemAlloc_v2 calls that return CUDA_ERROR_OUT_OF_MEMORY
     stacks: bool = False  # every call carries a Python stack from CALL_PATHS (stacks.parquet)
+    copies: int = 0  # h2d/d2h copies of a few host buffers (repeats), plus one storm of small copies; no stacks
 
 
 #: The Python stack of each kind of call when Spec.stacks is set, innermost
@@ -280,6 +281,18 @@ def _access_chunk(spec: Spec, rng: np.random.Generator, n: int, launches: pl.Dat
     return df, np.where(hit, inst, -1)
 
 
+def _write_processes(p: Path, pids: np.ndarray) -> None:
+    """processes.parquet: one python worker per pid, one rank each, as torchrun starts them."""
+    pl.DataFrame({
+        "pid": pids, "ppid": np.ones(pids.size, np.uint32), "comm": ["worker"] * pids.size,
+        "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
+        "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
+        "exit_ns": [None] * pids.size,
+        "rank": np.arange(pids.size, dtype=np.int32), "local_rank": np.arange(pids.size, dtype=np.int32),
+        "world_size": np.full(pids.size, pids.size, np.int32),
+    }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
+
+
 def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     """Write a capture directory with device frames under device/*.parquet."""
     p = Path(path)
@@ -290,7 +303,11 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     launches = _launches(spec, rng, pids)
     # their own generator: the other frames stay what they were without them
     extra = _extra_calls(spec, np.random.default_rng([spec.seed, 1]), pids)
-    _events(launches, allocs, extra, pids, spec.stacks).write_parquet(p / "events-00000.parquet")
+    events = _events(launches, allocs, extra, pids, spec.stacks)
+    if spec.copies:
+        copies = synthetic_host.copies(spec.copies, pids, spec.span_ns, MONO0, np.random.default_rng([spec.seed, 2]))
+        events = pl.concat([events, copies]).sort("ts_ns")
+    events.write_parquet(p / "events-00000.parquet")
     if spec.stacks:
         _stacks(pids).write_parquet(p / "stacks.parquet")
     funcs = launches.select("pid", "func").unique().sort(["pid", "func"])
@@ -300,12 +317,7 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         pl.lit("module_get_function").cast(pl.Enum(schema.NAME_SOURCE_NAMES)).alias("source"),
         pl.lit(MONO0, pl.Int64).alias("ts_ns"), pl.lit("cuModuleGetFunction").cast(pl.Categorical).alias("api"),
     ).write_parquet(p / "names.parquet")
-    pl.DataFrame({
-        "pid": pids, "ppid": np.ones(pids.size, np.uint32), "comm": ["worker"] * pids.size,
-        "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
-        "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
-        "exit_ns": [None] * pids.size,
-    }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
+    _write_processes(p, pids)
     for name, df in _device_launches(spec, rng, launches).items():
         df.cast(schema.DEVICE_FRAMES[name]).write_parquet(p / "device" / f"{name}.parquet")
 
@@ -364,7 +376,7 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "command": ["synthetic", json.dumps(spec.__dict__)], "host": "synthetic", "pids": [int(x) for x in pids],
         "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns,
         "clock": {"domain": "CLOCK_MONOTONIC", "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns},
-        "counts": {"events": launches.height + allocs.height + extra.height, "lost_events": 0, "lost_names": 0},
+        "counts": {"events": events.height, "lost_events": 0, "lost_names": 0},
         "complete": True,
     }
     (p / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -412,11 +424,7 @@ def write_aggregate_capture(path: str | Path, *, lost_agg: int = 0, span_ns: int
         "ts_ns": [MONO0] * len(AGGREGATE_NAMES), "api": ["cuModuleGetFunction"] * len(AGGREGATE_NAMES),
     }).cast({k: v for k, v in schema.NAMES_SCHEMA.items() if k != "reason"}).write_parquet(p / "names.parquet")
     pids = sorted({r[0] for r in AGGREGATE_ROWS})
-    pl.DataFrame({
-        "pid": pids, "ppid": [1] * len(pids), "comm": ["worker"] * len(pids),
-        "cmdline": ["python train.py"] * len(pids), "cgroup": ["/"] * len(pids), "container_id": [None] * len(pids),
-        "mnt_ns": [0] * len(pids), "start_ns": [MONO0 - 10**9] * len(pids), "exit_ns": [None] * len(pids),
-    }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
+    _write_processes(p, np.array(pids, np.uint32))
     manifest = {
         "format_version": ".".join(map(str, schema.CAPTURE_FORMAT_VERSION)), "tool": "pasta-trace synthetic",
         "command_line": ["pasta-trace", "--aggregate", "-a"], "host": "synthetic", "mode": "system",

@@ -29,7 +29,8 @@ from .stats import MergeStats, from_frames, saved_stats
 
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
-         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
+         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
+         "stacks": schema.STACKS_SCHEMA}
 
 
 def is_timeline(path: str | Path) -> bool:
@@ -60,6 +61,7 @@ def load(path: str | Path) -> Capture:
         names=scan_frames(one("names"), schema.NAMES_SCHEMA),
         processes=scan_frames(one("processes"), schema.PROCESSES_SCHEMA),
         libraries=scan_frames(one("libraries"), schema.LIBRARIES_SCHEMA),
+        stacks=scan_frames(one("stacks"), schema.STACKS_SCHEMA),
         aggregate=scan_frames(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
         device=device,
         problems=list(meta.get("problems", [])),
@@ -98,7 +100,8 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
 
 def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
-    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries}
+    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries,
+            "stacks": cap.stacks}
     if cap.aggregate is not None:
         host["aggregate"] = cap.aggregate
     for name, lf in host.items():

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from .call_sites import NO_STACK
+from .sites import NO_STACK
 from .render import human_bytes, human_ns, seconds_after
 from .run import ToolResult
 

@@ -131,7 +131,7 @@ def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
         return ["-" if v is None else fmt(v) for v in raw]
 
     if not numeric or values.dtype == pl.Boolean:
-        cut = "start" if col == "call_site" else "wrap" if col in WRAP_COLUMNS else "end"
+        cut = "start" if col in ("call_site", "top_call_site") else "wrap" if col in WRAP_COLUMNS else "end"
         return Column(col, name, cells(str), False, cut)
     if is_timestamp(col):
         return Column(col, f"{name} (s)", cells(lambda v: seconds_after(v, t0)), True, None)

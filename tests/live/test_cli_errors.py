@@ -147,7 +147,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
 
 
 def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
-    short = subprocess.Popen(["sleep", "120"])
+    # a rank of a distributed job, as torchrun starts one: processes.parquet says which
+    short = subprocess.Popen(["sleep", "120"], env={**os.environ, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
     out = tmp_path / "cap"
     tracer = subprocess.Popen([sys.executable, "-m", "pasta_trace.cli", "-p", str(short.pid), "-o", str(out),
                                "-d", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -172,6 +173,7 @@ def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
     procs = pl.read_parquet(out / "processes.parquet")
     row = procs.filter(pl.col("pid") == short.pid).row(0, named=True)
     assert row["comm"] == "sleep" and row["exit_ns"] is not None and row["exit_ns"] > row["start_ns"]
+    assert (row["rank"], row["local_rank"], row["world_size"]) == (2, 0, 4)
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 

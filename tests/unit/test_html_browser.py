@@ -241,10 +241,10 @@ def test_report_renders_in_chromium(tmp_path: Path, capsys) -> None:
     assert requests == []
     # [marks, marks with an empty box]: 18 host events at distinct times; 4 kernel executions;
     # 2 thread lanes + 2 stream lanes; one memory series per process; 8 (page, launch) cells; one table per tool
-    # with rows (20 tools; copy_storms and api_errors found nothing); flame graph frames (test_flame.py):
+    # with rows (24 tools; copy_storms and api_errors found nothing); flame graph frames (test_flame.py):
     # 7 of time blocked in syncs, 12 of bytes allocated, 10 of bytes live at the peak
     assert marks == {
-        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "cells": [8, 0], "tables": [18, 0],
+        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "cells": [8, 0], "tables": [22, 0],
         "flame_sync": [7, 0], "flame_allocated": [12, 0], "flame_peak": [10, 0],
     }
     assert widths == {"#timeline-plot": CONTENT_W, "#memory-plot": CONTENT_W, "#heatmap-plot": CONTENT_W,

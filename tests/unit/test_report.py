@@ -83,9 +83,9 @@ def test_json_is_the_only_thing_on_stdout(tmp_path: Path, capsys) -> None:
     assert (facts["pids"], facts["events"], facts["lost_events"], facts["complete"]) == ([100, 200], 18, 3, True)
     assert facts["started_utc"] == "2026-12-02T12:00:00+00:00"
     leaks = doc["tools"]["leaks"]
-    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns"]
+    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns", "call_site"]
     assert leaks["rows"][0] == {"pid": 100, "tid": 101, "api": "cuMemAlloc_v2", "kind": "device", "base": 0x30000,
-                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000}
+                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000, "call_site": None}
     assert doc["tools"]["prefetch"]["rows"] == []
     assert doc["tools"]["prefetch"]["note"] == "needs device data (gpu_probes or CUPTI); this capture has none"
 
