@@ -478,6 +478,97 @@ def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
     return "\n".join(out) + "\n"
 
 
+# --------------------------------------------------------------------------- losses
+
+#: Probed calls one thread may have in flight at once (entered, not returned):
+#: the frame stack bpf/pasta.h keeps per thread (a power of two).  A call
+#: nested deeper is not recorded and is counted in lost_inflight.
+INFLIGHT_DEPTH = 4
+
+#: Rows (pid, API, kernel, shape, return code) the --aggregate map holds by
+#: default, and at most: the kernel allocates them all when the program loads
+#: (about 128 bytes each).
+DEFAULT_AGGREGATE_MAX = 65536
+MAX_AGGREGATE_MAX = 1 << 22
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A counter of what a capture could not keep, and what cures it.
+
+    The manifest stores each under its ``name`` in ``counts`` (in
+    ``counts[section]`` when ``section`` is set); the summary prints each that
+    counted with its ``meaning`` and ``remedy``; every report's INCOMPLETE
+    banner adds them all up.  ``counter`` is the per-CPU BPF array that counts
+    it and ``index`` its slot there (the C side's ``PT_<NAME>``); a counter
+    kept by the tracer's own code has ``counter`` "" and ``index`` -1.
+    ``flag`` is the option that ``remedy`` raises, if any."""
+
+    name: str
+    counter: str
+    index: int
+    what: str  # what was lost, as counted: "events"
+    meaning: str
+    remedy: str
+    flag: str | None = None
+    section: str | None = None
+
+    @property
+    def c_define(self) -> str:
+        return f"PT_{self.name.upper()}"
+
+    def count_in(self, counts: dict) -> int:
+        """Its value in a manifest's ``counts`` (0 when absent: an older capture, or not counted)."""
+        holder = counts.get(self.section) if self.section else counts
+        value = holder.get(self.name, 0) if isinstance(holder, dict) else 0
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+LOSSES: tuple[Loss, ...] = (
+    Loss("lost_events", "lost", 0, "events", "the events ring buffer was full",
+         "raise --buffer-pages", "--buffer-pages"),
+    Loss("lost_names", "lost", 1, "kernel names", "the names ring buffer was full",
+         "raise --buffer-pages: the names ring grows with it", "--buffer-pages"),
+    Loss("lost_inflight", "lost", 2, "nested calls",
+         f"more than {INFLIGHT_DEPTH} probed calls in flight on one thread",
+         "a fixed limit of the probes: --buffer-pages does not change it"),
+    Loss("lost_agg", "lost", 3, "aggregated calls", "the --aggregate map was full",
+         "raise --aggregate-max", "--aggregate-max"),
+    Loss("lost_stacks", "py_stats", PY_STATS["lost_stacks"], "Python stacks", "the stacks ring buffer was full",
+         "raise --stack-buffer-pages", "--stack-buffer-pages", section="stacks"),
+    Loss("unreadable_stacks", "py_stats", PY_STATS["unreadable_stacks"], "unreadable Python stacks",
+         "frames changed or were freed while read",
+         "no option changes it; their events are kept, without a stack", section="stacks"),
+    Loss("unpaused_opens", "discover_lost", 0, "unpaused library opens",
+         "too many processes waited for probes at once",
+         "no option changes it; the first calls after those opens may be missing"),
+    Loss("lost_notifications", "discover_lost", 1, "process notifications",
+         "the fork/exec/exit ring buffer was full",
+         "no option changes it; processes.parquet may miss those processes"),
+)
+
+LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}
+
+
+def loss_counters(counter: str) -> tuple[Loss, ...]:
+    """The losses one BPF array counts, in slot order."""
+    return tuple(sorted((loss for loss in LOSSES if loss.counter == counter), key=lambda loss: loss.index))
+
+
+def loss_c_defines(counter: str) -> str:
+    """``#define PT_<NAME> <slot>`` for each loss ``counter`` counts, and
+    ``PT_<COUNTER>_N``, the array's size."""
+    rows = loss_counters(counter)
+    out = [f"#define {loss.c_define} {loss.index}" for loss in rows]
+    out.append(f"#define PT_{counter.upper()}_N {len(rows)}")
+    return "\n".join(out) + "\n"
+
+
+def loss_text(lost: dict[str, int]) -> str:
+    """"5 events, 2 Python stacks": each loss that counted, in table order ("" when none)."""
+    return ", ".join(f"{lost[loss.name]:,} {loss.what}" for loss in LOSSES if lost.get(loss.name))
+
+
 # --------------------------------------------------------------------------- device records (TLV)
 
 
@@ -1073,7 +1164,9 @@ def bpf_c_header() -> str:
         f"#define PT_FLAG_OUTPTR_FAULT {FLAG_OUTPTR_FAULT}",
         f"#define PT_COMM_LEN {COMM_LEN}",
         f"#define PT_NAME_LEN {NAME_LEN}",
+        f"#define PT_DEPTH {INFLIGHT_DEPTH}",
     ]
+    out.append(loss_c_defines("lost").rstrip("\n"))
     for r in HOST_RECORDS:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"

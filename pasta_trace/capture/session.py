@@ -134,7 +134,8 @@ class Session:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
         return read_aggregate(self.bpf)
 
-    def lost(self) -> tuple[int, int, int]:
+    def lost(self) -> dict[str, int]:
+        """Every BPF loss counter so far, by name (schema.LOSSES)."""
         return read_lost(self.bpf)
 
     # ------------------------------------------------------------------ a whole capture
@@ -164,7 +165,8 @@ class Session:
             api_names = [a.symbol for a in catalog.APIS]
             writer = CaptureWriter(out, api_names)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
-                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device)
+                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
+                                   aggregate_max=opts.aggregate_max if opts.aggregate else None)
             manifest.libraries = self._probes.entries()
             manifest.pids = sorted(self._tracker.traced_pids)
             manifest.write(out, complete=False)
@@ -176,7 +178,7 @@ class Session:
                                     stacks=self._stacks)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
-                                say=self.say)
+                                say=self.say, known_full=lambda: self._watcher.known_full)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped

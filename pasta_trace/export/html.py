@@ -20,7 +20,7 @@ from ..tools.flame import flames
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
 from ..tools.render import format_frame, human_ns
-from ..tools.run import ToolResult, device_data_text, incomplete_banner
+from ..tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
 from . import html_plots
 from .html_assets import SCRIPT, STYLE
 from .html_flame import flame_svg
@@ -40,7 +40,7 @@ def _facts_html(facts: dict) -> str:
         ("duration", None if facts["duration_ns"] is None else human_ns(facts["duration_ns"])),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", f"{facts['events']:,}"),
         ("calls counted", None if facts.get("aggregate_calls") is None else f"{facts['aggregate_calls']:,} (--aggregate)"),
-        ("lost events", f"{facts['lost_events']:,}"), ("device data", device_data_text(facts)),
+        ("lost", lost_text(facts)), ("device data", device_data_text(facts)),
     ]
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v is not None)
 

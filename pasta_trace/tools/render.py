@@ -31,7 +31,8 @@ WRAP_COLUMNS = frozenset({"advice", "cmdline"})
 #: its unit suffix dropped and "_" as spaces.
 HEADERS = {
     "comm": "process", "cmdline": "command line", "container_id": "container", "api": "API",
-    "api_calls": "calls", "failed_calls": "failed", "device_alloc_bytes": "allocated", "peak_live_bytes": "peak live",
+    "api_calls": "calls", "failed_calls": "failed", "device_alloc_bytes": "device alloc",
+    "pinned_alloc_bytes": "pinned alloc", "peak_live_bytes": "peak live",
     "copy_bytes": "copied", "sync_ns": "blocked", "gpus": "GPUs", "gpu_ids": "GPU ids",
     "first_ts_ns": "first at", "last_ts_ns": "last at", "ret": "code", "name": "kernel",
     "launches_per_s": "launches/s", "api_ns": "API time", "api_mean_ns": "API mean", "gpu_ns": "GPU time",

@@ -186,6 +186,10 @@ def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub):
     assert counts["lost_stacks"] > 0
     assert counts["unreadable_stacks"] == counts["no_python_thread"] == 0
     assert with_stack + counts["lost_stacks"] == events.height == cap.manifest["counts"]["events"]
+    # the summary says it with its own remedy, and every report counts it
+    assert (f"LOST: {counts['lost_stacks']:,} Python stacks: the stacks ring buffer was full\n"
+            "  raise --stack-buffer-pages (now 1)\n") in r.stderr
+    assert cap.losses == {"lost_stacks": counts["lost_stacks"]}
     # every stack an event names is in stacks.parquet
     assert set(events["stack_id"].drop_nulls().to_list()) <= set(cap.stacks.collect()["stack_id"].to_list())
 
