@@ -194,7 +194,8 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     proc = tmp_path / "proc"  # empty: every process is already gone
     proc.mkdir()
     table = ProcessTable()
-    table.add_minimal(4242, "sh")  # seen at fork, before it joined the cgroup
+    gone = 4194305  # above the kernel's largest pid_max: never a live process
+    table.add_minimal(gone, "sh")  # seen at fork, before it joined the cgroup
     assert cgroup_path(scope.stat().st_ino, root) == f"/system.slice/docker-{'ab' * 32}.scope"
     assert cgroup_path(root.stat().st_ino, root) == "/"
     assert cgroup_path(1, root) is None
@@ -202,10 +203,10 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     mountinfo.write_text("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
                          "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
     assert cgroup2_root(mountinfo) == Path("/sys/fs/cgroup/unified")  # hybrid v1/v2 layout
-    table.refresh(4242, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
+    table.refresh(gone, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
-        4242, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
+        gone, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
 
 
 def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kernel_reported(tmp_path):
