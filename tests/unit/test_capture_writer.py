@@ -61,6 +61,12 @@ def test_events_frame_has_the_schema_and_nulls_where_unset():
     assert alloc["func"] is None and alloc["grid_x"] is None
 
 
+def test_each_event_says_its_layer():
+    recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096), _event(2, schema.Kind.other)])
+    df = events_frame(recs, ["cuLaunchKernel", "hipMalloc", "notInTheCatalog"])
+    assert df["layer"].to_list() == ["driver", "runtime", None]
+
+
 def test_unknown_api_id_and_kind_decode_without_failing():
     df = events_frame(_event(9, schema.Kind.other, ts_ns=1), APIS)
     assert df["api"].to_list() == ["api#9"]
