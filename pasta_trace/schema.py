@@ -173,9 +173,19 @@ class Kind(enum.IntEnum):
     graph = 6
     module = 7
     other = 8
+    #: memory a framework's allocator handed out or took back (PyTorch's
+    #: tensors, libc10): never summed with the driver's alloc/free (format 1.2)
+    tensor_alloc = 9
+    tensor_free = 10
 
 
 KIND_NAMES = [k.name for k in Kind]
+
+
+def kind_index(kinds: np.ndarray) -> np.ndarray:
+    """Kind values as indexes into KIND_NAMES: a value this reader does not
+    know (a newer program) reads as `other`."""
+    return np.where(kinds < len(KIND_NAMES), kinds, int(Kind.other))
 
 
 class CopyKind(enum.IntEnum):
@@ -242,6 +252,21 @@ PAYLOAD_BITS = {
     "copy_kind": 9,
     "aux": 10,
 }
+
+#: Kinds whose events carry named values in the record's generic payload
+#: slots: HOST_EVENT field -> the events column it is decoded into (format
+#: 1.2).  For these kinds the slot's own column is null, and the valid bit of
+#: the slot says whether the named column is set.
+TENSOR_PAYLOAD = {"dst": "allocated_bytes", "src": "reserved_bytes", "aux": "device"}
+KIND_PAYLOAD: dict[Kind, dict[str, str]] = {Kind.tensor_alloc: TENSOR_PAYLOAD, Kind.tensor_free: TENSOR_PAYLOAD}
+
+#: c10::DeviceType names, as PyTorch spells them (torch.device("cuda:0")).
+#: A tensor event's `aux` is c10::Device as the C++ ABI packs it: the type in
+#: bits 0-7, the index (int8, -1 = none) in bits 8-15.
+TORCH_DEVICE_TYPES = [
+    "cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "maia", "xla", "vulkan", "metal", "xpu",
+    "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuseone",
+]
 
 COMM_LEN = 16
 NAME_LEN = 208
@@ -818,6 +843,10 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
     # format 1.2: where the call was seen
     "layer": pl.Enum(LAYER_NAMES),  # null: an API this reader does not know
+    # format 1.2: tensor_alloc / tensor_free only (KIND_PAYLOAD); null elsewhere
+    "device": pl.Categorical,  # "cpu", "cuda:0", ... (torch.device's spelling)
+    "allocated_bytes": pl.UInt64,  # the allocator's running total after this event; null: it gives none
+    "reserved_bytes": pl.UInt64,  # bytes the allocator holds from the driver (its cache); null: none given
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.

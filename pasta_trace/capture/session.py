@@ -161,7 +161,7 @@ class Session:
         try:
             from ..probes import catalog
 
-            api_names = [a.symbol for a in catalog.APIS]
+            api_names = list(catalog.API_NAMES)
             writer = CaptureWriter(out, api_names)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
                                    aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device)
