@@ -83,6 +83,11 @@ def hip_workload(build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def c10_stub(build_dir: Path) -> Path:
+    return _built("c10_stub", build_dir)
+
+
+@pytest.fixture(scope="session")
 def real_libs_program(build_dir: Path) -> Path:
     return _built("real_libs_calls", build_dir)
 
