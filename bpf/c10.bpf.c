@@ -4,38 +4,14 @@
  * Events are kind tensor_alloc / tensor_free and carry, in the record's
  * generic slots (schema.KIND_PAYLOAD): ptr, size (bytes, positive for both),
  * dst = the allocator's allocated total, src = its reserved total, aux = the
- * c10::Device (type in bits 0-7, index in bits 8-15). */
+ * c10::Device (type in bits 0-7, index in bits 8-15).
+ *
+ * ProfiledCPUMemoryReporter::Delete passes only the pointer: its size is the
+ * size of that pointer's last allocation, filled in when the events are
+ * written (capture/tensor_sizes.py).  A BPF map kept here cost more per
+ * tensor than its two events (scripts/bench_probe.py). */
 
 #define PT_C10_CPU 0 /* c10::DeviceType::CPU */
-
-/* ProfiledCPUMemoryReporter::Delete passes only the pointer: its size is
- * remembered from New, per process.  LRU: the entries of tensors a process
- * never freed (it exited) make room for new ones. */
-struct pt_tensor_key {
-    u32 pid;
-    u32 pad;
-    u64 ptr;
-};
-BPF_TABLE("lru_hash", struct pt_tensor_key, u64, pt_tensor_sizes, PT_TENSOR_SIZES_MAX);
-
-static __always_inline void pt_tensor_put(u64 ptr, u64 size)
-{
-    struct pt_tensor_key k = {.pid = bpf_get_current_pid_tgid() >> 32, .ptr = ptr};
-    pt_tensor_sizes.update(&k, &size);
-}
-
-/* The size New recorded for ptr, forgotten now; 0 if unknown (allocated
- * before the probes, or forgotten to make room). */
-static __always_inline u64 pt_tensor_take(u64 ptr)
-{
-    struct pt_tensor_key k = {.pid = bpf_get_current_pid_tgid() >> 32, .ptr = ptr};
-    u64 *v = pt_tensor_sizes.lookup(&k);
-    if (!v)
-        return 0;
-    u64 size = *v;
-    pt_tensor_sizes.delete(&k);
-    return size;
-}
 
 /* A negative size is a free.  (A function: `kind` is a parameter of the
  * handler macros, so the field cannot be named inside them.) */
@@ -63,7 +39,7 @@ static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
             E->valid |= PT_V_SRC;                                              \
     })
 
-/* CPU-only reporter events: ptr and size, on the CPU device (index -1). */
+/* CPU reporter events: ptr and size (none for a Delete), on the CPU device (index -1). */
 #define PT_TENSOR_CPU(e, p, n)                                                 \
     do {                                                                       \
         e->ptr = p;                                                            \
@@ -80,7 +56,6 @@ static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
         u64 p = PT_P2, n = PT_P3;                                              \
         if (n == 0 || pt_skip())                                               \
             return 0;                                                          \
-        pt_tensor_put(p, n);                                                   \
         struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), 1);         \
         if (!E)                                                                \
             return 0;                                                          \
@@ -89,19 +64,17 @@ static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
         return 0;                                                              \
     }
 
-/* c10::ProfiledCPUMemoryReporter::Delete(this, void *ptr): the size from New,
- * if seen (size null otherwise). */
+/* c10::ProfiledCPUMemoryReporter::Delete(this, void *ptr) */
 #define PT_H_TENSOR_DELETE(name, id, kind, arg)                                  \
     int pt_e_##name(struct pt_regs *ctx)                                       \
     {                                                                          \
         u64 p = PT_P2;                                                         \
         if (p == 0 || pt_skip())                                               \
             return 0;                                                          \
-        u64 n = pt_tensor_take(p);                                             \
         struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), 1);         \
         if (!E)                                                                \
             return 0;                                                          \
-        PT_TENSOR_CPU(E, p, n);                                                \
+        PT_TENSOR_CPU(E, p, 0);                                                \
         pt_close(ctx, E);                                                      \
         return 0;                                                              \
     }

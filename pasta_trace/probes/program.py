@@ -30,8 +30,6 @@ DEFAULT_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
 AGG_MAX = 65536
 PID_FILTER_MAX = 4096
-#: CPU tensors whose size the probes remember until their Delete (bpf/c10.bpf.c)
-TENSOR_SIZES_MAX = 65536
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
 # Bytes of kind-specific data after each BTF type record, by kind; *vlen
@@ -106,7 +104,6 @@ def build_bpf_text(
         f"#define PT_NAMES_PAGES {names_pages}",
         f"#define PT_AGG_MAX {AGG_MAX}",
         f"#define PT_PID_FILTER_MAX {PID_FILTER_MAX}",
-        f"#define PT_TENSOR_SIZES_MAX {TENSOR_SIZES_MAX}",
     ]
     comm = task_comm_offset()
     if comm is not None:
