@@ -5,9 +5,9 @@
  * taken from the running kernel's BTF (PT_OFF_*, capture/kernel_offsets.py),
  * never from the installed headers, which may be another kernel's.
  *
- * - open/openat/openat2 for reading, of a file named libcuda.so* or
- *   libamdhip64.so*, by a traced process, that succeeded, and whose file
- *   (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
+ * - open/openat/openat2 for reading, of a file named libcuda.so*,
+ *   libamdhip64.so* or libc10.so* (PyTorch), by a traced process, that
+ *   succeeded, and whose file (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
  *   record and sends SIGCONT, so the library's first call is traced.  If the
@@ -141,9 +141,10 @@ static __always_inline int pt_fd_file(long fd, struct pt_file *out)
     return 0;
 }
 
-/* a path component that starts with `libcuda.so` or `libamdhip64.so`, then
- * NUL or '.'.  No state besides the index, so the verifier walks the loop
- * once per iteration; user space re-checks that it is the last component. */
+/* a path component that starts with `libcuda.so`, `libamdhip64.so` or
+ * `libc10.so`, then NUL or '.'.  No state besides the index, so the verifier
+ * walks the loop once per iteration; user space re-checks that it is the
+ * last component. */
 static __always_inline int pt_is_gpu_library(const char *p)
 {
 #pragma clang loop unroll(disable)
@@ -160,6 +161,9 @@ static __always_inline int pt_is_gpu_library(const char *p)
             b[7] == 'i' && b[8] == 'p' && b[9] == '6' && b[10] == '4' && b[11] == '.' && b[12] == 's' &&
             b[13] == 'o' && (b[14] == 0 || b[14] == '.'))
             return 2;
+        if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == '1' && b[5] == '0' && b[6] == '.' &&
+            b[7] == 's' && b[8] == 'o' && (b[9] == 0 || b[9] == '.'))
+            return 3;
     }
     return 0;
 }

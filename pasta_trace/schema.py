@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 1)
+CAPTURE_FORMAT_VERSION = (1, 2)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -173,9 +173,19 @@ class Kind(enum.IntEnum):
     graph = 6
     module = 7
     other = 8
+    #: memory a framework's allocator handed out or took back (PyTorch's
+    #: tensors, libc10): never summed with the driver's alloc/free (format 1.2)
+    tensor_alloc = 9
+    tensor_free = 10
 
 
 KIND_NAMES = [k.name for k in Kind]
+
+
+def kind_index(kinds: np.ndarray) -> np.ndarray:
+    """Kind values as indexes into KIND_NAMES: a value this reader does not
+    know (a newer program) reads as `other`."""
+    return np.where(kinds < len(KIND_NAMES), kinds, int(Kind.other))
 
 
 class CopyKind(enum.IntEnum):
@@ -209,6 +219,19 @@ class NameSource(enum.IntEnum):
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]
 
+
+class Layer(enum.IntEnum):
+    """Where a call was seen (the `layer` column, format 1.2): a layer calls
+    the ones below it.  Each probed API has one (probes.catalog)."""
+
+    driver = 0  # libcuda.so.1
+    runtime = 1  # libcudart (shared or linked into the executable), libamdhip64
+    framework = 2  # libraries above the runtime (PyTorch's libc10)
+    nccl = 3  # collective libraries (libnccl)
+
+
+LAYER_NAMES = [k.name for k in Layer]
+
 #: Event `flags` bits.
 FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
 FLAG_HAS_DUR = 1 << 1  # `dur_ns` is entry->return
@@ -229,6 +252,21 @@ PAYLOAD_BITS = {
     "copy_kind": 9,
     "aux": 10,
 }
+
+#: Kinds whose events carry named values in the record's generic payload
+#: slots: HOST_EVENT field -> the events column it is decoded into (format
+#: 1.2).  For these kinds the slot's own column is null, and the valid bit of
+#: the slot says whether the named column is set.
+TENSOR_PAYLOAD = {"dst": "allocated_bytes", "src": "reserved_bytes", "aux": "device"}
+KIND_PAYLOAD: dict[Kind, dict[str, str]] = {Kind.tensor_alloc: TENSOR_PAYLOAD, Kind.tensor_free: TENSOR_PAYLOAD}
+
+#: c10::DeviceType names, as PyTorch spells them (torch.device("cuda:0")).
+#: A tensor event's `aux` is c10::Device as the C++ ABI packs it: the type in
+#: bits 0-7, the index (int8, -1 = none) in bits 8-15.
+TORCH_DEVICE_TYPES = [
+    "cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "maia", "xla", "vulkan", "metal", "xpu",
+    "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuseone",
+]
 
 COMM_LEN = 16
 NAME_LEN = 208
@@ -894,6 +932,12 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "copy_kind": pl.Enum(COPY_KIND_NAMES),
     "aux": pl.UInt32,
     "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
+    # format 1.2: where the call was seen
+    "layer": pl.Enum(LAYER_NAMES),  # null: an API this reader does not know
+    # format 1.2: tensor_alloc / tensor_free only (KIND_PAYLOAD); null elsewhere
+    "device": pl.Categorical,  # "cpu", "cuda:0", ... (torch.device's spelling)
+    "allocated_bytes": pl.UInt64,  # the allocator's running total after this event; null: it gives none
+    "reserved_bytes": pl.UInt64,  # bytes the allocator holds from the driver (its cache); null: none given
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.

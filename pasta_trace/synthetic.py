@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema, synthetic_host
+from . import schema, synthetic_host, synthetic_tensors
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -48,6 +48,7 @@ class Spec:
     failed_allocs: int = 0  # cuMemAlloc_v2 calls that return CUDA_ERROR_OUT_OF_MEMORY
     stacks: bool = False  # every call carries a Python stack from CALL_PATHS (stacks.parquet)
     copies: int = 0  # h2d/d2h copies of a few host buffers (repeats), plus one storm of small copies; no stacks
+    tensors: int = 0  # PyTorch tensors (tensor_alloc/tensor_free events, synthetic_tensors), all processes together
 
 
 #: The Python stack of each kind of call when Spec.stacks is set, innermost
@@ -60,6 +61,13 @@ CALL_PATHS: dict[str, list[tuple[str, str, int]]] = {
     "free": [("Buffer.release", "buffers.py", 44), ("Trainer.step", "train.py", 95), ("main", "train.py", 120)],
     "sync": [("Trainer.step", "train.py", 90), ("main", "train.py", 120)],
     "sync_eval": [("evaluate", "eval.py", 7), ("main", "train.py", 125)],
+    # tensors (Spec.tensors): the weights, the activations of each step, a cache that keeps growing
+    "tensor_weights": [("Linear.__init__", "model.py", 10), ("Trainer.__init__", "train.py", 28),
+                       ("main", "train.py", 115)],
+    "tensor_activation": [("Model.forward", "model.py", 43), ("Trainer.step", "train.py", 88),
+                          ("main", "train.py", 120)],
+    "tensor_cache": [("Trainer.log_metrics", "train.py", 101), ("Trainer.step", "train.py", 97),
+                     ("main", "train.py", 120)],
 }
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
@@ -307,6 +315,14 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     if spec.copies:
         copies = synthetic_host.copies(spec.copies, pids, spec.span_ns, MONO0, np.random.default_rng([spec.seed, 2]))
         events = pl.concat([events, copies]).sort("ts_ns")
+    if spec.tensors:
+        tensors = synthetic_tensors.tensors(spec.tensors, pids, spec.span_ns, MONO0,
+                                            np.random.default_rng([spec.seed, 3]))
+        if spec.stacks:
+            tensors = tensors.with_columns(_stack_ids(tensors, pids))
+        events = pl.concat([events, tensors.select(
+            [pl.col(c).cast(t) if c in tensors.columns else pl.lit(None, t).alias(c)
+             for c, t in schema.EVENTS_SCHEMA.items()])]).sort("ts_ns")
     events.write_parquet(p / "events-00000.parquet")
     if spec.stacks:
         _stacks(pids).write_parquet(p / "stacks.parquet")

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 import build  # noqa: E402  (tests/fixtures/build.py)
+import torch_env  # noqa: E402  (tests/fixtures/torch_env.py)
 from pasta_run import Tracer  # noqa: E402
 
 
@@ -82,8 +83,22 @@ def hip_workload(build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def c10_stub(build_dir: Path) -> Path:
+    return _built("c10_stub", build_dir)
+
+
+@pytest.fixture(scope="session")
 def real_libs_program(build_dir: Path) -> Path:
     return _built("real_libs_calls", build_dir)
+
+
+@pytest.fixture(scope="session")
+def torch_cpu() -> torch_env.TorchEnv:
+    """PyTorch's CPU build in a private cache (installed on first use), or a skip saying why."""
+    try:
+        return torch_env.torch_env()
+    except torch_env.Unavailable as e:
+        pytest.skip(f"torch CPU build not available: {e}")
 
 
 @dataclass(frozen=True)

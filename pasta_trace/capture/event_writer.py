@@ -28,6 +28,7 @@ from ..safe_output import OutputDir
 from . import own_process
 from .decode import events_frame
 from .ringbuf import padded_dtype
+from .tensor_sizes import TensorSizes
 
 HEADER = struct.Struct("<cQ")
 COMPRESSION = "lz4"
@@ -64,13 +65,14 @@ def main(argv: list[str]) -> int:
     pending: list[np.ndarray] = []
     files: list[str] = []
     comms: dict[int, str] = {}
+    sizes = TensorSizes()
 
     def flush() -> None:
         if not pending:
             return
         recs = np.concatenate(pending)
         pending.clear()
-        data = events_frame(recs, api_names)
+        data = sizes.fill(events_frame(recs, api_names))
         name = f"events-{len(files):05d}.parquet"
         write_atomic(out, name, data)
         files.append(name)

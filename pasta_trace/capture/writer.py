@@ -86,7 +86,7 @@ class CaptureWriter:
         if recs.size:
             self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + recs.tobytes()))
             self.events += int(recs.size)
-            kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)
+            kinds = schema.kind_index(recs["kind"])
             self.by_kind += np.bincount(kinds, minlength=len(schema.KIND_NAMES))
 
     def add_names(self, recs: np.ndarray) -> None:

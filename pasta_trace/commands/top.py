@@ -42,11 +42,11 @@ def snapshot(session) -> pl.DataFrame:
     failed or not, and memory (device or pinned host) for allocations."""
     from ..capture.decode import aggregate_frame
     from ..lifetimes import kind_from_api, memory
-    from ..probes.catalog import APIS
+    from ..probes.catalog import API_NAMES
 
     keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape, ret): a few thousand at most
     return (
-        aggregate_frame(keys, vals, [a.symbol for a in APIS])
+        aggregate_frame(keys, vals, list(API_NAMES))
         .group_by("pid", pl.col("kind").cast(pl.String), failed().alias("failed"),
                   memory(kind_from_api(pl.col("api"))).cast(pl.String).alias("memory"))
         .agg(pl.col("count").sum(), pl.col("bytes").sum())

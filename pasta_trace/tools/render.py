@@ -123,7 +123,8 @@ def header_of(col: str) -> str:
 def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
     """`values` of column `col` as cells in one unit, named in the header."""
     numeric = values.dtype.is_numeric()
-    name = header_of(col)
+    # a GPU index, or a tensor's device by name ("cpu", "cuda:0")
+    name = "device" if col == "device" and not numeric else header_of(col)
     raw = values.to_list()
     present = [v for v in raw if v is not None]
 

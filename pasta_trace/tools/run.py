@@ -17,6 +17,9 @@ from .registry import REGISTRY, Tool
 from .span import bounds
 
 
+NO_TENSORS = "needs tensor events (a PyTorch program); this capture has none"
+
+
 @dataclass
 class ToolResult:
     tool: Tool
@@ -46,6 +49,7 @@ def run_tools(
     that need device data still run without it, so their (empty) frames keep
     their columns for JSON and CSV, and carry a note saying why."""
     device = cap.has_device_data
+    tensors = cap.events.filter(pl.col("kind").cast(pl.String).str.starts_with("tensor_")).head(1).collect().height > 0
     out = []
     for name in names or list(REGISTRY):
         tool = REGISTRY[name]
@@ -55,6 +59,8 @@ def run_tools(
             note = "needs device data (gpu_probes or CUPTI); this capture has none"
         elif cap.aggregate is not None and not tool.reads_aggregate:
             note = "needs per-call events; an --aggregate capture keeps only counts and byte sums"
+        elif tool.needs_tensors and not tensors:
+            note = NO_TENSORS
         out.append(ToolResult(tool, frame, note))
         if on_done:
             on_done(tool)

@@ -62,10 +62,55 @@ def test_events_frame_has_the_schema_and_nulls_where_unset():
     assert alloc["func"] is None and alloc["grid_x"] is None
 
 
+def test_each_event_says_its_layer():
+    recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096), _event(2, schema.Kind.other)])
+    df = events_frame(recs, ["cuLaunchKernel", "hipMalloc", "notInTheCatalog"])
+    assert df["layer"].to_list() == ["driver", "runtime", None]
+
+
 def test_unknown_api_id_and_kind_decode_without_failing():
     df = events_frame(_event(9, schema.Kind.other, ts_ns=1), APIS)
     assert df["api"].to_list() == ["api#9"]
     assert df["kind"].to_list() == ["other"]
+
+
+def test_a_kind_this_reader_does_not_know_reads_other():
+    df = events_frame(np.concatenate([_event(0, schema.Kind.other), _event(0, schema.Kind.tensor_free)]), APIS)
+    newer = _event(0, schema.Kind.launch)
+    newer["kind"] = 200
+    df2 = events_frame(newer, APIS)
+    assert df["kind"].to_list() == ["other", "tensor_free"] and df2["kind"].to_list() == ["other"]
+
+
+TENSOR_APIS = ["c10::reportMemoryUsageToProfiler", "c10::ProfiledCPUMemoryReporter::Delete", "cuMemsetD8_v2"]
+
+
+def _tensor(kind: schema.Kind, aux: int, reserved: bool = True, **fields) -> np.ndarray:
+    bits = ["ptr", "size", "dst", "aux"] + ["src"] * reserved
+    return _event(0, kind, aux=aux, valid=sum(1 << schema.PAYLOAD_BITS[b] for b in bits), **fields)
+
+
+def test_tensor_events_decode_their_slots_into_named_columns():
+    recs = np.concatenate([
+        _tensor(schema.Kind.tensor_alloc, 1 | 3 << 8, ptr=0x7F00, size=2 << 20, dst=6 << 20, src=20 << 20),
+        _tensor(schema.Kind.tensor_free, 1 | 3 << 8, ptr=0x7F00, size=2 << 20, dst=4 << 20, src=20 << 20),
+        _tensor(schema.Kind.tensor_alloc, 0 | 0xFF << 8, reserved=False, ptr=0x10, size=64, dst=64),
+        _tensor(schema.Kind.tensor_alloc, 6 | 0 << 8, ptr=0x20, size=8, dst=8, src=9),
+        _tensor(schema.Kind.tensor_alloc, 99 | 1 << 8, ptr=0x30, size=8, dst=8, src=9),
+        _event(2, schema.Kind.memset, ptr=0x40, size=4, aux=7, dst=5,
+               valid=sum(1 << schema.PAYLOAD_BITS[b] for b in ("ptr", "size", "aux", "dst"))),
+    ])
+    df = events_frame(recs, TENSOR_APIS).select("kind", "ptr", "size", "device", "allocated_bytes", "reserved_bytes",
+                                                "dst", "src", "aux", "layer")
+    assert df.rows() == [
+        ("tensor_alloc", 0x7F00, 2 << 20, "cuda:3", 6 << 20, 20 << 20, None, None, None, "framework"),
+        ("tensor_free", 0x7F00, 2 << 20, "cuda:3", 4 << 20, 20 << 20, None, None, None, "framework"),
+        ("tensor_alloc", 0x10, 64, "cpu", 64, None, None, None, None, "framework"),
+        ("tensor_alloc", 0x20, 8, "hip:0", 8, 9, None, None, None, "framework"),
+        ("tensor_alloc", 0x30, 8, "device#99:1", 8, 9, None, None, None, "framework"),
+        # other kinds keep their slots, and have no tensor columns
+        ("memset", 0x40, 4, None, None, None, 5, None, 7, "driver"),
+    ]
 
 
 def test_copy_kind_is_an_enum_when_valid():
@@ -119,7 +164,7 @@ def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
     assert ev["kind"].cast(pl.String).to_list() == ["launch", "launch", "alloc"]
     assert cap.names.collect()["name"].to_list() == ["kernA"]
     assert w.events == 3 and w.names == 1
-    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # one per Kind
     assert w.pids_and_comms() == [(100, "train.py")]
 
 
@@ -163,7 +208,9 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     "name,family",
     [("libcuda.so.1", "cuda"), ("libcuda.so", "cuda"), ("libcuda.so.535.261.03", "cuda"),
      ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", None),
-     ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda")],
+     ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda"),
+     ("/venv/lib/python3.11/site-packages/torch/lib/libc10.so", "c10"), ("libc10.so.2.13", "c10"),
+     ("libc10_cuda.so", None), ("libc10.so.bak", None)],
 )
 def test_library_file_names(name, family):
     assert family_of(name) == family
