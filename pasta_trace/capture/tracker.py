@@ -64,6 +64,9 @@ class ProcessTracker:
         try:
             found = discovery.scan_pid(pid)
         except OSError:
+            if not alive(pid):  # it existed at the start (check_pids) and exited during the compile
+                self._say(f"PID {pid} exited before its probes were attached")
+                return  # start_pids ends it like any exit; the other PIDs are traced
             raise PastaError(f"no such process: {pid}") from None
         self.processes.add(pid)
         self._python(pid)
