@@ -59,7 +59,7 @@ class Capture:
     @property
     def lost_events(self) -> int:
         c = self.manifest.get("counts", {})
-        return int(c.get("lost_events", 0)) + int(c.get("lost_names", 0))
+        return sum(int(c.get(name, 0)) for name in ("lost_events", "lost_names", *schema.WRITER_LOST))
 
     @property
     def has_device_data(self) -> bool:

@@ -31,6 +31,14 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
 #: Readers refuse a newer major with a clear message.
 CAPTURE_FORMAT_VERSION = (1, 1)
 
+#: Events the tracer itself lost after draining them from the ring (manifest
+#: ``counts``, beside the BPF program's lost_events): counter -> (what, remedy).
+WRITER_LOST = {
+    "lost_writer_behind": ("events dropped, the events writer fell behind",
+                           "use --aggregate or trace fewer processes"),
+    "lost_unwritten": ("events not written, the disk was full", "free space or choose another -o"),
+}
+
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
 

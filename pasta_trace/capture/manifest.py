@@ -104,14 +104,17 @@ class Manifest:
 
 
 def counts(
-    *, events: int, names: int, lost: tuple[int, int, int], by_kind: dict[str, int]
+    *, events: int, names: int, lost: tuple[int, int, int], by_kind: dict[str, int],
+    writer_lost: dict[str, int] | None = None,
 ) -> dict:
-    """The manifest's `counts` object; read.py reads lost_events and lost_names."""
+    """The manifest's `counts` object; read.py reads the lost_* counters.
+    ``writer_lost``: schema.WRITER_LOST counter -> events (0 where not given)."""
     return {
         "events": events,
         "names": names,
         "lost_events": lost[0],
         "lost_names": lost[1],
         "lost_inflight": lost[2],
+        **{name: (writer_lost or {}).get(name, 0) for name in schema.WRITER_LOST},
         "by_kind": by_kind,
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import polars as pl
 
@@ -101,8 +102,13 @@ def byte_lines(events: pl.LazyFrame, aggregate: pl.LazyFrame | None) -> list[str
     return lines
 
 
+#: manifest notes shown before pointing at the manifest
+NOTE_LINES = 5
+
+
 def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tuple[int, int, int],
-           buffer_pages: int) -> str:
+           buffer_pages: int, counts: dict | None = None, notes: Sequence[str] = ()) -> str:
+    """``counts``: the manifest's (its schema.WRITER_LOST counters); ``notes``: its warnings."""
     files = sorted(Path(out_dir).glob("events*.parquet"))
     events = (
         pl.scan_parquet([str(f) for f in files]) if files else schema.empty_frame(schema.EVENTS_SCHEMA).lazy()
@@ -132,6 +138,12 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tu
             f"LOST: {lost[0]:,} events, {lost[1]:,} names, {lost[2]:,} calls without their return "
             f"(in-flight table full): raise --buffer-pages (now {buffer_pages})"
         )
-    else:
+    writer_lost = [(n, what, remedy) for name, (what, remedy) in schema.WRITER_LOST.items()
+                   if (n := (counts or {}).get(name, 0))]
+    lines += [f"LOST: {n:,} {what}: {remedy}" for n, what, remedy in writer_lost]
+    if not (lost_total or lost[2] or writer_lost):
         lines.append("lost: 0")
+    lines += [f"warning: {note}" for note in notes[:NOTE_LINES]]
+    if len(notes) > NOTE_LINES:
+        lines.append(f"... and {len(notes) - NOTE_LINES} more warnings in {Path(out_dir) / 'manifest.json'}")
     return "\n".join(lines)
