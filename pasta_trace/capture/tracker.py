@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import PastaError
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
 from .stack_collector import StackCollector
 from .processes import ProcessTable
-from .targets import alive
+from .targets import alive, unreadable
 
 RESCAN_INTERVAL_S = 1.0
 
@@ -63,11 +62,11 @@ class ProcessTracker:
     def _attach_pid(self, pid: int) -> None:
         try:
             found = discovery.scan_pid(pid)
-        except OSError:
+        except OSError as e:
             if not alive(pid):  # it existed at the start (check_pids) and exited during the compile
                 self._say(f"PID {pid} exited before its probes were attached")
                 return  # start_pids ends it like any exit; the other PIDs are traced
-            raise PastaError(f"no such process: {pid}") from None
+            raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
         self._python(pid)
         for lib in found.traced:

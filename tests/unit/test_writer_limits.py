@@ -19,7 +19,6 @@ from pasta_trace import schema
 from pasta_trace.capture import manifest as mf, summary
 from pasta_trace.capture.finish import complete_manifest
 from pasta_trace.capture.writer import RESERVE_BYTES, CaptureWriter
-from pasta_trace.read import open_capture
 from pasta_trace.safe_output import OutputDir
 
 APIS = ["cuLaunchKernel"]
@@ -70,31 +69,18 @@ def test_a_stalled_events_writer_costs_counted_drops_not_memory(tmp_path):
     assert w.by_kind.tolist()[int(schema.Kind.launch)] == 3500
 
 
-def test_manifest_counts_hold_the_writer_losses_and_readers_add_them_up(tmp_path):
-    counts = mf.counts(events=5, names=0, lost=(1, 2, 3), by_kind={},
-                       writer_lost={"lost_writer_behind": 40, "lost_unwritten": 500})
-    assert counts == {"events": 5, "names": 0, "lost_events": 1, "lost_names": 2, "lost_inflight": 3,
-                      "lost_writer_behind": 40, "lost_unwritten": 500, "by_kind": {}}
-    m = mf.Manifest(command_line=["pasta-trace"], mode="pid", start=mf.ClockSample.now(), counts=counts)
-    m.write(OutputDir.claim(tmp_path, force=False), complete=True)
-    (tmp_path / "events-00000.parquet").write_bytes(b"")
-    assert open_capture(tmp_path).lost_events == 1 + 2 + 40 + 500
-
-
-def test_summary_shows_writer_losses_with_their_remedy_and_the_manifest_notes(tmp_path):
+def test_summary_shows_the_manifest_notes_as_warnings(tmp_path):
     names = pl.DataFrame(schema={"pid": pl.UInt32, "handle": pl.UInt64, "name": pl.String})
-    counts = {"lost_writer_behind": 1234, "lost_unwritten": 0}
     notes = ["removing the probes: Exception: Failed to detach BPF from uprobe"] + [f"n{i}" for i in range(6)]
-    text = summary.render(tmp_path, {}, names, (0, 0, 0), 64, counts, notes)
-    assert text.splitlines()[-7:] == [
-        "LOST: 1,234 events dropped, the events writer fell behind: use --aggregate or trace fewer processes",
+    text = summary.render(tmp_path, {}, names, {"lost_writer_behind": 1234}, {}, notes)
+    assert text.splitlines()[-8:] == [
+        "LOST: 1,234 events: the events writer fell behind",
+        "  use --aggregate or trace fewer processes",
         "warning: removing the probes: Exception: Failed to detach BPF from uprobe",
         "warning: n0", "warning: n1", "warning: n2", "warning: n3",
         f"... and 2 more warnings in {tmp_path / 'manifest.json'}",
     ]
-    assert summary.render(tmp_path, {}, names, (0, 0, 0), 64, {"lost_unwritten": 7}).splitlines()[-1] == (
-        "LOST: 7 events not written, the disk was full: free space or choose another -o")
-    assert summary.render(tmp_path, {}, names, (0, 0, 0), 64, {}).splitlines()[-1] == "lost: 0"
+    assert summary.render(tmp_path, {}, names, {}, {}).splitlines()[-1] == "lost: 0"
 
 
 # ---------------------------------------------------------------- a full disk
@@ -147,7 +133,7 @@ def test_the_manifest_is_completed_on_a_full_disk_from_the_room_held_aside(small
     m = mf.Manifest(command_line=["pasta-trace"], mode="pid", start=mf.ClockSample.now())
     m.write(out, complete=False)
     _fill(small_fs)
-    m.counts = mf.counts(events=1, names=0, lost=(0, 0, 0), by_kind={}, writer_lost={"lost_unwritten": 9})
+    m.counts = mf.counts(events=1, names=0, lost={"lost_unwritten": 9}, by_kind={})
     m.notes = ["x" * 100_000]  # more than the filler left
     assert complete_manifest(out, m) is None
     data = json.loads((small_fs / "cap" / "manifest.json").read_text())
