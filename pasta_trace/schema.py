@@ -583,6 +583,13 @@ LOSSES: tuple[Loss, ...] = (
     Loss("lost_notifications", "discover_lost", 1, "process notifications",
          "the fork/exec/exit ring buffer was full",
          "no option changes it; processes.parquet may miss those processes"),
+    # drained from the ring, then dropped: the tracer's queue to its events
+    # writer process was full (capture.writer_queue)
+    Loss("lost_writer_behind", "", -1, "events", "the events writer fell behind",
+         "use --aggregate or trace fewer processes"),
+    # reached the events writer process but could not be written (a full disk)
+    Loss("lost_unwritten", "", -1, "events", "they could not be written: the disk was full",
+         "free space or choose another -o"),
 )
 
 LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}

@@ -121,6 +121,20 @@ def families(build_dir: Path) -> list[Family]:
 
 
 @pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 4 MiB tmpfs, for a disk that fills up (mounting needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=True)
+
+
+@pytest.fixture
 def sleeper():
     """A process to point -p at, idle for a minute."""
     p = subprocess.Popen(["sleep", "60"])

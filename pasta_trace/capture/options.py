@@ -72,6 +72,10 @@ class Result:
     names: pl.DataFrame
     exit_code: int | None = None
     messages: list[str] = field(default_factory=list)
+    #: why a write into the capture failed (a full disk), None when all went to disk
+    write_error: str | None = None
+    #: False when even the final manifest could not be written
+    manifest_written: bool = True
 
 
 def default_out_dir() -> Path:

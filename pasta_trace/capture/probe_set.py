@@ -134,10 +134,17 @@ class ProbeSet:
         Closing a uprobe's perf event waits for RCU grace periods: 0.1-0.25 s
         per probe on our kernels, a minute for a few hundred probes.  A
         detached grandchild inherits the descriptors and closes them; our own
-        copies then close at once.  (BCC's own cleanup would also try to
-        detach through tracefs's uprobe_events, which fails where tracefs is
-        not mounted.)  Removing is cleanup: a failure is a warning (in the
-        manifest's notes), never a failed capture."""
+        copies then close at once.
+
+        Every exit path must come here once probes are attached.  BCC's own
+        cleanup (BPF.cleanup, also run at interpreter exit) detaches each
+        uprobe it still lists through tracefs: it opens uprobe_events to look
+        for a leftover ``p_<path>_0x<offset>_bcc_<pid>`` entry, and where tracefs
+        is not mounted that open fails and it raises "Failed to detach BPF from
+        uprobe", although our probes, made by perf_event_open, have no tracefs
+        entry and go when their fd closes.  So the fds are taken out of BCC's
+        list first.  Removing is cleanup: a failure is a warning in the
+        manifest's notes (shown by the summary), never a failed capture."""
         try:
             fds = list(self.bpf.uprobe_fds.values())
             self.bpf.uprobe_fds.clear()
@@ -146,7 +153,6 @@ class ProbeSet:
             self.bpf.cleanup()
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
             self.notes.append(f"removing the probes: {type(e).__name__}: {e}")
-            self._say(f"warning: {self.notes[-1]}")
 
 
 def close_in_background(fds: list[int]) -> None:

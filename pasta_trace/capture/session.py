@@ -67,9 +67,16 @@ class Session:
         """Load the BPF program and attach to the libraries of the chosen
         processes (call check() first).  In launch mode, returns the command,
         started and held before exec (release() it once ready)."""
-        opts = self.opts
         self.say("compiling the BPF program...")
-        self.bpf = load_program(opts)
+        self.bpf = load_program(self.opts)
+        try:
+            return self._setup(env)
+        except BaseException:
+            self.detach()  # probes attached so far go now, not in BCC's exit handler (ProbeSet.detach)
+            raise
+
+    def _setup(self, env: dict[str, str] | None) -> HeldCommand | None:
+        opts = self.opts
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import polars as pl
 
@@ -120,10 +121,14 @@ def known_full_line(counts: dict) -> list[str]:
             "each later open of one paused its process for a moment"]
 
 
+#: manifest notes shown before pointing at the manifest
+NOTE_LINES = 5
+
+
 def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: dict,
-           settings: dict[str, int]) -> str:
+           settings: dict[str, int], notes: Sequence[str] = ()) -> str:
     """``counts``: the manifest's; ``settings``: Options.settings (the values
-    the loss remedies name)."""
+    the loss remedies name); ``notes``: the manifest's warnings."""
     files = sorted(Path(out_dir).glob("events*.parquet"))
     events = (
         pl.scan_parquet([str(f) for f in files]) if files else schema.empty_frame(schema.EVENTS_SCHEMA).lazy()
@@ -149,6 +154,9 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
     lines += byte_lines(events, aggregate)
     lines += known_full_line(counts)
     lines += loss_lines({loss.name: loss.count_in(counts) for loss in schema.LOSSES}, settings)
+    lines += [f"warning: {note}" for note in notes[:NOTE_LINES]]
+    if len(notes) > NOTE_LINES:
+        lines.append(f"... and {len(notes) - NOTE_LINES} more warnings in {Path(out_dir) / 'manifest.json'}")
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..errors import UsageError
+from ..errors import PastaError, UsageError
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
 
@@ -167,12 +167,25 @@ def run(args: argparse.Namespace) -> int:
         result = Session(opts, say=status.say, status=status.update if status.live else None).run()
     if result.exit_code is not None:
         _say(f"{' '.join(opts.command)} exited with code {result.exit_code}")
-    _say(summary.render(result.out_dir, result.by_kind, result.names, result.manifest.counts, opts.settings))
+    _say(summary.render(result.out_dir, result.by_kind, result.names, result.manifest.counts, opts.settings,
+                        result.manifest.notes))
     if (device := summary.device_line(opts.device, result.manifest.device_files)) is not None:
         _say(device)
     _say(f"Wrote {result.out_dir}")
+    if result.write_error:
+        raise PastaError(_write_failure(result))
     _say(f"You can now run: pasta-trace report {result.out_dir}")
     return 0
+
+
+def _write_failure(result) -> str:
+    """One line for a capture that did not all reach the disk (a full disk)."""
+    unwritten = result.manifest.counts.get("lost_unwritten", 0)
+    kept = f"{result.events:,} events were written" + (f", {unwritten:,} were not" if unwritten else "")
+    if not result.manifest_written:
+        return (f"writing {result.out_dir} failed ({result.write_error}): {kept}; manifest.json still says "
+                "complete: false")
+    return f"writing {result.out_dir} failed ({result.write_error}): {kept} (counted in manifest.json)"
 
 
 class _status_line:

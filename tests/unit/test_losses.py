@@ -91,7 +91,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
         "stacks": {"lost_stacks": 50, "unreadable_stacks": 60, "no_python_thread": 3, "truncated_stacks": 1,
                    "stacks": 9},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
-        "unpaused_opens": 70, "lost_notifications": 80,
+        "unpaused_opens": 70, "lost_notifications": 80, "lost_writer_behind": 90, "lost_unwritten": 100,
         "known_full": 2, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
@@ -100,7 +100,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
     assert c.losses == lost
-    assert c.lost_events == 360
+    assert c.lost_events == 550
 
 
 def test_without_stacks_the_manifest_has_no_stack_losses() -> None:
@@ -127,6 +127,10 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  no option changes it; the first calls after those opens may be missing",
         "LOST: 1,007 process notifications: the fork/exec/exit ring buffer was full",
         "  no option changes it; processes.parquet may miss those processes",
+        "LOST: 1,008 events: the events writer fell behind",
+        "  use --aggregate or trace fewer processes",
+        "LOST: 1,009 events: they could not be written: the disk was full",
+        "  free space or choose another -o",
     ]
     assert summary.loss_lines({"lost_events": 0}, SETTINGS) == ["lost: 0"]
     assert Options(mode="pid", out_dir=Path("x"), command_line=[], buffer_pages=8, stack_pages=16,
