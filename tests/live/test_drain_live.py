@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pasta_run import wait_user_space_gone
+from pasta_run import descendants, wait_user_space_gone
 from pasta_trace import schema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,9 +225,13 @@ def test_sigkilled_tracer_leaves_readable_events_of_all_but_the_last_interval(tm
             time.sleep(0.1)
         assert len(list(out.glob("events-*.parquet"))) >= 3, tracer.stderr.read() if tracer.poll() else "timeout"
         traced = json.loads((out / "manifest.json").read_text())["pids"]
+        # its own helpers (the events writer, which saves what reached it when
+        # the tracer dies, and the stop guardian), not the workload
+        helpers = descendants(tracer.pid) - descendants(traced[0]) - set(traced)
         kill_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         tracer.send_signal(signal.SIGKILL)
-        wait_user_space_gone(tracer.pid)
+        for pid in (tracer.pid, *helpers):
+            wait_user_space_gone(pid)
     finally:
         if tracer.poll() is None:
             tracer.kill()
