@@ -20,7 +20,7 @@
  * - exec and exit of traced processes are reported for processes.parquet.
  *
  * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
- * table sizes, the offsets and the struct layouts are prepended by late_load.py.
+ * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py.
  */
 
 #include <uapi/linux/ptrace.h>
@@ -41,7 +41,7 @@ struct pt_open_args {
     u64 flags;
 };
 
-BPF_RINGBUF_OUTPUT(discover_events, 16);
+BPF_RINGBUF_OUTPUT(discover_events, PT_DISCOVER_PAGES);
 BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
 BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
 BPF_HASH(open_args, u32, struct pt_open_args, 16384);
