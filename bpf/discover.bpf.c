@@ -52,9 +52,10 @@ BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
  * is there to resume what it stops: cleared before the tracer stops polling, so a
  * process that opens a library while the probes are being removed is never left stopped */
 BPF_ARRAY(discover_cfg, u32, 2);
-/* [PT_DLOST_STOPS] opens not paused because pt_stops was full;
- * [PT_DLOST_NOTES] fork/exec/exit notifications dropped because the ring was full */
-BPF_PERCPU_ARRAY(discover_lost, u64, 2);
+/* [PT_UNPAUSED_OPENS] opens not paused because pt_stops was full;
+ * [PT_LOST_NOTIFICATIONS] fork/exec/exit notifications dropped because the ring was full
+ * (slots from schema.LOSSES) */
+BPF_PERCPU_ARRAY(discover_lost, u64, PT_DISCOVER_LOST_N);
 
 static __always_inline void pt_dlost(int i)
 {
@@ -100,7 +101,7 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
 {
     struct pt_discover *e = discover_events.ringbuf_reserve(sizeof(struct pt_discover));
     if (!e) {
-        pt_dlost(PT_DLOST_NOTES);
+        pt_dlost(PT_LOST_NOTIFICATIONS);
         return;
     }
     e->ts_ns = bpf_ktime_get_ns();
@@ -241,7 +242,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     st->fd = (s32)ret;
     /* recorded before the signal: whoever resumes it learns of it from pt_stops */
     if (pt_stops.update(&tid, st)) {
-        pt_dlost(PT_DLOST_STOPS);
+        pt_dlost(PT_UNPAUSED_OPENS);
         return 0;
     }
     bpf_send_signal(PT_SIGSTOP);

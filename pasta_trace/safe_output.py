@@ -207,9 +207,10 @@ class OutputDir:
             st = os.fstat(fd)
             if found.stat is not None:
                 out._take(st, force, clean, reuse_empty)
-            elif _guarded():
-                os.fchmod(fd, DIR_MODE)  # the umask may have taken bits off, never added: be exact
-            _check_writable(fd, str(path))
+            else:
+                _check_writable(fd, str(path))
+                if _guarded():
+                    os.fchmod(fd, DIR_MODE)  # the umask may have taken bits off, never added: be exact
         except BaseException:
             out.abandon()
             raise
@@ -224,11 +225,17 @@ class OutputDir:
         entries = os.listdir(self.fd)
         if (entries or not reuse_empty) and not force:
             raise UsageError(f"output directory {self.path} already exists", hint="use --force to overwrite it")
+        # before changing anything: a read-only mount fails here, with nothing to undo
+        _check_writable(self.fd, str(self.path))
         if _guarded():
             # nobody but root may add or swap entries while we write
-            self._restore = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
-            os.fchown(self.fd, 0, 0)
-            os.fchmod(self.fd, DIR_MODE)
+            restore = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+            try:
+                os.fchown(self.fd, 0, 0)
+                self._restore = restore
+                os.fchmod(self.fd, DIR_MODE)
+            except OSError as e:
+                raise UsageError(f"cannot take over {self.path}: {e.strerror}", hint="choose another output") from None
         for pattern in clean:
             for name in fnmatch.filter(entries, pattern):
                 self._remove(name)
@@ -339,7 +346,10 @@ class OutputDir:
             except OSError:
                 pass
         elif self._restore is not None:
-            self.hand_over(None)
+            try:
+                self.hand_over(None)
+            except OSError:  # cleanup after a failure: that failure is what the user must see
+                pass
         self.close()
 
     def close(self) -> None:

@@ -478,6 +478,97 @@ def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
     return "\n".join(out) + "\n"
 
 
+# --------------------------------------------------------------------------- losses
+
+#: Probed calls one thread may have in flight at once (entered, not returned):
+#: the frame stack bpf/pasta.h keeps per thread (a power of two).  A call
+#: nested deeper is not recorded and is counted in lost_inflight.
+INFLIGHT_DEPTH = 4
+
+#: Rows (pid, API, kernel, shape, return code) the --aggregate map holds by
+#: default, and at most: the kernel allocates them all when the program loads
+#: (about 128 bytes each).
+DEFAULT_AGGREGATE_MAX = 65536
+MAX_AGGREGATE_MAX = 1 << 22
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A counter of what a capture could not keep, and what cures it.
+
+    The manifest stores each under its ``name`` in ``counts`` (in
+    ``counts[section]`` when ``section`` is set); the summary prints each that
+    counted with its ``meaning`` and ``remedy``; every report's INCOMPLETE
+    banner adds them all up.  ``counter`` is the per-CPU BPF array that counts
+    it and ``index`` its slot there (the C side's ``PT_<NAME>``); a counter
+    kept by the tracer's own code has ``counter`` "" and ``index`` -1.
+    ``flag`` is the option that ``remedy`` raises, if any."""
+
+    name: str
+    counter: str
+    index: int
+    what: str  # what was lost, as counted: "events"
+    meaning: str
+    remedy: str
+    flag: str | None = None
+    section: str | None = None
+
+    @property
+    def c_define(self) -> str:
+        return f"PT_{self.name.upper()}"
+
+    def count_in(self, counts: dict) -> int:
+        """Its value in a manifest's ``counts`` (0 when absent: an older capture, or not counted)."""
+        holder = counts.get(self.section) if self.section else counts
+        value = holder.get(self.name, 0) if isinstance(holder, dict) else 0
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+LOSSES: tuple[Loss, ...] = (
+    Loss("lost_events", "lost", 0, "events", "the events ring buffer was full",
+         "raise --buffer-pages", "--buffer-pages"),
+    Loss("lost_names", "lost", 1, "kernel names", "the names ring buffer was full",
+         "raise --buffer-pages: the names ring grows with it", "--buffer-pages"),
+    Loss("lost_inflight", "lost", 2, "nested calls",
+         f"more than {INFLIGHT_DEPTH} probed calls in flight on one thread",
+         "a fixed limit of the probes: --buffer-pages does not change it"),
+    Loss("lost_agg", "lost", 3, "aggregated calls", "the --aggregate map was full",
+         "raise --aggregate-max", "--aggregate-max"),
+    Loss("lost_stacks", "py_stats", PY_STATS["lost_stacks"], "Python stacks", "the stacks ring buffer was full",
+         "raise --stack-buffer-pages", "--stack-buffer-pages", section="stacks"),
+    Loss("unreadable_stacks", "py_stats", PY_STATS["unreadable_stacks"], "unreadable Python stacks",
+         "frames changed or were freed while read",
+         "no option changes it; their events are kept, without a stack", section="stacks"),
+    Loss("unpaused_opens", "discover_lost", 0, "unpaused library opens",
+         "too many processes waited for probes at once",
+         "no option changes it; the first calls after those opens may be missing"),
+    Loss("lost_notifications", "discover_lost", 1, "process notifications",
+         "the fork/exec/exit ring buffer was full",
+         "no option changes it; processes.parquet may miss those processes"),
+)
+
+LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}
+
+
+def loss_counters(counter: str) -> tuple[Loss, ...]:
+    """The losses one BPF array counts, in slot order."""
+    return tuple(sorted((loss for loss in LOSSES if loss.counter == counter), key=lambda loss: loss.index))
+
+
+def loss_c_defines(counter: str) -> str:
+    """``#define PT_<NAME> <slot>`` for each loss ``counter`` counts, and
+    ``PT_<COUNTER>_N``, the array's size."""
+    rows = loss_counters(counter)
+    out = [f"#define {loss.c_define} {loss.index}" for loss in rows]
+    out.append(f"#define PT_{counter.upper()}_N {len(rows)}")
+    return "\n".join(out) + "\n"
+
+
+def loss_text(lost: dict[str, int]) -> str:
+    """"5 events, 2 Python stacks": each loss that counted, in table order ("" when none)."""
+    return ", ".join(f"{lost[loss.name]:,} {loss.what}" for loss in LOSSES if lost.get(loss.name))
+
+
 # --------------------------------------------------------------------------- device records (TLV)
 
 
@@ -839,6 +930,12 @@ PROCESSES_SCHEMA: dict[str, pl.DataType] = {
     "mnt_ns": pl.UInt64,
     "start_ns": pl.Int64,  # CLOCK_MONOTONIC (from /proc/PID/stat starttime)
     "exit_ns": pl.Int64,  # null while alive at the end of the capture
+    # the process's place in a distributed job, from RANK, LOCAL_RANK and
+    # WORLD_SIZE in its environment (torchrun, mpirun -x, SLURM wrappers);
+    # null when unset or unreadable (format 1.1+; older files read as null)
+    "rank": pl.Int32,
+    "local_rank": pl.Int32,
+    "world_size": pl.Int32,
 }
 
 LIBRARIES_SCHEMA: dict[str, pl.DataType] = {
@@ -1021,6 +1118,32 @@ def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
+# --------------------------------------------------------------------------- JSON documents
+
+#: manifest.json: the JSON type of each key a reader uses (pasta_trace.json_doc
+#: shapes: a type, [shape] for an array, {key: shape} for an object).  A
+#: manifest where one of them has another type is refused; other keys are free,
+#: and any key may be missing or null.
+MANIFEST_SHAPE: dict = {
+    "format_version": str,
+    "complete": bool,
+    "command_line": [str],
+    "mode": str,
+    "host": str,
+    "kernel_release": str,
+    "clock": {"start_ns": int, "end_ns": int, "start_sample": {"realtime_ns": int}},
+    "counts": {"lost_events": int, "lost_names": int},
+}
+
+#: timeline.json of a merged timeline (`merge_stats`: pasta_trace.merge.MergeStats's fields, all integers).
+TIMELINE_SHAPE: dict = {
+    "format_version": str,
+    "capture_manifest": MANIFEST_SHAPE,
+    "merge_stats": {},
+    "problems": [str],
+}
+
+
 # --------------------------------------------------------------------------- C header generation
 
 
@@ -1041,7 +1164,9 @@ def bpf_c_header() -> str:
         f"#define PT_FLAG_OUTPTR_FAULT {FLAG_OUTPTR_FAULT}",
         f"#define PT_COMM_LEN {COMM_LEN}",
         f"#define PT_NAME_LEN {NAME_LEN}",
+        f"#define PT_DEPTH {INFLIGHT_DEPTH}",
     ]
+    out.append(loss_c_defines("lost").rstrip("\n"))
     for r in HOST_RECORDS:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"

@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[setup] %s\n' "$*" >&2; }
-if [ "$(id -u)" != 0 ]; then echo "setup.sh must run as root (apt-get, kernel headers): sudo $0" >&2; exit 77; fi
+. scripts/as_root.sh  # root for apt-get, headers and BPF: sudo when not root
 
 pkgs=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc g++ make libamdhip64-5 libamdhip64-dev
       chromium util-linux binutils tmux)

@@ -6,17 +6,17 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..errors import PastaError
 from . import discovery
+from .launch import check_command
 from .options import Options
 from .probe_set import program_text
-from .targets import check_pids, launch_candidates
+from .targets import check_pids, launch_candidates, unreadable
 
 
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages)
+                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max)
 
 
 def probe_plan(path: str, family: str) -> tuple[list[str], list[str]]:
@@ -36,8 +36,8 @@ def plan(opts: Options) -> str:
         for pid in opts.pids:
             try:
                 p = discovery.scan_pid(pid)
-            except PermissionError:
-                raise PastaError(f"cannot read /proc/{pid}/maps: run --dry-run as root or as its owner") from None
+            except OSError as e:
+                raise unreadable(pid, e) from None
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
@@ -46,6 +46,7 @@ def plan(opts: Options) -> str:
     elif opts.mode == "system":
         libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
     else:
+        check_command(opts.command, dict(os.environ))
         libs = launch_candidates(dict(os.environ))
         lines.append(f"would start: {' '.join(opts.command)}")
     lines.append(f"mode {opts.mode}: {len(libs)} libraries")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 
@@ -24,8 +25,11 @@ from .writer import CaptureWriter
 
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
-                 tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None):
+                 tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
+                 say: Callable[[str], None] = lambda _msg: None, known_full: Callable[[], int] = lambda: 0):
         self._stacks = stacks
+        self._say = say
+        self._known_full = known_full
         self._opts = opts
         self._out = out
         self._owner = owner
@@ -37,6 +41,8 @@ class Finisher:
                exit_code: int | None, device, detach) -> Result:
         """Write everything that is left; ``detach`` removes the probes once
         nothing more is read from the BPF maps."""
+        what = "the in-kernel counts" if self._opts.aggregate else f"{writer.events:,} events"
+        self._say(f"writing {what}, the names and the process table...")
         writer.flush_async()
         writer.close()
         bpf = self._probes.bpf
@@ -55,24 +61,25 @@ class Finisher:
         writer.write_frame(writer.dir / "names.parquet", names)
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
-        lost = read_lost(bpf)
+        lost = read_lost(bpf)  # with the stack counters below: one read of each
         manifest.end = mf.ClockSample.now()
         manifest.libraries = self._probes.entries()
         manifest.pids = sorted(self._tracker.traced_pids)
         manifest.notes = self._probes.notes
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
-        manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind)
-        if self._stacks is not None:
-            manifest.counts["stacks"] = self._stacks.counts()
+        manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind,
+                                    known_full=self._known_full(),
+                                    stacks=self._stacks.counts() if self._stacks is not None else None)
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:
             manifest.device_files = [str(p.relative_to(self._opts.out_dir)) for p in device.finish()]
+        self._say(f"removing {self._probes.functions} probes...")
         detach()
         manifest.write(self._out, complete=True)
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
         self._out.close()
-        return Result(self._opts.out_dir, manifest, lost, by_kind, writer.events, names, exit_code)
+        return Result(self._opts.out_dir, manifest, by_kind, writer.events, names, exit_code)
 
     def _write_aggregate(self, writer: CaptureWriter, bpf) -> None:
         from .decode import aggregate_frame

@@ -13,17 +13,17 @@ from .. import schema
 from ..errors import PastaError
 from . import checks, discovery, manifest as mf
 from .late_load import OpenedLibrary, discover_text
-from .options import DEFAULT_STACK_PAGES, NAMES_PAGES, Options
+from .options import DEFAULT_STACK_PAGES, Options, names_pages
 
 
 def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
-                 stack_pages: int = DEFAULT_STACK_PAGES) -> str:
+                 stack_pages: int = DEFAULT_STACK_PAGES, aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX) -> str:
     """The C text of the probes and discover programs, as loaded."""
     from ..probes import program
 
     return program.build_bpf_text(
-        ring_pages=buffer_pages, names_pages=NAMES_PAGES, aggregate=aggregate, filter_pids=filter_pids,
-        stack_depth=stack_depth, stack_pages=stack_pages,
+        ring_pages=buffer_pages, names_pages=names_pages(buffer_pages), aggregate=aggregate,
+        aggregate_max=aggregate_max, filter_pids=filter_pids, stack_depth=stack_depth, stack_pages=stack_pages,
     ) + discover_text(filter_pids=filter_pids)
 
 
@@ -31,7 +31,8 @@ def load_program(opts: Options):
     """Compile and load the probes and discover programs (a bcc.BPF)."""
     bcc = checks.import_bcc()
     text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
-                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages)
+                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
+                        aggregate_max=opts.aggregate_max)
     try:
         return bcc.BPF(text=text)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception

@@ -22,11 +22,11 @@ from .bpf_maps import read_aggregate, read_lost
 from .drain import DrainLoop
 from .finish import Finisher
 from .late_load import LateLoadWatcher
-from .launch import HeldCommand
+from .launch import HeldCommand, check_command
 from .options import CAPTURE_FILES, Options, Result
 from .probe_set import ProbeSet, load_program
 from .stack_collector import StackCollector
-from .targets import check_pids, launch_candidates
+from .targets import check_pids, check_readable, launch_candidates
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
@@ -50,18 +50,25 @@ class Session:
         self._stacks: StackCollector | None = None
 
     def check(self) -> None:
-        """Everything that can refuse the capture before anything is loaded."""
+        """Everything that can refuse the capture before anything is loaded:
+        what to trace first (a wrong PID or command is the likelier mistake),
+        then what the machine and our privileges allow."""
+        if self.opts.mode == "pid":
+            check_pids(self.opts.pids)
+        elif self.opts.mode == "launch":
+            check_command(self.opts.command, dict(os.environ))
         checks.import_bcc()
         checks.check_kernel()
         checks.check_privileges()
         if self.opts.mode == "pid":
-            check_pids(self.opts.pids)
+            check_readable(self.opts.pids)
 
     def setup(self, env: dict[str, str] | None = None) -> HeldCommand | None:
         """Load the BPF program and attach to the libraries of the chosen
         processes (call check() first).  In launch mode, returns the command,
         started and held before exec (release() it once ready)."""
         opts = self.opts
+        self.say("compiling the BPF program...")
         self.bpf = load_program(opts)
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
@@ -75,20 +82,25 @@ class Session:
             held = HeldCommand(opts.command, env)
             self._tracker.launched(held.pid)
             try:
-                for lib in launch_candidates(env):
+                candidates = launch_candidates(env)
+                self.say(f"attaching probes to {_libraries(len(candidates))} the command can load...")
+                for lib in candidates:
                     self._probes.attach(lib)
             except BaseException:
                 held.abandon()
                 raise
-            waiting = "" if self._probes.attached else " (no libcuda/libamdhip64 found yet: attaching when it loads one)"
-            self._banner(f"command {' '.join(opts.command)} (PID {held.pid}){waiting}")
+            # it has loaded none of them yet: count what is ready, not what it uses
+            ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
+                     if self._probes.attached else "no libcuda/libamdhip64 found yet: attaching when it loads one")
+            self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
+        who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"
+        self.say(f"attaching probes to the libraries of {who}...")
         if opts.mode == "pid":
             self._tracker.start_pids()
-            self._banner("PID " + ",".join(map(str, opts.pids)))
         else:
             self._tracker.start_system()
-            self._banner("every process")
+        self._banner(f"{self._probes.functions} functions in {_libraries(len(self._probes.attached))} of {who}")
         return None
 
     # the discover program's callbacks go to the tracker, which exists only after setup()
@@ -108,10 +120,9 @@ class Session:
         self._probes.notes.append(msg)
         self.say(f"warning: {msg}")
 
-    def _banner(self, who: str) -> None:
-        what = "aggregating" if self.opts.aggregate else "Tracing"
-        self.say(f"{what} {self._probes.functions} functions in {len(self._probes.attached)} libraries of {who}... "
-                 "Ctrl-C to end.")
+    def _banner(self, what: str) -> None:
+        verb = "Aggregating" if self.opts.aggregate else "Tracing"
+        self.say(f"{verb} {what}... Ctrl-C to end.")
 
     # ------------------------------------------------------------------ live views (top)
 
@@ -123,7 +134,8 @@ class Session:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
         return read_aggregate(self.bpf)
 
-    def lost(self) -> tuple[int, int, int]:
+    def lost(self) -> dict[str, int]:
+        """Every BPF loss counter so far, by name (schema.LOSSES)."""
         return read_lost(self.bpf)
 
     # ------------------------------------------------------------------ a whole capture
@@ -153,7 +165,8 @@ class Session:
             api_names = [a.symbol for a in catalog.APIS]
             writer = CaptureWriter(out, api_names)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
-                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages)
+                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
+                                   aggregate_max=opts.aggregate_max if opts.aggregate else None)
             manifest.libraries = self._probes.entries()
             manifest.pids = sorted(self._tracker.traced_pids)
             manifest.write(out, complete=False)
@@ -164,7 +177,8 @@ class Session:
                                     on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status,
                                     stacks=self._stacks)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
-            finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks)
+            finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
+                                say=self.say, known_full=lambda: self._watcher.known_full)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped
@@ -213,3 +227,7 @@ class Session:
             self._drain.close()
         if self._probes is not None:
             self._probes.detach()
+
+
+def _libraries(n: int) -> str:
+    return f"{n} {'library' if n == 1 else 'libraries'}"

@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import PastaError
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
 from .stack_collector import StackCollector
 from .processes import ProcessTable
-from .targets import alive
+from .targets import alive, unreadable
 
 RESCAN_INTERVAL_S = 1.0
 
@@ -63,8 +62,8 @@ class ProcessTracker:
     def _attach_pid(self, pid: int) -> None:
         try:
             found = discovery.scan_pid(pid)
-        except OSError:
-            raise PastaError(f"no such process: {pid}") from None
+        except OSError as e:  # gone since check_pids, or not ours to read: say which
+            raise unreadable(pid, e) from None
         self.processes.add(pid)
         self._python(pid)
         for lib in found.traced:

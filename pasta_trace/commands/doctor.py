@@ -7,6 +7,7 @@ import glob
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +45,8 @@ def _kernel_checks() -> list[Check]:
         Check(True, f"kernel {platform.release()} ({platform.machine()})"),
         Check(k.bpf_syscall, "bpf() system call", "a kernel with CONFIG_BPF_SYSCALL=y"),
         Check(k.uprobes, "uprobes (uprobe PMU or uprobe_events)", "a kernel with CONFIG_UPROBE_EVENTS=y"),
-        Check(k.btf, "kernel BTF (/sys/kernel/btf/vmlinux)", "a kernel with CONFIG_DEBUG_INFO_BTF=y (optional)"),
+        Check(k.btf, "kernel BTF (/sys/kernel/btf/vmlinux): the probes' task storage and struct offsets",
+              "a kernel with CONFIG_DEBUG_INFO_BTF=y"),
         # pasta-trace uses raw tracepoints only, so tracefs is informational
         Check(True, "tracefs " + ("mounted" if tracefs else "not mounted (not needed: raw tracepoints only)")),
     ]
@@ -58,7 +60,7 @@ def _privilege_check() -> Check:
     if not missing:
         return Check(True, f"privileges ({who}): CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)")
     return Check(False, f"privileges ({who}): missing {' and '.join(missing)}",
-                 "run pasta-trace with sudo (or grant CAP_BPF,CAP_PERFMON)")
+                 f"run it as root: `{checks.rerun_as_root()}` (or grant CAP_BPF,CAP_PERFMON)")
 
 
 def _bcc_checks() -> tuple[list[Check], object]:
@@ -161,5 +163,10 @@ def run(args: argparse.Namespace) -> int:
     for c in results:
         print(c.line())
     problems = [c for c in results if not c.ok]
-    print(f"\n{len(problems)} problem(s)" if problems else "\nall good: `sudo pasta-trace -p PID` will work")
+    if problems:
+        print(f"\n{len(problems)} problem(s)")
+    else:
+        from ..capture.checks import rerun_as_root
+
+        print(f"\nall good: `{rerun_as_root([sys.argv[0], '-p', 'PID'])}` will work")
     return 0 if not problems else 1

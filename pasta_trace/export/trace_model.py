@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .. import merge
+from ..hexfmt import hex_series
 from ..read import Capture
 from ..tools.memory import memory_timeline
 
@@ -63,21 +64,13 @@ class TraceModel:
     stacks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"pid": pl.UInt32, "stack_id": pl.UInt64, "depth": pl.UInt16, "function": pl.String,
                 "file": pl.String, "line": pl.UInt32}))
+    #: rank, local_rank, world_size of the distributed job the traced processes
+    #: belong to, where one rank made every call (empty: unknown or several ranks)
+    distributed: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_events(self) -> int:
         return self.api.height + self.kernels.height + self.memops.height + self.memory.height
-
-
-def hex_labels(s: pl.Series, prefix: str) -> pl.Series:
-    """`prefix` + lower-case hex of each value; formatted once per distinct value
-    (handles repeat: a few streams serve millions of launches)."""
-    uniq = s.unique().drop_nulls()
-    table = pl.DataFrame(
-        {"v": uniq, "h": [prefix + format(int(v), "x") for v in uniq.to_list()]},
-        schema={"v": s.dtype, "h": pl.String},
-    )
-    return s.to_frame("v").join(table, on="v", how="left", maintain_order="left")["h"]
 
 
 def _api_calls(cap: Capture) -> pl.DataFrame:
@@ -121,7 +114,7 @@ def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.Data
         .drop("_row")
     )
     has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
-    kernels = ex.with_columns(label=hex_labels(ex["stream"], "GPU stream 0x")).select(
+    kernels = ex.with_columns(label=hex_series(ex["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.lit("GPU stream (unknown)")),
         stream="stream",
@@ -157,7 +150,7 @@ def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:
         .sort("start", "pid")
         .collect()
     )
-    return ops.with_columns(label=hex_labels(ops["stream"], "GPU stream 0x")).select(
+    return ops.with_columns(label=hex_series(ops["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.format("GPU stream #{}", pl.col("stream_id"))),
         stream="stream",
@@ -199,6 +192,17 @@ def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
         .sort("pid")
         .collect()
     )
+
+
+def _distributed(cap: Capture, api: pl.DataFrame) -> dict[str, int]:
+    """The job coordinates shared by every process that made a call; a key is
+    left out where they differ or are unknown (a trace file stands for one rank
+    in trace-analysis tools, so a capture of several ranks names none)."""
+    cols = ("rank", "local_rank", "world_size")
+    callers = cap.processes.join(api.lazy().select("pid").unique(), on="pid", how="semi")
+    seen = callers.select(pl.col(c).drop_nulls().unique().implode() for c in cols).collect().row(0)
+    known = {c: v[0] for c, v in zip(cols, seen) if len(v) == 1}
+    return known if "rank" in known else {}
 
 
 def _threads(cap: Capture) -> pl.DataFrame:
@@ -245,4 +249,5 @@ def build(cap: Capture) -> TraceModel:
         memops=memops,
         memory=_memory(cap),
         stacks=cap.stacks.select("pid", "stack_id", "depth", "function", "file", "line").collect(),
+        distributed=_distributed(cap, api),
     )

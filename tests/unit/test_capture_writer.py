@@ -13,6 +13,7 @@ from pasta_trace import schema
 from pasta_trace.capture import manifest as mf
 from pasta_trace.capture.decode import events_frame, names_frame
 from pasta_trace.capture.discovery import family_of
+from pasta_trace.capture.options import CAPTURE_FILES
 from pasta_trace.capture.processes import container_id
 from pasta_trace.capture.writer import CaptureWriter
 from pasta_trace.read import open_capture
@@ -137,7 +138,8 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     first = json.loads((tmp_path / "manifest.json").read_text())
     assert first["complete"] is False and first["counts"] == {}
     m.end = mf.ClockSample.now()
-    m.counts = mf.counts(events=5, names=2, lost=(3, 1, 0), by_kind={"launch": 5})
+    m.counts = mf.counts(events=5, names=2, lost={"lost_events": 3, "lost_names": 1, "lost_inflight": 0},
+                         by_kind={"launch": 5})
     m.libraries = [mf.LibraryEntry("/usr/lib/libcuda.so.1", "/proc/1/root/usr/lib/libcuda.so.1", 1, 2, "ab",
                                    "cuda", ["cuLaunchKernel"], ["cuLaunchKernelEx"], {"cuLaunchKernel": 10})]
     m.write(out, complete=True)
@@ -192,7 +194,8 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     proc = tmp_path / "proc"  # empty: every process is already gone
     proc.mkdir()
     table = ProcessTable()
-    table.add_minimal(4242, "sh")  # seen at fork, before it joined the cgroup
+    gone = 4194305  # above the kernel's largest pid_max: never a live process
+    table.add_minimal(gone, "sh")  # seen at fork, before it joined the cgroup
     assert cgroup_path(scope.stat().st_ino, root) == f"/system.slice/docker-{'ab' * 32}.scope"
     assert cgroup_path(root.stat().st_ino, root) == "/"
     assert cgroup_path(1, root) is None
@@ -200,10 +203,10 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     mountinfo.write_text("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
                          "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
     assert cgroup2_root(mountinfo) == Path("/sys/fs/cgroup/unified")  # hybrid v1/v2 layout
-    table.refresh(4242, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
+    table.refresh(gone, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
-        4242, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
+        gone, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
 
 
 def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kernel_reported(tmp_path):
@@ -224,3 +227,17 @@ def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kerne
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
         gone, "cuda_workload", f"/docker-{'cd' * 32}.scope", "cd" * 32)
+
+
+def test_force_removes_an_earlier_captures_device_files(tmp_path):
+    """`record --force` on an earlier capture: its device/ files (which the
+    merge and report would read as this capture's) go with the rest of it;
+    files that are not a capture's stay."""
+    old = tmp_path / "cap"
+    (old / "device").mkdir(parents=True)
+    for name in ("manifest.json", "events-00000.parquet", "names.parquet", "stacks.parquet", "aggregate.parquet",
+                 "device/gpu_probes.4242.cupti.bin", "device/launches.parquet", "my-notes.txt"):
+        (old / name).write_bytes(b"old")
+    out = OutputDir.claim(old, force=True, clean=CAPTURE_FILES)
+    out.close()
+    assert sorted(p.name for p in old.iterdir()) == ["my-notes.txt"]
