@@ -17,10 +17,11 @@
  *   PT_OWN_COMM: other tracers, doctor, --dry-run) are never stopped.
  * - fork: a child of a traced process joins pid_filter in its own context, at
  *   its first return to user space, before it can run any code of its own.
- * - exec and exit of traced processes are reported for processes.parquet.
+ * - exec and exit of traced processes are reported for processes.parquet; an
+ *   exec also forgets the process's Python interpreter (pystack.h, with stacks).
  *
  * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
- * table sizes, the offsets and the struct layouts are prepended by late_load.py.
+ * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py.
  */
 
 #include <uapi/linux/ptrace.h>
@@ -41,7 +42,7 @@ struct pt_open_args {
     u64 flags;
 };
 
-BPF_RINGBUF_OUTPUT(discover_events, 16);
+BPF_RINGBUF_OUTPUT(discover_events, PT_DISCOVER_PAGES);
 BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
 BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
 BPF_HASH(open_args, u32, struct pt_open_args, 16384);
@@ -266,8 +267,15 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!pt_traced(id >> 32))
+    u32 tgid = id >> 32;
+    if (!pt_traced(tgid))
         return 0;
+#ifdef PT_PYSTACKS
+    /* the old image's interpreter addresses mean nothing now: until user space
+     * looks at the new one, its events count as not registered (pystack.h) */
+    py_procs.delete(&tgid);
+    py_unregistered.delete(&tgid);
+#endif
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
     return 0;
 }

@@ -445,7 +445,7 @@ STACK_FLAG_TRUNCATED = 1 << 0  # the thread had more frames than --stack-depth
 PY_STATS = {
     "lost_stacks": 0,  # a new stack found the stacks ring full: its events carry no stack_id
     "unreadable_stacks": 1,  # a Python thread whose frames could not be read (fault, freed memory)
-    "no_python_thread": 2,  # events of a Python process from a thread without a PyThreadState (not a loss)
+    "no_python_thread": 2,  # events of a Python process from a thread running no Python code (not a loss)
     "truncated_stacks": 3,  # events whose stack was cut at --stack-depth
 }
 

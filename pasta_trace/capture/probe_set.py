@@ -157,7 +157,9 @@ class ProbeSet:
 
 def close_in_background(fds: list[int]) -> None:
     """Close ``fds`` in a detached process (double fork: no zombie, no
-    terminal), then drop this process's copies."""
+    terminal), after this process has dropped its own copies: the last close
+    of a probe is the one that waits for the kernel, and it must not be ours."""
+    done_r, done_w = os.pipe()
     child = os.fork()
     if child == 0:
         try:
@@ -166,7 +168,7 @@ def close_in_background(fds: list[int]) -> None:
                 # keep only the uprobes: an inherited copy of anything else (the
                 # discover tracepoints, the rings, the maps) would stay attached
                 # for as long as the removal takes
-                keep = set(fds)
+                keep = {*fds, done_r}
                 for name in os.listdir("/proc/self/fd"):
                     if int(name) not in keep and int(name) > 2:
                         try:
@@ -176,10 +178,14 @@ def close_in_background(fds: list[int]) -> None:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for std in (0, 1, 2):
                     os.dup2(devnull, std)
+                while os.read(done_r, 1):  # end of file: the tracer's copies are closed
+                    pass
                 with ThreadPoolExecutor(max_workers=16) as pool:
                     list(pool.map(os.close, fds))
         finally:
             os._exit(0)
+    os.close(done_r)
     os.waitpid(child, 0)
     for fd in fds:
         os.close(fd)
+    os.close(done_w)
