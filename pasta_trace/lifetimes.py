@@ -66,26 +66,28 @@ def host_frees(events: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame) -> pl.LazyFrame:
+def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: tuple[str, ...] = ("pid", "base")) -> pl.LazyFrame:
     """`allocs` with free_ts_ns and free_api of the free that ended each
-    instance (null: not freed during the capture); computed when called."""
-    # Allocs and frees in one frame sorted by (pid, base, time), a free after
-    # an alloc of the same time: the first free at or after an alloc is then
-    # the next free row, and the next alloc of the address the next alloc
-    # row, both found by filling row numbers backwards (a join_asof(by=) over
+    instance (null: not freed during the capture); computed when called.  An
+    instance is keyed by `by` (tensors: pid, device and base)."""
+    keys = list(by)
+    # Allocs and frees in one frame sorted by (keys, time), a free after an
+    # alloc of the same time: the first free at or after an alloc is then the
+    # next free row, and the next alloc of the address the next alloc row,
+    # both found by filling row numbers backwards (a join_asof(by=) over
     # hundreds of thousands of addresses costs microseconds an allocation).
     both = pl.concat([
         allocs.with_columns(pl.col("alloc_ts_ns").alias("_ts"), pl.lit(False).alias("_free")),
-        frees.select("pid", "base", pl.col("free_ts_ns").alias("_ts"), "free_api", pl.lit(True).alias("_free")),
-    ], how="diagonal_relaxed").sort(["pid", "base", "_ts", "_free"]).with_row_index("_i")
+        frees.select(*keys, pl.col("free_ts_ns").alias("_ts"), "free_api", pl.lit(True).alias("_free")),
+    ], how="diagonal_relaxed").sort([*keys, "_ts", "_free"]).with_row_index("_i")
     row = pl.col("_i").cast(pl.Int64)
     next_free = pl.when(pl.col("_free")).then(row).fill_null(strategy="backward")
     next_alloc = pl.when(~pl.col("_free")).then(row).shift(-1).fill_null(strategy="backward")
 
     def at(i: pl.Expr, col: str) -> pl.Expr:
-        """`col` of row i where it has this row's (pid, base); null otherwise."""
+        """`col` of row i where it has this row's keys; null otherwise."""
         j = i.fill_null(0)
-        same = i.is_not_null() & (pl.col("pid").gather(j) == pl.col("pid")) & (pl.col("base").gather(j) == pl.col("base"))
+        same = pl.all_horizontal(i.is_not_null(), *(pl.col(k).gather(j) == pl.col(k) for k in keys))
         return pl.when(same).then(pl.col(col).gather(j))
 
     paired = both.with_columns(

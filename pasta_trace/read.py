@@ -70,9 +70,16 @@ class Capture:
         return bool(self.manifest.get("complete"))
 
     @property
+    def losses(self) -> dict[str, int]:
+        """Each loss counter of the manifest that counted (schema.LOSSES), by name."""
+        c = self.manifest.get("counts")
+        c = c if isinstance(c, dict) else {}
+        return {loss.name: n for loss in schema.LOSSES if (n := loss.count_in(c))}
+
+    @property
     def lost_events(self) -> int:
-        c = self.manifest.get("counts") or {}
-        return int(c.get("lost_events") or 0) + int(c.get("lost_names") or 0)
+        """Everything the capture lost, every kind of loss together."""
+        return sum(self.losses.values())
 
     @property
     def has_device_data(self) -> bool:

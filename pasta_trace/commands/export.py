@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import merge
+from .. import merge, schema
 from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
@@ -54,6 +54,7 @@ OPEN_HINT = {"perfetto": "open it at https://ui.perfetto.dev (Open trace file)",
 
 
 def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
+    from ..export import csv
     from ..reporters import Results
     from ..reporters.csv_dir import CsvReporter
     from ..tools.run import run_tools
@@ -62,9 +63,7 @@ def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
     CsvReporter().render(results, out)
     out.hand_over(invoking_user())
     out.close()
-    empty = [r.tool.name for r in results.tools if r.note]
-    notes = [f"note: {', '.join(empty)}: header only (they need device data)"] if empty else []
-    return f"events.csv and {len(results.tools)} tool tables", notes
+    return f"events.csv and {len(results.tools)} tool tables", csv.notes(results.tools)
 
 
 def _trace(cap: Capture, out: OutputFile, fmt: str) -> tuple[str, list[str]]:
@@ -96,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     for line in hints:
         print(line, file=sys.stderr)
-    if cap.lost_events:
-        print(f"pasta-trace: warning: INCOMPLETE: {cap.lost_events} events were lost during capture",
+    if cap.losses:
+        print(f"pasta-trace: warning: INCOMPLETE: {schema.loss_text(cap.losses)} were lost during capture",
               file=sys.stderr)
     left_out(cap)
     return 0

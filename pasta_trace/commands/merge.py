@@ -44,14 +44,19 @@ def _rows(cap) -> int:
 
 
 def _inputs(src: Path, device_files: list[Path], out):
+    """The capture with the device frames of `device_files` added to its own
+    (DIR/device/); a file that is one of DIR's own is read once."""
     try:
         cap = open_capture(src)
-        if device_files:
-            missing = [str(f) for f in device_files if not f.is_file()]
-            if missing:
-                raise FormatError(f"{missing[0]}: no such device record file")
-            frames, problems = read_device(list(device_files))
-            cap.device.update(frames)
+        missing = [str(f) for f in device_files if not f.is_file()]
+        if missing:
+            raise FormatError(f"{missing[0]}: no such device record file")
+        own = list((src / "device").glob("*.bin"))
+        extra = [f for f in dict.fromkeys(device_files) if not any(f.samefile(o) for o in own)]
+        if extra:
+            frames, problems = read_device(extra)
+            for name, frame in frames.items():
+                cap.device[name] = pl.concat([cap.device[name], frame], how="vertical_relaxed")
             cap.problems.extend(problems)
     except BaseException:
         out.discard()
@@ -73,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"pasta-trace: warning: {problem}", file=sys.stderr)
     for line in stats.lines():
         print(line, file=sys.stderr)
+    if cap.aggregate is not None:
+        counted = cap.aggregate.filter(pl.col("kind") == "launch").select(pl.col("count").sum()).collect().item()
+        print(f"note: an --aggregate capture: {counted or 0:,} launches counted per kernel and shape, no single "
+              "launch to match with device data; the counts are carried into the timeline", file=sys.stderr)
     print(f"Wrote {args.output}", file=sys.stderr)
     print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
     left_out(cap)  # the timeline holds the rest; its problems say what is missing

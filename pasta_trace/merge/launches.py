@@ -15,12 +15,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from .. import schema
 from ..read import Capture
 
 
 def launch_events(cap: Capture) -> pl.LazyFrame:
-    """The capture's launch events, `_row` numbering them in scan order."""
-    return cap.events.filter(pl.col("kind") == "launch").with_row_index("_row")
+    """The capture's launch events, `_row` numbering them in scan order;
+    without the columns only tensor events carry (their `device` is not the
+    GPU index the device data calls `device`)."""
+    return cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values()).with_row_index("_row")
 
 
 def launch_order(cap: Capture) -> pl.DataFrame:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +27,7 @@ from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
-from .stats import MergeStats, from_frames
+from .stats import MergeStats, from_frames, saved_stats
 
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
@@ -50,8 +49,8 @@ def load(path: str | Path) -> Capture:
         return open_capture(p)
     meta = read_json(p / MARKER, schema.TIMELINE_SHAPE, schema.TIMELINE_FORMAT_VERSION, "timeline header")
     saved = meta.get("merge_stats")
-    if saved is not None and (set(saved) != {f.name for f in fields(MergeStats)}
-                              or not all(type(v) is int for v in saved.values())):
+    # a newer minor version may save more counts, an older one fewer (saved_stats): every one is a count
+    if saved is not None and not all(type(v) is int and v >= 0 for v in saved.values()):
         raise FormatError(f"{p / MARKER}: not a pasta-trace timeline header (merge_stats: not the merge's counts)")
     scan = Scanner()
     one = lambda n, sch: scan.one(p / f"{n}.parquet", sch)  # noqa: E731
@@ -59,7 +58,9 @@ def load(path: str | Path) -> Capture:
     if os.path.isdir(p / "device"):
         device.update(scan.device(p / "device"))
     manifest = dict(meta.get("capture_manifest") or {})
-    manifest["merge_stats"] = saved
+    manifest["merge_stats"], notes = saved_stats(saved)
+    if notes:
+        manifest["notes"] = [*(manifest.get("notes") or []), *notes]
     cap = Capture(
         path=p,
         manifest=manifest,

@@ -132,7 +132,7 @@ def test_timeline_header_that_is_damaged(tmp_path: Path, capsys) -> None:
     good = json.loads(marker.read_text())
     for doc, why in (
         ({**good, "merge_stats": {**good["merge_stats"], "pages": "9"}}, "merge_stats: not the merge's counts"),
-        ({**good, "merge_stats": {"pages": 9}}, "merge_stats: not the merge's counts"),
+        ({**good, "merge_stats": {**good["merge_stats"], "pages": -9}}, "merge_stats: not the merge's counts"),
         ({**good, "problems": "none"}, "problems is a string, expected an array"),
         ({**good, "capture_manifest": {"counts": {"lost_events": "0"}}},
          "capture_manifest.counts.lost_events is a string, expected an integer"),

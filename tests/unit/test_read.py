@@ -179,8 +179,7 @@ def test_random_bytes_as_parquet(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name,column,to,want", [
     ("events-00000.parquet", "ts_ns", pl.String, "Int64"),
     ("events-00000.parquet", "pid", pl.Int64, "UInt32"),
-    ("events-00000.parquet", "kind", pl.String, "Enum(categories=['launch', 'alloc', 'free', 'memcpy', 'memset', 'sync', "
-                                                 "'graph', 'module', 'other'])"),
+    ("events-00000.parquet", "kind", pl.String, f"Enum(categories={schema.KIND_NAMES})"),
     ("names.parquet", "handle", pl.Float64, "UInt64"),
     ("device/page_hist.parquet", "count", pl.Int32, "UInt64"),
 ])
@@ -239,7 +238,8 @@ def test_what_the_writers_write_fits_the_shape_readers_check(tmp_path: Path) -> 
     from pasta_trace.json_doc import shape_problem
 
     m = Manifest(command_line=["pasta-trace", "-a"], mode="system", start=ClockSample.now(), end=ClockSample.now(),
-                 pids=[1, 2], counts=counts(events=3, names=1, lost=(0, 0, 0), by_kind={"launch": 3}))
+                 pids=[1, 2], counts=counts(events=3, names=1, lost={loss.name: 0 for loss in schema.LOSSES},
+                                            by_kind={"launch": 3}))
     for complete in (False, True):
         assert shape_problem(json.loads(json.dumps(m.to_json(complete))), schema.MANIFEST_SHAPE, "it") is None
     synthetic.write_capture(tmp_path / "s", synthetic.Spec(pids=1, launches=4, allocations=2, accesses=4))
