@@ -11,6 +11,7 @@ import polars as pl
 
 from .. import schema
 from ..errors import PastaError
+from ..probes import uprobe_link
 from . import checks, discovery, manifest as mf
 from .late_load import OpenedLibrary, discover_text
 from .options import DEFAULT_STACK_PAGES, Options, names_pages
@@ -132,7 +133,8 @@ class ProbeSet:
         """Remove the probes without making the user wait for the kernel.
 
         Closing a uprobe's perf event waits for RCU grace periods: 0.1-0.25 s
-        per probe on our kernels, a minute for a few hundred probes.  A
+        per probe on our kernels, a minute for a few hundred probes (a
+        uprobe_multi link, used where the kernel has them, about 20x less).  A
         detached grandchild inherits the descriptors and closes them; our own
         copies then close at once.
 
@@ -146,7 +148,7 @@ class ProbeSet:
         list first.  Removing is cleanup: a failure is a warning in the
         manifest's notes (shown by the summary), never a failed capture."""
         try:
-            fds = list(self.bpf.uprobe_fds.values())
+            fds = [*self.bpf.uprobe_fds.values(), *uprobe_link.take(self.bpf)]
             self.bpf.uprobe_fds.clear()
             if fds:
                 close_in_background(fds)

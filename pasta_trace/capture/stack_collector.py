@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..probes import uprobe_link
 from ..stacks import interpreter
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
@@ -55,11 +56,9 @@ class StackCollector:
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
-        from bcc import BPF  # noqa: PLC0415 - only reached with a loaded program
-
         from ..probes.program import STACK_PROGRAM
 
-        fn = self.bpf.load_func(STACK_PROGRAM.encode(), BPF.KPROBE)
+        fn = uprobe_link.load(self.bpf, STACK_PROGRAM)  # the handlers' attach type: they tail-call it
         self.bpf["pt_stack_tail"][ctypes.c_int(0)] = ctypes.c_int(fn.fd)
 
     # ------------------------------------------------------------------ processes

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from elftools.common.exceptions import ELFError
 
-from pasta_trace.probes import catalog, elf, placement, program
+from pasta_trace.probes import catalog, elf, placement, program, uprobe_link
 
 
 @dataclass
@@ -54,12 +55,20 @@ def attach_library(
         entry_fn, return_fn = program.handler_names(api)
         try:
             offset = 0 if at_symbol else placement.choose_probe_offset(path, sym).offset
-            addr = sym.vaddr + offset
-            bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=entry_fn.encode(), pid=-1)
-            result.probes += 1
-            if return_fn:
-                bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=return_fn.encode(), pid=-1)
+            if uprobe_link.available():
+                at = sym.file_offset + offset
+                uprobe_link.attach(bpf, entry_fn, path, at)
                 result.probes += 1
+                if return_fn:
+                    uprobe_link.attach(bpf, return_fn, path, at, retprobe=True)
+                    result.probes += 1
+            else:
+                addr = sym.vaddr + offset
+                bpf.attach_uprobe(name=path.encode(), addr=addr, fn_name=entry_fn.encode(), pid=-1)
+                result.probes += 1
+                if return_fn:
+                    bpf.attach_uretprobe(name=path.encode(), addr=addr, fn_name=return_fn.encode(), pid=-1)
+                    result.probes += 1
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
             result.errors.append(f"{api.symbol}: {e}")
             continue
@@ -85,12 +94,14 @@ def describe_missing(result: AttachResult, version: str | None) -> str:
 
 
 def detach_all(bpf) -> None:
-    """Close every uprobe of ``bpf`` through its perf-event fd.  BCC's own
+    """Close every uprobe of ``bpf``: its uprobe_multi links, and its perf-event fds.  BCC's own
     cleanup also edits tracefs's ``uprobe_events``, which fails (and raises)
     where tracefs is not mounted, although the probes were created through
     perf_event_open and closing the fd removes them."""
     from bcc import lib  # local: importing bcc needs the system package
 
+    for fd in uprobe_link.take(bpf):
+        os.close(fd)
     for ev_name, fd in list(bpf.uprobe_fds.items()):
         lib.bpf_close_perf_event_fd(fd)
         bpf._del_uprobe_fd(ev_name)  # keeps BCC's open-probe count right
