@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 1)
+CAPTURE_FORMAT_VERSION = (1, 2)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -208,6 +208,19 @@ class NameSource(enum.IntEnum):
 
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]
+
+
+class Layer(enum.IntEnum):
+    """Where a call was seen (the `layer` column, format 1.2): a layer calls
+    the ones below it.  Each probed API has one (probes.catalog)."""
+
+    driver = 0  # libcuda.so.1
+    runtime = 1  # libcudart (shared or linked into the executable), libamdhip64
+    framework = 2  # libraries above the runtime (PyTorch's libc10)
+    nccl = 3  # collective libraries (libnccl)
+
+
+LAYER_NAMES = [k.name for k in Layer]
 
 #: Event `flags` bits.
 FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
@@ -803,6 +816,7 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "copy_kind": pl.Enum(COPY_KIND_NAMES),
     "aux": pl.UInt32,
     "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
+    "layer": pl.Enum(LAYER_NAMES),  # null: an API this reader does not know
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.

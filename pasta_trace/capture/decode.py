@@ -38,6 +38,15 @@ def api_table(api_names: Sequence[str], needed: int) -> list[str]:
     return names + [f"api#{i}" for i in range(len(names), needed)]
 
 
+def layer_table(api_names: Sequence[str]) -> list[str | None]:
+    """The layer of each API name (schema.LAYER_NAMES), None for names the
+    catalog lacks."""
+    from ..probes.catalog import APIS
+
+    layers = {a.symbol: a.layer.name for a in APIS}
+    return [layers.get(n) for n in api_names]
+
+
 def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: str) -> pl.Series:
     idx = pl.Series(values.astype(np.uint32, copy=False))
     return pl.Series(name, table, dtype=dtype).gather(idx)
@@ -90,6 +99,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
     raw = pl.DataFrame(cols).with_columns(
         _comm(comm),
         _lookup(api, table, pl.Categorical, "api"),
+        _lookup(api, layer_table(table), schema.EVENTS_SCHEMA["layer"], "layer"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
         _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
     )
@@ -112,6 +122,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         **{c: pl.when(has(bit)).then(pl.col(c)) for c, bit in _PAYLOAD_COLUMNS.items()},
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
+        "layer": pl.col("layer"),
     }
     return raw.select(
         [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]

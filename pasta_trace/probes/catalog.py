@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pasta_trace.schema import CopyKind, Kind, NameSource
+from pasta_trace.schema import CopyKind, Kind, Layer, NameSource
 
 #: ``arg`` of the struct-decoding copy shapes when the direction comes from the
 #: struct's memory types rather than from the API name.
@@ -90,6 +90,10 @@ SHAPES: dict[str, str] = {
     "get_proc_address": "cuda",
 }
 
+#: The layer each family's calls are seen at (the `layer` column).  HIP's
+#: library is the HIP runtime: there is no separate driver library below it.
+FAMILY_LAYER: dict[str, Layer] = {"cuda": Layer.driver, "hip": Layer.runtime}
+
 
 @dataclass(frozen=True)
 class Api:
@@ -104,6 +108,10 @@ class Api:
     @property
     def macro(self) -> str:
         return "PT_H_" + self.shape.upper()
+
+    @property
+    def layer(self) -> Layer:
+        return FAMILY_LAYER[self.family]
 
 
 def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0) -> Api:

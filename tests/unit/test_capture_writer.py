@@ -59,6 +59,14 @@ def test_events_frame_has_the_schema_and_nulls_where_unset():
     assert (alloc["api"], alloc["kind"], alloc["ptr"], alloc["size"], alloc["ret"], alloc["dur_ns"]) == (
         "cuMemAlloc_v2", "alloc", 0x7000, 4096, 0, 1500)
     assert alloc["func"] is None and alloc["grid_x"] is None
+    assert (launch["layer"], alloc["layer"]) == ("driver", "driver")
+
+
+def test_layer_follows_the_library_family_and_is_null_for_unknown_apis():
+    recs = np.concatenate([_event(i, schema.Kind.other, ts_ns=i) for i in range(3)])
+    df = events_frame(recs, ["cuLaunchKernel", "hipMalloc"])
+    assert df.select(pl.col("api").cast(pl.String), pl.col("layer").cast(pl.String)).rows() == [
+        ("cuLaunchKernel", "driver"), ("hipMalloc", "runtime"), ("api#2", None)]
 
 
 def test_unknown_api_id_and_kind_decode_without_failing():

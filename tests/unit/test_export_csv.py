@@ -41,8 +41,9 @@ def test_events_csv(tmp_path: Path) -> None:
     cols.insert(cols.index("func") + 1, "kernel")
     assert lines[0] == ",".join(cols)
     assert len(lines) == 1 + 10
-    # ts, dur, pid, tid, comm, api, kind, ret, stream, func, kernel, grid, block, shmem, ptr, size, ..., aux, stack_id
-    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096,,,,,"
+    # ts, dur, pid, tid, comm, api, kind, ret, stream, func, kernel, grid, block, shmem, ptr, size, ..., aux,
+    # stack_id, layer (null: this file was written without it)
+    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096,,,,,,"
     events = pl.read_csv(out / "events.csv", infer_schema=False)
     assert events.filter(pl.col("kind") != "alloc").select("api", "stream", "func", "kernel", "ptr", "dst", "src").rows() == [
         # in the capture's row order
