@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from .collectives import Sequencer
 
 _PAYLOAD_COLUMNS = {
     "stream": "stream",
@@ -83,8 +84,20 @@ def _strings(raw: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
     return pl.Series(name, text, dtype=dtype).gather(pl.Series(inverse.astype(np.uint32)))
 
 
-def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
-    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA."""
+def _nccl_exprs(has) -> dict[str, pl.Expr]:
+    """The NCCL kinds' named columns, read from their slots (schema.NCCL_SLOTS)."""
+    signed = {"root", "peer", "nranks", "rank"}
+    out = {}
+    for name, slot in schema.NCCL_SLOTS.items():
+        value = pl.col(f"_{name}") if name in ("datatype", "op") else pl.col(slot)
+        out[name] = pl.when(has(name)).then(value.reinterpret(signed=True) if name in signed else value)
+    return out
+
+
+def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequencer | None = None) -> pl.DataFrame:
+    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA.
+    ``sequencer`` numbers the collectives (`seq`) on from the batches before;
+    None: from 0 in this batch."""
     if recs.size == 0:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
@@ -102,6 +115,10 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         _lookup(api, layer_table(table), schema.EVENTS_SCHEMA["layer"], "layer"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
         _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
+        _lookup(np.minimum(cols["grid_x"], len(schema.NCCL_DATATYPE_NAMES) - 1), schema.NCCL_DATATYPE_NAMES,
+                schema.EVENTS_SCHEMA["datatype"], "_datatype"),
+        _lookup(np.minimum(cols["grid_y"], len(schema.NCCL_OP_NAMES) - 1), schema.NCCL_OP_NAMES,
+                schema.EVENTS_SCHEMA["op"], "_op"),
     )
 
     def has(bit_name: str) -> pl.Expr:
@@ -123,10 +140,11 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
         "layer": pl.col("layer"),
+        **_nccl_exprs(has),
+        "seq": pl.lit(None, pl.Int64),
     }
-    return raw.select(
-        [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]
-    )
+    frame = raw.select([exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()])
+    return (sequencer or Sequencer()).number(frame)
 
 
 def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:

@@ -1,4 +1,5 @@
-"""The events writer process: decodes ring records and writes events-NNNNN.parquet.
+"""The events writer process: decodes ring records and writes events-NNNNN.parquet
+(and communicators.parquet whenever an NCCL communicator is made or ended).
 
 It runs apart from the tracer (``python -m pasta_trace.capture.event_writer
 DIR_FD``, at lower priority) so that decoding and compressing never hold the GIL or the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 import sys
 from pathlib import Path
@@ -26,12 +28,14 @@ import polars as pl
 from .. import schema
 from ..safe_output import OutputDir
 from . import own_process
+from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
 from .ringbuf import padded_dtype
 
 HEADER = struct.Struct("<cQ")
 COMPRESSION = "lz4"
 NICE = 5
+COMMUNICATORS = "communicators.parquet"
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -64,16 +68,20 @@ def main(argv: list[str]) -> int:
     pending: list[np.ndarray] = []
     files: list[str] = []
     comms: dict[int, str] = {}
+    sequencer = Sequencer()
+    communicators = CommunicatorTable(socket.gethostname())
 
     def flush() -> None:
         if not pending:
             return
         recs = np.concatenate(pending)
         pending.clear()
-        data = events_frame(recs, api_names)
+        data = events_frame(recs, api_names, sequencer)
         name = f"events-{len(files):05d}.parquet"
         write_atomic(out, name, data)
         files.append(name)
+        if communicators.add(data):
+            write_atomic(out, COMMUNICATORS, communicators.rows)
         for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
             comms.setdefault(pid, comm)
 

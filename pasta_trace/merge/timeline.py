@@ -30,7 +30,7 @@ from .stats import MergeStats, from_frames
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
          "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
-         "stacks": schema.STACKS_SCHEMA}
+         "stacks": schema.STACKS_SCHEMA, "communicators": schema.COMMUNICATORS_SCHEMA}
 
 
 def is_timeline(path: str | Path) -> bool:
@@ -60,6 +60,7 @@ def load(path: str | Path) -> Capture:
         processes=scan_frames(one("processes"), schema.PROCESSES_SCHEMA),
         libraries=scan_frames(one("libraries"), schema.LIBRARIES_SCHEMA),
         stacks=scan_frames(one("stacks"), schema.STACKS_SCHEMA),
+        communicators=scan_frames(one("communicators"), schema.COMMUNICATORS_SCHEMA),
         aggregate=scan_frames(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
         device=device,
         problems=list(meta.get("problems", [])),
@@ -99,7 +100,7 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
 def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
     host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries,
-            "stacks": cap.stacks}
+            "stacks": cap.stacks, "communicators": cap.communicators}
     if cap.aggregate is not None:
         host["aggregate"] = cap.aggregate
     for name, lf in host.items():
