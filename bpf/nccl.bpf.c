@@ -10,7 +10,6 @@
  *   AllReduce, ReduceScatter (send, recv, count, dt, op, comm, [stream])
  *   Reduce                   (send, recv, count, dt, op, root, [comm, stream])
  *   Broadcast, Gather, Scatter (send, recv, count, dt, root, comm, [stream])
- *   Bcast                    (buff, count, dt, root, comm, stream)
  *   AllGather, AlltoAll      (send, recv, count, dt, comm, stream)
  *   Send, Recv               (buff, count, dt, peer, comm, stream)
  *   CommInitRank(Config)     (comm *out, nranks, ncclUniqueId id, rank[, config]):
@@ -76,10 +75,6 @@ static __always_inline void pt_nccl_coll(struct pt_event *e, struct pt_frame *in
 
 #define PT_H_NCCL_ROOT(name, id, kind, arg)                                     \
     PT_PAIR(name, id, kind, PT_P3, PT_P6, pt_stack_arg(ctx, 0), PT_NCCL_PACK(PT_P4, 0, PT_P5), \
-            pt_nccl_coll(E, &IN, PT_V_ROOT))
-
-#define PT_H_NCCL_BCAST(name, id, kind, arg)                                    \
-    PT_PAIR(name, id, kind, PT_P2, PT_P5, PT_P6, PT_NCCL_PACK(PT_P3, 0, PT_P4), \
             pt_nccl_coll(E, &IN, PT_V_ROOT))
 
 #define PT_H_NCCL_GATHER(name, id, kind, arg)                                   \

@@ -68,7 +68,7 @@ def calls(frame: pl.LazyFrame) -> pl.LazyFrame:
     """Events (schema.EVENTS_SCHEMA) or an --aggregate table
     (schema.AGGREGATE_SCHEMA) as CALLS_SCHEMA rows, so counts and byte sums
     read the same from both: sum `count`, never count rows."""
-    if "count" in frame.collect_schema().names():
+    if "ts_ns" not in frame.collect_schema().names():  # an --aggregate table (events have a `count` too: NCCL's)
         return frame.select([pl.col(k).cast(v) for k, v in CALLS_SCHEMA.items()])
     return frame.select(
         "pid", "api", "kind", "func", "ret", pl.lit(1, pl.UInt64).alias("count"), pl.col("size").alias("bytes"),

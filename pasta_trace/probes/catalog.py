@@ -42,7 +42,6 @@ RETURN_SHAPES = frozenset(
         "nccl_reduce_op",
         "nccl_reduce_root",
         "nccl_root",
-        "nccl_bcast",
         "nccl_gather",
         "nccl_p2p",
         "nccl_none",
@@ -104,7 +103,6 @@ SHAPES: dict[str, str] = {
     "nccl_reduce_op": "nccl",
     "nccl_reduce_root": "nccl",
     "nccl_root": "nccl",
-    "nccl_bcast": "nccl",
     "nccl_gather": "nccl",
     "nccl_p2p": "nccl",
     "nccl_none": "nccl",
@@ -306,7 +304,9 @@ def _nccl() -> list[Api]:
     """libnccl.so.2.  Each ncclX is a weak alias of pncclX at the same
     address: only ncclX is listed, so each is probed once.  Every call is
     paired with its return (the return code, and the time in the call).
-    Signatures: nccl.h; the argument layout of each shape is in bpf/nccl.bpf.c."""
+    Signatures: nccl.h; the argument layout of each shape is in bpf/nccl.bpf.c.
+    Not probed: the deprecated ncclBcast(buff, ...), a wrapper that calls
+    ncclBroadcast(buff, buff, ...): its calls are seen as that ncclBroadcast."""
     out: list[Api] = []
 
     def add(symbols, kind, shape, category):
@@ -316,7 +316,6 @@ def _nccl() -> list[Api]:
     add(["ncclAllReduce", "ncclReduceScatter"], C, "nccl_reduce_op", "collectives")
     add(["ncclReduce"], C, "nccl_reduce_root", "collectives")
     add(["ncclBroadcast", "ncclGather", "ncclScatter"], C, "nccl_root", "collectives")
-    add(["ncclBcast"], C, "nccl_bcast", "collectives")
     add(["ncclAllGather", "ncclAlltoAll"], C, "nccl_gather", "collectives")
     add(["ncclSend", "ncclRecv"], Kind.p2p, "nccl_p2p", "point to point")
     add(["ncclGroupStart", "ncclGroupEnd"], Kind.group, "nccl_none", "groups")
