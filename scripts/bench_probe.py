@@ -9,6 +9,9 @@ One run measures, on the same functions and interleaved rep by rep:
   (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
   probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
   uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* a -O0 stub ``ncclAllReduce`` (nccl.h's signature; the stream is its 7th
+  argument, read from the stack): untraced; an empty uprobe + uretprobe;
+  pasta-trace's collective probe (entry + return).  Target: <= 1.3x the empty pair;
 * NVIDIA's real ``libcuda.so.1`` (no GPU: calls return an error at once):
   untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
   pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
@@ -48,6 +51,15 @@ from pasta_trace.probes import attach, catalog, elf, program  # noqa: E402
 CUDA_INCLUDE = "/usr/local/cuda-13.0/include"
 TRACED_CPU, DRAIN_CPU = 0, 1
 
+NCCL_STUB_C = r"""
+/* ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream): nccl.h's layout */
+int ncclAllReduce(const void *sendbuff, void *recvbuff, unsigned long count, int datatype, int op, void *comm,
+                  void *stream)
+{
+    return comm ? 0 : 4;
+}
+"""
+
 STUB_C = r"""
 #include <cuda.h>
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -73,6 +85,7 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
+typedef int (*allreduce_t)(const void *, void *, unsigned long, int, int, void *, void *);
 static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 #define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
 #define STOP double c1 = clk(CLOCK_THREAD_CPUTIME_ID), w1 = clk(CLOCK_MONOTONIC); \
@@ -86,6 +99,11 @@ int main(int argc, char **argv)
         launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
         START;
         for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
+        STOP;
+    } else if (!strcmp(argv[2], "allreduce")) {
+        allreduce_t f = (allreduce_t)dlsym(h, "ncclAllReduce");
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x1000, (void *)0x2000, 1024, 7, 0, (void *)0x1234, (void *)0x99);
         STOP;
     } else {
         alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
@@ -101,21 +119,25 @@ int main(int argc, char **argv)
 #: Neither name matches libcuda.so* / libamdhip64.so*, so a pasta-trace -a
 #: running on the same machine does not discover (and probe) these copies.
 BENCH_STUB = "libbench_cuda_stub.so"
+BENCH_NCCL = "libbench_nccl_stub.so"
 BENCH_REAL = "libbench_nvidia_driver.so"
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
 
 
 
-def build(tmp: Path) -> tuple[Path, Path]:
+def build(tmp: Path) -> tuple[Path, Path, Path]:
     (tmp / "stub.c").write_text(STUB_C)
+    (tmp / "nccl_stub.c").write_text(NCCL_STUB_C)
     (tmp / "loop.c").write_text(LOOP_C)
-    stub = tmp / BENCH_STUB
+    stub, nccl = tmp / BENCH_STUB, tmp / BENCH_NCCL
     loop = tmp / "loop"
     subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
                     str(tmp / "stub.c"), "-o", str(stub)], check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", str(tmp / "nccl_stub.c"),
+                    "-o", str(nccl)], check=True)  # fmt: skip
     subprocess.run(["gcc", "-O2", str(tmp / "loop.c"), "-o", str(loop), "-ldl"], check=True)
-    return stub, loop
+    return stub, nccl, loop
 
 
 def real_libcuda() -> str | None:
@@ -165,10 +187,10 @@ def main() -> int:
     from bcc import BPF
 
     by = {x.symbol: x for x in catalog.APIS}
-    launch, alloc = by["cuLaunchKernel"], by["cuMemAlloc_v2"]
+    launch, alloc, allreduce = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["ncclAllReduce"]
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=pages, apis=(launch, alloc)).encode())
+    pasta = BPF(text=program.build_bpf_text(ring_pages=pages, apis=(launch, alloc, allreduce)).encode())
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool):
@@ -182,7 +204,7 @@ def main() -> int:
 
     def pasta_probe(lib: str, api: catalog.Api, placements: dict):
         def attach_it() -> None:
-            res = attach.attach_library(pasta, lib, "cuda", (api,))
+            res = attach.attach_library(pasta, lib, api.family, (api,))
             if res.errors or res.attached != [api.symbol]:
                 raise SystemExit(f"attach failed: {res.errors or res.missing}")
             placements[(lib, api.symbol)] = res.placements[api.symbol]
@@ -193,8 +215,8 @@ def main() -> int:
         return (lambda: None), (lambda: None)
 
     with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
-        stub, loop = build(Path(d))
-        stub_s = str(stub)
+        stub, nccl, loop = build(Path(d))
+        stub_s, nccl_s = str(stub), str(nccl)
         placements: dict = {}
         configs = {
             "stub launch untraced": (stub_s, "launch", none(), False),
@@ -203,6 +225,10 @@ def main() -> int:
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
+            "stub nccl untraced": (nccl_s, "allreduce", none(), False),
+            "stub nccl empty uprobe+uretprobe": (nccl_s, "allreduce", empty_probe(nccl_s, "ncclAllReduce", True),
+                                                 False),
+            "stub nccl pasta-trace": (nccl_s, "allreduce", pasta_probe(nccl_s, allreduce, placements), True),
         }  # fmt: skip
         real = None if a.skip_real else real_libcuda()
         if real:
@@ -258,6 +284,8 @@ def main() -> int:
         ("stub launch: pasta-trace / empty uprobe", "stub launch pasta-trace", "stub launch empty uprobe", "<= 1.3"),
         ("stub alloc: pasta-trace / empty uprobe+uretprobe", "stub alloc pasta-trace",
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
+        ("stub nccl: pasta-trace / empty uprobe+uretprobe", "stub nccl pasta-trace",
+         "stub nccl empty uprobe+uretprobe", "<= 1.3"),
     ]  # fmt: skip
     if real:
         rows += [

@@ -130,3 +130,19 @@ def test_fallback_reader_agrees_with_pasta_trace_device_on_the_golden_file() -> 
         assert len(cols) >= 4, frame
         assert [{c: r[c] for c in cols} for r in fb[frame]] == [{c: r[c] for c in cols} for r in pasta[frame]], frame
     assert [r["name"] for r in fb["launches"]] == ["_Z6vecaddPKfS0_Pfi"]
+
+
+def test_nccl_verdict_passes_exact_calls_and_fails_a_wrong_size() -> None:
+    mod = gpu_check_module()
+    uid = bytes(range(128))
+    assert mod.nccl_comm_id(uid) == schema.nccl_comm_id(uid)  # the script's stdlib copy of the hash
+    counts = mod.NCCL_COUNTS
+    calls = [{"count": c, "size": 4 * c, "ret": 0, "seq": i, "datatype": "float32"} for i, c in enumerate(counts)]
+    comms = [{"rank": 0, "nranks": 1, "comm_id": mod.nccl_comm_id(uid)}]
+    tab = mod.Table()
+    mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
+    assert [r[3] for r in tab.rows] == ["ok"] * 4 and not tab.failed
+    calls[1]["size"] = 4
+    tab = mod.Table()
+    mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
+    assert [r[3] for r in tab.rows] == ["ok", "FAIL", "ok", "ok"]
