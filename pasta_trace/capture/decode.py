@@ -48,6 +48,12 @@ def layer_table(api_names: Sequence[str]) -> list[str | None]:
     return [layers.get(n) for n in api_names]
 
 
+def known_kinds(kinds: np.ndarray) -> np.ndarray:
+    """Kind values as indexes of schema.KIND_NAMES: one this reader does not
+    know (a newer BPF program's) reads as `other`."""
+    return np.where(kinds < len(schema.KIND_NAMES), kinds, int(schema.Kind.other))
+
+
 def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: str) -> pl.Series:
     idx = pl.Series(values.astype(np.uint32, copy=False))
     return pl.Series(name, table, dtype=dtype).gather(idx)
@@ -103,7 +109,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequence
     table = api_table(api_names, int(recs["api"].max()) + 1)
     cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
                           "comm", "stack_id", *_PAYLOAD_COLUMNS])
-    kinds = np.minimum(cols.pop("kind"), len(schema.KIND_NAMES) - 1)  # unknown -> other
+    kinds = known_kinds(cols.pop("kind"))
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
     comm = cols.pop("comm")
@@ -200,7 +206,7 @@ def aggregate_frame(keys: np.ndarray, vals: np.ndarray, api_names: Sequence[str]
     if keys.size == 0:
         return schema.empty_frame(schema.AGGREGATE_SCHEMA)
     table = api_table(api_names, int(keys["api"].max()) + 1)
-    kinds = np.minimum(keys["kind"], len(schema.KIND_NAMES) - 1)
+    kinds = known_kinds(keys["kind"])
     return pl.DataFrame(
         {
             "pid": keys["pid"],

@@ -29,7 +29,7 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
-from .decode import names_frame
+from .decode import known_kinds, names_frame
 from .event_writer import frame, write_atomic
 
 #: Flush interval: at most 2 s of events may be lost to a SIGKILL; stay well inside it.
@@ -86,7 +86,7 @@ class CaptureWriter:
         if recs.size:
             self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + recs.tobytes()))
             self.events += int(recs.size)
-            kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)
+            kinds = known_kinds(recs["kind"])
             self.by_kind += np.bincount(kinds, minlength=len(schema.KIND_NAMES))
 
     def add_names(self, recs: np.ndarray) -> None:

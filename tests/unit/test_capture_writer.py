@@ -75,6 +75,13 @@ def test_unknown_api_id_and_kind_decode_without_failing():
     assert df["kind"].to_list() == ["other"]
 
 
+def test_a_kind_this_reader_does_not_know_reads_as_other():
+    """Fails before: with the NCCL kinds after `other`, clamping to the last name read 200 as `comm`."""
+    recs = np.concatenate([_event(0, schema.Kind.launch, ts_ns=1), _event(0, schema.Kind.comm, ts_ns=2)])
+    recs["kind"][0] = 200
+    assert events_frame(recs, APIS)["kind"].cast(pl.String).to_list() == ["other", "comm"]
+
+
 def test_copy_kind_is_an_enum_when_valid():
     rec = _event(2, schema.Kind.memcpy, copy_kind=int(schema.CopyKind.h2d), size=64,
                  valid=(1 << schema.PAYLOAD_BITS["copy_kind"]) | (1 << schema.PAYLOAD_BITS["size"]))
