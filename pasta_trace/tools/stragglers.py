@@ -155,5 +155,7 @@ TOOLS = [
         title="NCCL hangs (collectives some ranks never entered)",
         compute=hangs,
         description="collectives that some ranks entered and others of the communicator never did",
+        terminal_columns=("comm_id", "seq", "api", "nranks", "entered", "missing", "missing_ranks", "missing_pids",
+                          "waiting_ns"),
     ),
 ]
