@@ -23,7 +23,7 @@ from typing import Iterable
 import numpy as np
 import polars as pl
 
-from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
+from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 # --------------------------------------------------------------------------- versions
 
@@ -306,7 +306,7 @@ NAME_LEN = 208
 #: Return-code names per API family, generated from the vendor headers
 #: (scripts/gen_return_codes.py writes pasta_trace/return_codes.py).  The
 #: family of an API is read from its name (pasta_trace.call_result).
-RETURN_CODES: dict[str, dict[int, str]] = {"cuda": CUDA_DRIVER, "cudart": CUDA_RUNTIME, "hip": HIP}
+RETURN_CODES: dict[str, dict[int, str]] = {"cuda": CUDA_DRIVER, "cudart": CUDA_RUNTIME, "hip": HIP, "nccl": NCCL}
 
 # --------------------------------------------------------------------------- host records
 

@@ -82,17 +82,20 @@ def test_error_names_per_family() -> None:
     from pasta_trace.schema import RETURN_CODES
 
     df = pl.DataFrame(
-        {"api": ["cuMemAlloc_v2", "hipMalloc", "cudaMalloc", "cuInit", "cuInit", "hipFree", "ncclAllReduce"],
-         "ret": [3, 101, 2, None, 0, 0x7FFF_0001, 5]},
+        {"api": ["cuMemAlloc_v2", "hipMalloc", "cudaMalloc", "cuInit", "cuInit", "hipFree", "ncclAllReduce",
+                 "ncclCommInitRank"],
+         "ret": [3, 101, 2, None, 0, 0x7FFF_0001, 4, 77]},
         schema={"api": pl.Categorical, "ret": pl.Int32},
     )
     got = df.select(error_name().alias("name"), failed().alias("failed"))
     assert got["name"].to_list() == ["CUDA_ERROR_NOT_INITIALIZED", "hipErrorInvalidDevice",
-                                     "cudaErrorMemoryAllocation", None, None, "hipError_t 2147418113", "error 5"]
-    assert got["failed"].to_list() == [True, True, True, False, False, True, True]
+                                     "cudaErrorMemoryAllocation", None, None, "hipError_t 2147418113",
+                                     "ncclInvalidArgument", "ncclResult_t 77"]
+    assert got["failed"].to_list() == [True, True, True, False, False, True, True, True]
     # the headers' own spelling, first name of a value (HIP's deprecated aliases come after)
     assert RETURN_CODES["hip"][2] == "hipErrorOutOfMemory"
     assert RETURN_CODES["cuda"][100] == "CUDA_ERROR_NO_DEVICE"
+    assert RETURN_CODES["nccl"][1] == "ncclUnhandledCudaError"
 
 
 def test_api_errors_tool(cap_dir: Path) -> None:

@@ -119,3 +119,17 @@ def test_bandwidth_of_single_and_grouped_collectives() -> None:
         (1, "ncclAllReduce", 2048, 500, 1, 2, 2048 / 500, 2048 / 500 * 1.5),
         (2, "ncclAllReduce", 2048, 100, 1, 1, 2048 / 100, 2048 / 100 * 1.5),
     ]
+
+
+def test_key_findings_name_the_hang_and_the_straggler(ranks: Capture) -> None:
+    from pasta_trace.tools.findings import key_findings
+    from pasta_trace.tools.run import ToolResult
+
+    results = [ToolResult(REGISTRY[n], REGISTRY[n].compute(ranks)) for n in ("hangs", "straggler_ranks")]
+    assert [(f.topic, f.line()) for f in key_findings(results, 0)] == [
+        ("hangs", "1 collective not entered by every rank; first: ncclAllReduce #2 of communicator 0x77, "
+                  "rank 2 (pid 12) never came, the others waited 4 µs"),
+        ("straggler", "rank 0 (pid 10) entered 1 of 3 collectives last, 2.95 µs of waiting caused; worst #1 (2.95 µs)"),
+    ]
+    empty = [ToolResult(REGISTRY[n], REGISTRY[n].compute(ranks).clear()) for n in ("hangs", "straggler_ranks")]
+    assert key_findings(empty, 0) == []  # captures without NCCL say nothing about it
