@@ -53,7 +53,7 @@ def test_return_code_table_matches_the_vendor_headers() -> None:
     if not Path("/usr/include/hip/hip_runtime_api.h").exists():
         pytest.skip("no HIP headers: apt-get install libamdhip64-dev")
     r = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True, timeout=120)
-    if "no cuda.h" in r.stderr:
+    if "no cuda.h" in r.stderr or "no nccl.h" in r.stderr:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr
 
