@@ -5,8 +5,8 @@ stub libnccl.so.2 (tests/fixtures/nccl_stub.c, nccl.h's signatures) for what
 the real one cannot do here: four ranks (processes) on one communicator, one a
 straggler by a known delay, one that never enters the last collective.
 
-One tracer run (launch mode) records both programs; a second attaches (-p)
-to a waiting one."""
+One tracer run (launch mode) records both programs; two more attach to a
+waiting one (-p, and -a: the three modes)."""
 
 from __future__ import annotations
 
@@ -102,12 +102,14 @@ def test_real_libnccl_launched(launched, real_libnccl) -> None:
     check_real_calls(cap, printed, real_libnccl)
 
 
-def test_real_libnccl_attached_mid_run(require_bpf, real_libnccl, nccl_programs, tracer, tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["-p", "-a"])
+def test_real_libnccl_attached_mid_run(require_bpf, real_libnccl, nccl_programs, tracer, tmp_path, mode) -> None:
+    """-p PID, and -a (system-wide: the library is found by the scan of every process)."""
     prog = subprocess.Popen([str(nccl_programs["calls"]), str(real_libnccl.lib), "--wait"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert prog.stdout.readline() == "ready\n"  # libnccl.so.2 is loaded and initialised
-        t = tracer(["-o", str(tmp_path / "cap"), "-p", str(prog.pid)])
+        t = tracer(["-o", str(tmp_path / "cap"), *(["-p", str(prog.pid)] if mode == "-p" else ["-a"])])
         t.wait_ready(timeout=180)
         out, _ = prog.communicate("go\n", timeout=60)
         assert prog.returncode == 0
