@@ -6,7 +6,7 @@
  * never from the installed headers, which may be another kernel's.
  *
  * - open/openat/openat2 for reading, of a file named libcuda.so*,
- *   libamdhip64.so* or libc10.so* (PyTorch), by a traced process, that
+ *   libamdhip64.so*, libc10.so* (PyTorch) or libnccl.so*, by a traced process, that
  *   succeeded, and whose file (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
@@ -142,10 +142,10 @@ static __always_inline int pt_fd_file(long fd, struct pt_file *out)
     return 0;
 }
 
-/* a path component that starts with `libcuda.so`, `libamdhip64.so` or
- * `libc10.so`, then NUL or '.'.  No state besides the index, so the verifier
- * walks the loop once per iteration; user space re-checks that it is the
- * last component. */
+/* a path component that starts with `libcuda.so`, `libamdhip64.so`,
+ * `libc10.so` or `libnccl.so`, then NUL or '.'.  No state besides the index,
+ * so the verifier walks the loop once per iteration; user space re-checks
+ * that it is the last component. */
 static __always_inline int pt_is_gpu_library(const char *p)
 {
 #pragma clang loop unroll(disable)
@@ -165,6 +165,9 @@ static __always_inline int pt_is_gpu_library(const char *p)
         if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == '1' && b[5] == '0' && b[6] == '.' &&
             b[7] == 's' && b[8] == 'o' && (b[9] == 0 || b[9] == '.'))
             return 3;
+        if (b[1] == 'i' && b[2] == 'b' && b[3] == 'n' && b[4] == 'c' && b[5] == 'c' && b[6] == 'l' &&
+            b[7] == '.' && b[8] == 's' && b[9] == 'o' && (b[10] == 0 || b[10] == '.'))
+            return 4;
     }
     return 0;
 }

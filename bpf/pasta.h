@@ -118,13 +118,19 @@ static __always_inline void pt_aggregate(struct pt_event *e)
     k.pid = e->pid;
     k.api = e->api;
     k.kind = e->kind;
-    k.func = e->func;
-    k.grid_x = e->grid_x;
-    k.grid_y = e->grid_y;
-    k.grid_z = e->grid_z;
-    k.block_x = e->block_x;
-    k.block_y = e->block_y;
-    k.block_z = e->block_z;
+    /* only what the call set: NCCL calls keep their own values in these slots */
+    if (e->valid & PT_V_FUNC)
+        k.func = e->func;
+    if (e->valid & PT_V_GRID) {
+        k.grid_x = e->grid_x;
+        k.grid_y = e->grid_y;
+        k.grid_z = e->grid_z;
+    }
+    if (e->valid & PT_V_BLOCK) {
+        k.block_x = e->block_x;
+        k.block_y = e->block_y;
+        k.block_z = e->block_z;
+    }
     /* a failed call is its own row, and moved no bytes */
     k.flags = e->flags & PT_FLAG_HAS_RET;
     k.ret = k.flags ? e->ret : 0;

@@ -4,7 +4,8 @@
 memsets, frees): such a call is not known to have failed, and counts as done.
 Every API family returns 0 for success.  The family is read from the API's
 name, NVIDIA's and AMD's naming being strict: `hip*` (and `__hip*`) are HIP,
-`cuda*` (and `__cuda*`) the CUDA runtime, any other `cu*` the CUDA driver."""
+`cuda*` (and `__cuda*`) the CUDA runtime, `nccl*` NCCL, any other `cu*` the
+CUDA driver."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from . import schema
 from .schema import RETURN_CODES
 
 #: family -> the C type's name, for codes no header of ours names
-_TYPE = {"cuda": "CUresult", "cudart": "cudaError_t", "hip": "hipError_t"}
+_TYPE = {"cuda": "CUresult", "cudart": "cudaError_t", "hip": "hipError_t", "nccl": "ncclResult_t"}
 
 
 def failed(ret: pl.Expr = pl.col("ret")) -> pl.Expr:
@@ -32,6 +33,7 @@ def family(api: pl.Expr = pl.col("api")) -> pl.Expr:
     return (
         pl.when(a.str.starts_with("hip")).then(pl.lit("hip"))
         .when(a.str.starts_with("cuda")).then(pl.lit("cudart"))
+        .when(a.str.starts_with("nccl")).then(pl.lit("nccl"))
         .when(a.str.starts_with("cu")).then(pl.lit("cuda"))
     )
 
@@ -68,7 +70,7 @@ def calls(frame: pl.LazyFrame) -> pl.LazyFrame:
     """Events (schema.EVENTS_SCHEMA) or an --aggregate table
     (schema.AGGREGATE_SCHEMA) as CALLS_SCHEMA rows, so counts and byte sums
     read the same from both: sum `count`, never count rows."""
-    if "count" in frame.collect_schema().names():
+    if "ts_ns" not in frame.collect_schema().names():  # an --aggregate table (events have a `count` too: NCCL's)
         return frame.select([pl.col(k).cast(v) for k, v in CALLS_SCHEMA.items()])
     return frame.select(
         "pid", "api", "kind", "func", "ret", pl.lit(1, pl.UInt64).alias("count"), pl.col("size").alias("bytes"),

@@ -11,6 +11,7 @@ Capture directory (docs/formats.md):
     libraries.parquet       schema.LIBRARIES_SCHEMA
     aggregate.parquet       schema.AGGREGATE_SCHEMA (only with --aggregate)
     stacks.parquet          schema.STACKS_SCHEMA (format 1.1+; events' stack_id -> frames)
+    communicators.parquet   schema.COMMUNICATORS_SCHEMA (format 1.3+; NCCL communicators made)
     device/*.bin            device record files (TLV), read by pasta_trace.device
     device/<frame>.parquet  device frames already decoded (schema.DEVICE_FRAMES names);
                             scanned lazily, so device data larger than memory streams
@@ -56,6 +57,9 @@ class Capture:
     merged: dict[str, pl.LazyFrame] = field(default_factory=dict)
     #: one row per frame of each stack events refer to (stack_id); empty without stacks
     stacks: pl.LazyFrame = field(default_factory=lambda: schema.empty_frame(schema.STACKS_SCHEMA).lazy())
+    #: one row per NCCL communicator a traced process made; empty without NCCL
+    communicators: pl.LazyFrame = field(
+        default_factory=lambda: schema.empty_frame(schema.COMMUNICATORS_SCHEMA).lazy())
     #: small derived tables the merge computes once per capture (device
     #: executions, allocation segments, launch times), keyed by name and options
     cache: dict[tuple, object] = field(default_factory=dict, repr=False)
@@ -192,6 +196,7 @@ def open_capture(path: str | Path) -> Capture:
         libraries=scan.one(p / "libraries.parquet", schema.LIBRARIES_SCHEMA),
         aggregate=scan.optional(p / "aggregate.parquet", schema.AGGREGATE_SCHEMA),
         stacks=scan.one(p / "stacks.parquet", schema.STACKS_SCHEMA),
+        communicators=scan.one(p / "communicators.parquet", schema.COMMUNICATORS_SCHEMA),
         device=device,
         problems=problems,
     )

@@ -6,6 +6,7 @@ pasta_trace.schema exposes these tables; pasta_trace.call_result decodes with th
 CUDA_DRIVER: CUresult from cuda.h (CUDA_VERSION 13000)
 CUDA_RUNTIME: cudaError_t from driver_types.h (CUDART_VERSION 13000)
 HIP: hipError_t from hip_runtime_api.h (HIP 5.2.21153)
+NCCL: ncclResult_t from nccl.h (NCCL_VERSION_CODE 23203)
 """
 
 from __future__ import annotations
@@ -326,4 +327,17 @@ HIP: dict[int, str] = {
     1052: "hipErrorRuntimeMemory",
     1053: "hipErrorRuntimeOther",
     1054: "hipErrorTbd",
+}
+
+NCCL: dict[int, str] = {
+    0: "ncclSuccess",
+    1: "ncclUnhandledCudaError",
+    2: "ncclSystemError",
+    3: "ncclInternalError",
+    4: "ncclInvalidArgument",
+    5: "ncclInvalidUsage",
+    6: "ncclRemoteError",
+    7: "ncclInProgress",
+    8: "ncclTimeout",
+    9: "ncclNumResults",
 }

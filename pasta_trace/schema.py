@@ -23,13 +23,13 @@ from typing import Iterable
 import numpy as np
 import polars as pl
 
-from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
+from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 # --------------------------------------------------------------------------- versions
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 2)
+CAPTURE_FORMAT_VERSION = (1, 3)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -177,6 +177,11 @@ class Kind(enum.IntEnum):
     #: tensors, libc10): never summed with the driver's alloc/free (format 1.2)
     tensor_alloc = 9
     tensor_free = 10
+    # libnccl (format 1.3): their arguments fill the named columns of NCCL_SLOTS
+    collective = 11  # AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter
+    p2p = 12  # Send, Recv
+    group = 13  # GroupStart, GroupEnd
+    comm = 14  # communicator life: GetUniqueId, CommInitRank*, CommInitAll, CommSplit, CommFinalize/Destroy/Abort
 
 
 KIND_NAMES = [k.name for k in Kind]
@@ -251,6 +256,16 @@ PAYLOAD_BITS = {
     "shmem": 8,
     "copy_kind": 9,
     "aux": 10,
+    # the NCCL kinds' named columns (NCCL_SLOTS), from bit 16 on
+    "count": 16,
+    "datatype": 17,
+    "op": 18,
+    "root": 19,
+    "peer": 20,
+    "communicator": 21,
+    "nranks": 22,
+    "rank": 23,
+    "comm_id": 24,
 }
 
 #: Kinds whose events carry named values in the record's generic payload
@@ -268,13 +283,55 @@ TORCH_DEVICE_TYPES = [
     "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuseone",
 ]
 
+#: The NCCL kinds (collective, p2p, group, comm) carry their own arguments in
+#: payload slots no NCCL call uses otherwise: named column -> record field.
+#: Each named column has its own PAYLOAD_BITS bit; the slot's generic column
+#: (dst, ptr, grid_x, ...) stays null for these events.  `stream` and `size`
+#: (bytes = count x element size) are the generic columns.
+NCCL_SLOTS: dict[str, str] = {
+    "count": "dst",  # elements (sendcount of AllGather, recvcount of ReduceScatter)
+    "communicator": "ptr",  # the ncclComm_t handle
+    "comm_id": "src",  # nccl_comm_id() of the communicator's ncclUniqueId
+    "datatype": "grid_x",  # ncclDataType_t
+    "op": "grid_y",  # ncclRedOp_t
+    "root": "grid_z",  # int
+    "peer": "block_x",  # int
+    "nranks": "block_y",  # int
+    "rank": "block_z",  # int
+}
+
+#: ncclDataType_t in order (nccl.h), with the element size in bytes.
+NCCL_DATATYPES: tuple[tuple[str, int], ...] = (
+    ("int8", 1), ("uint8", 1), ("int32", 4), ("uint32", 4), ("int64", 8), ("uint64", 8), ("float16", 2),
+    ("float32", 4), ("float64", 8), ("bfloat16", 2), ("float8e4m3", 1), ("float8e5m2", 1),
+)
+#: a datatype this table does not know (a newer NCCL) reads as "unknown", with no size
+NCCL_DATATYPE_NAMES = [n for n, _ in NCCL_DATATYPES] + ["unknown"]
+#: ncclRedOp_t: the five built-in ops, then the ones ncclRedOpCreatePreMulSum makes (its only creator)
+NCCL_OP_NAMES = ["sum", "prod", "max", "min", "avg", "premulsum"]
+
+#: ncclUniqueId is 128 bytes; comm_id is its FNV-1a hash over 16 little-endian u64 words
+NCCL_UNIQUE_ID_BYTES = 128
+_FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+
+
+def nccl_comm_id(unique_id: bytes) -> int:
+    """The comm_id of a communicator made from ``unique_id`` (what the probes
+    compute from the 128 bytes: the same on every rank and every host)."""
+    if len(unique_id) != NCCL_UNIQUE_ID_BYTES:
+        raise ValueError(f"an ncclUniqueId has {NCCL_UNIQUE_ID_BYTES} bytes, not {len(unique_id)}")
+    h = _FNV_OFFSET
+    for w in np.frombuffer(unique_id, "<u8").tolist():
+        h = ((h ^ w) * _FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
+    return h
+
 COMM_LEN = 16
 NAME_LEN = 208
 
 #: Return-code names per API family, generated from the vendor headers
 #: (scripts/gen_return_codes.py writes pasta_trace/return_codes.py).  The
 #: family of an API is read from its name (pasta_trace.call_result).
-RETURN_CODES: dict[str, dict[int, str]] = {"cuda": CUDA_DRIVER, "cudart": CUDA_RUNTIME, "hip": HIP}
+RETURN_CODES: dict[str, dict[int, str]] = {"cuda": CUDA_DRIVER, "cudart": CUDA_RUNTIME, "hip": HIP, "nccl": NCCL}
 
 # --------------------------------------------------------------------------- host records
 
@@ -945,6 +1002,32 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "device": pl.Categorical,  # "cpu", "cuda:0", ... (torch.device's spelling)
     "allocated_bytes": pl.UInt64,  # the allocator's running total after this event; null: it gives none
     "reserved_bytes": pl.UInt64,  # bytes the allocator holds from the driver (its cache); null: none given
+    # format 1.3: NCCL calls (NCCL_SLOTS); null for every other kind.  `comm`
+    # above is the task's command name, so the handle is `communicator`.
+    "communicator": pl.UInt64,  # ncclComm_t
+    "comm_id": pl.UInt64,  # nccl_comm_id(ncclUniqueId): one value per communicator across ranks and hosts
+    "seq": pl.Int64,  # collectives: 0-based among the successful ones on this communicator, in call order
+    "count": pl.UInt64,  # elements
+    "datatype": pl.Enum(NCCL_DATATYPE_NAMES),
+    "op": pl.Enum(NCCL_OP_NAMES),
+    "root": pl.Int32,
+    "peer": pl.Int32,
+    "nranks": pl.Int32,
+    "rank": pl.Int32,
+}
+
+#: communicators.parquet (format 1.3): one row per NCCL communicator a traced
+#: process created, keyed across captures by comm_id (rank r of nranks).
+COMMUNICATORS_SCHEMA: dict[str, pl.DataType] = {
+    "host": pl.String,  # the machine that recorded it (manifest's host)
+    "pid": pl.UInt32,
+    "communicator": pl.UInt64,  # ncclComm_t in that process
+    "comm_id": pl.UInt64,  # null: made by ncclCommInitAll, or split from a parent created before the capture
+    "rank": pl.Int32,  # null: not known at the call (ncclCommSplit)
+    "nranks": pl.Int32,
+    "api": pl.String,  # the call that made it
+    "ts_ns": pl.Int64,  # when that call was entered
+    "end_ts_ns": pl.Int64,  # ncclCommDestroy/ncclCommAbort entered; null: alive at the end
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.
@@ -1209,6 +1292,15 @@ def bpf_c_header() -> str:
         out.append(f"#define PT_NAME_{s.name.upper()} {int(s)}")
     for name, bit in PAYLOAD_BITS.items():
         out.append(f"#define PT_V_{name.upper()} (1u << {bit})")
+    for name, slot in NCCL_SLOTS.items():
+        out.append(f"#define PT_NCCL_{name.upper()} {slot}")
+    sizes = sum(size << (4 * i) for i, (_, size) in enumerate(NCCL_DATATYPES))
+    out += [
+        f"#define PT_NCCL_NUM_TYPES {len(NCCL_DATATYPES)}",
+        f"#define PT_NCCL_ELEM_SIZES 0x{sizes:x}ULL /* 4 bits per ncclDataType_t */",
+        f"#define PT_NCCL_FNV_OFFSET 0x{_FNV_OFFSET:x}ULL",
+        f"#define PT_NCCL_FNV_PRIME 0x{_FNV_PRIME:x}ULL",
+    ]
     out += [
         f"#define PT_FLAG_HAS_RET {FLAG_HAS_RET}",
         f"#define PT_FLAG_HAS_DUR {FLAG_HAS_DUR}",

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema, synthetic_host, synthetic_tensors
+from . import schema, synthetic_host, synthetic_nccl, synthetic_tensors
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -49,6 +49,7 @@ class Spec:
     stacks: bool = False  # every call carries a Python stack from CALL_PATHS (stacks.parquet)
     copies: int = 0  # h2d/d2h copies of a few host buffers (repeats), plus one storm of small copies; no stacks
     tensors: int = 0  # PyTorch tensors (tensor_alloc/tensor_free events, synthetic_tensors), all processes together
+    collectives: int = 0  # NCCL AllReduce calls per process, each process a rank of one communicator (synthetic_nccl)
 
 
 #: The Python stack of each kind of call when Spec.stacks is set, innermost
@@ -309,9 +310,17 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     pids = _pid_list(spec.pids)
     allocs = _allocations(spec, rng, pids)
     launches = _launches(spec, rng, pids)
+    nccl = None
+    if spec.collectives:
+        nccl = synthetic_nccl.calls(spec.collectives, pids, MONO0, spec.span_ns, np.random.default_rng([spec.seed, 3]))
+        launches = pl.concat([launches.drop("launch_id"), nccl[1]]).sort(["pid", "ts_ns"]).with_columns(
+            (pl.int_range(pl.len()).over("pid") + 1).cast(pl.UInt64).alias("launch_id"))
     # their own generator: the other frames stay what they were without them
     extra = _extra_calls(spec, np.random.default_rng([spec.seed, 1]), pids)
     events = _events(launches, allocs, extra, pids, spec.stacks)
+    if nccl is not None:
+        events = pl.concat([events, nccl[0]]).sort("ts_ns")
+        nccl[2].write_parquet(p / "communicators.parquet")
     if spec.copies:
         copies = synthetic_host.copies(spec.copies, pids, spec.span_ns, MONO0, np.random.default_rng([spec.seed, 2]))
         events = pl.concat([events, copies]).sort("ts_ns")

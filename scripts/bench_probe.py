@@ -14,6 +14,9 @@ One run measures, on the same functions and interleaved rep by rep:
   ``ProfiledCPUMemoryReporter::New`` + ``Delete``, the CPU path with its size
   map): untraced; empty uprobes on the same functions; pasta-trace's tensor
   probes.  Target: a tensor event <= 1.3x an empty uprobe;
+* a -O0 stub ``ncclAllReduce`` (nccl.h's signature; the stream is its 7th
+  argument, read from the stack): untraced; an empty uprobe + uretprobe;
+  pasta-trace's collective probe (entry + return).  Target: <= 1.3x the empty pair;
 * NVIDIA's real ``libcuda.so.1`` (no GPU: calls return an error at once):
   untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
   pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
@@ -52,6 +55,15 @@ from pasta_trace.probes import attach, catalog, elf, program  # noqa: E402
 
 CUDA_INCLUDE = "/usr/local/cuda-13.0/include"
 TRACED_CPU, DRAIN_CPU = 0, 1
+
+NCCL_STUB_C = r"""
+/* ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream): nccl.h's layout */
+int ncclAllReduce(const void *sendbuff, void *recvbuff, unsigned long count, int datatype, int op, void *comm,
+                  void *stream)
+{
+    return comm ? 0 : 4;
+}
+"""
 
 STUB_C = r"""
 #include <cuda.h>
@@ -92,6 +104,7 @@ struct c10_device { signed char type, index; };
 typedef void (*report_t)(void *, long long, size_t, size_t, struct c10_device);
 typedef void (*new_t)(void *, void *, size_t);
 typedef void (*delete_t)(void *, void *);
+typedef int (*allreduce_t)(const void *, void *, unsigned long, int, int, void *, void *);
 static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 #define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
 #define STOP double c1 = clk(CLOCK_THREAD_CPUTIME_ID), w1 = clk(CLOCK_MONOTONIC); \
@@ -121,6 +134,11 @@ int main(int argc, char **argv)
             fd((void *)0x99, (void *)(0x5500000000 + i * 64));
         }
         STOP;
+    } else if (!strcmp(argv[2], "allreduce")) {
+        allreduce_t f = (allreduce_t)dlsym(h, "ncclAllReduce");
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x1000, (void *)0x2000, 1024, 7, 0, (void *)0x1234, (void *)0x99);
+        STOP;
     } else {
         alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
         unsigned long long p;
@@ -135,21 +153,25 @@ int main(int argc, char **argv)
 #: Neither name matches libcuda.so* / libamdhip64.so*, so a pasta-trace -a
 #: running on the same machine does not discover (and probe) these copies.
 BENCH_STUB = "libbench_cuda_stub.so"
+BENCH_NCCL = "libbench_nccl_stub.so"
 BENCH_REAL = "libbench_nvidia_driver.so"
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
 
 
 
-def build(tmp: Path) -> tuple[Path, Path]:
+def build(tmp: Path) -> tuple[Path, Path, Path]:
     (tmp / "stub.c").write_text(STUB_C)
+    (tmp / "nccl_stub.c").write_text(NCCL_STUB_C)
     (tmp / "loop.c").write_text(LOOP_C)
-    stub = tmp / BENCH_STUB
+    stub, nccl = tmp / BENCH_STUB, tmp / BENCH_NCCL
     loop = tmp / "loop"
     subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
                     str(tmp / "stub.c"), "-o", str(stub)], check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", str(tmp / "nccl_stub.c"),
+                    "-o", str(nccl)], check=True)  # fmt: skip
     subprocess.run(["gcc", "-O2", str(tmp / "loop.c"), "-o", str(loop), "-ldl"], check=True)
-    return stub, loop
+    return stub, nccl, loop
 
 
 def real_libcuda() -> str | None:
@@ -199,11 +221,12 @@ def main() -> int:
     from bcc import BPF
 
     by = {x.symbol: x for x in catalog.APIS}
-    launch, alloc = by["cuLaunchKernel"], by["cuMemAlloc_v2"]
+    launch, alloc, allreduce = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["ncclAllReduce"]
     report, new, delete = by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE]
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch, alloc, report, new, delete)).encode())
+    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages,
+                                            apis=(launch, alloc, report, new, delete, allreduce)).encode())
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool, *more: str):
@@ -231,8 +254,8 @@ def main() -> int:
         return (lambda: None), (lambda: None)
 
     with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
-        stub, loop = build(Path(d))
-        stub_s = str(stub)
+        stub, nccl, loop = build(Path(d))
+        stub_s, nccl_s = str(stub), str(nccl)
         placements: dict = {}
         configs = {
             "stub launch untraced": (stub_s, "launch", none(), False),
@@ -247,6 +270,10 @@ def main() -> int:
             "stub cpu untraced": (stub_s, "cpu", none(), False),
             "stub cpu empty uprobes": (stub_s, "cpu", empty_probe(stub_s, new.symbol, False, delete.symbol), False),
             "stub cpu pasta-trace": (stub_s, "cpu", pasta_probe(stub_s, new, placements, delete), 2),
+            "stub nccl untraced": (nccl_s, "allreduce", none(), False),
+            "stub nccl empty uprobe+uretprobe": (nccl_s, "allreduce", empty_probe(nccl_s, "ncclAllReduce", True),
+                                                 False),
+            "stub nccl pasta-trace": (nccl_s, "allreduce", pasta_probe(nccl_s, allreduce, placements), True),
         }  # fmt: skip
         real = None if a.skip_real else real_libcuda()
         if real:
@@ -306,6 +333,8 @@ def main() -> int:
          "<= 1.3"),
         ("stub tensor (New+Delete): pasta-trace / 2 empty", "stub cpu pasta-trace", "stub cpu empty uprobes",
          "<= 1.3"),
+        ("stub nccl: pasta-trace / empty uprobe+uretprobe", "stub nccl pasta-trace",
+         "stub nccl empty uprobe+uretprobe", "<= 1.3"),
     ]  # fmt: skip
     if real:
         rows += [

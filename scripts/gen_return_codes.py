@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Generate pasta_trace/return_codes.py: the name of every return code of the
 CUDA driver (CUresult, cuda.h), the CUDA runtime (cudaError_t,
-driver_types.h) and HIP (hipError_t, hip_runtime_api.h), read from the vendor
-headers installed on this machine.
+driver_types.h), HIP (hipError_t, hip_runtime_api.h) and NCCL (ncclResult_t,
+nccl.h), read from the vendor headers installed on this machine.
 
     scripts/gen_return_codes.py            rewrite pasta_trace/return_codes.py
     scripts/gen_return_codes.py --check    exit 1 (with a diff) if it is not current
 
 Headers: the CUDA toolkit's include directory ($CUDA_HOME, else the one beside
-`nvcc`, else /usr/local/cuda) and Debian's libamdhip64-dev (/usr/include/hip).
+`nvcc`, else /usr/local/cuda), Debian's libamdhip64-dev (/usr/include/hip) and
+the nccl.h of NVIDIA's wheel that scripts/fetch_nccl.sh caches.
 Values follow C's enum rules: an entry without `= N` is the previous value
 plus one.  Where a header gives one value several names (HIP keeps deprecated
 aliases such as hipErrorMemoryAllocation = 2 after hipErrorOutOfMemory = 2),
@@ -59,6 +60,15 @@ def _macro(path: Path, name: str) -> str:
     return m.group(1) if m else "?"
 
 
+def nccl_header() -> Path:
+    import subprocess
+
+    r = subprocess.run([str(ROOT / "scripts" / "fetch_nccl.sh")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise FileNotFoundError(f"no nccl.h: {r.stderr.strip()}")
+    return Path(r.stdout.strip().splitlines()[-1]).parent.parent / "include" / "nccl.h"
+
+
 def tables() -> list[Table]:
     cuda = cuda_include()
     if not (HIP_INCLUDE / "hip_runtime_api.h").exists():
@@ -71,6 +81,8 @@ def tables() -> list[Table]:
               f"CUDART_VERSION {_macro(cuda / 'cuda_runtime_api.h', 'CUDART_VERSION')}"),
         Table("HIP", HIP_INCLUDE / "hip_runtime_api.h", r"typedef\s+enum\s+(?:__HIP_NODISCARD\s+)?hipError_t\s*\{",
               "hipError_t", f"HIP {hip_version}"),
+        Table("NCCL", nccl_header(), r"typedef\s+enum\s*\{\s*(?=ncclSuccess)", "ncclResult_t",
+              f"NCCL_VERSION_CODE {_macro(nccl_header(), 'NCCL_VERSION_CODE')}"),
     ]
 
 

@@ -102,6 +102,28 @@ def torch_cpu() -> torch_env.TorchEnv:
 
 
 @dataclass(frozen=True)
+class RealNccl:
+    lib: Path  # libnccl.so.2
+    header: Path  # its nccl.h
+    version_code: int  # NCCL_VERSION_CODE of that header (what ncclGetVersion returns)
+
+
+@pytest.fixture(scope="session")
+def real_libnccl() -> RealNccl:
+    """NVIDIA's libnccl.so.2 from PyPI's nvidia-nccl-cu13 wheel, cached by
+    scripts/fetch_nccl.sh (never installed); skip saying why if unavailable."""
+    r = subprocess.run([str(ROOT / "scripts" / "fetch_nccl.sh")], capture_output=True, text=True, timeout=900)
+    if r.returncode == 3:
+        pytest.skip(f"NVIDIA's libnccl.so.2 is unavailable: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    lib = Path(r.stdout.strip().splitlines()[-1])
+    header = lib.parent.parent / "include" / "nccl.h"
+    code = next(int(line.split()[2]) for line in header.read_text().splitlines()
+                if line.startswith("#define NCCL_VERSION_CODE"))
+    return RealNccl(lib, header, code)
+
+
+@dataclass(frozen=True)
 class Family:
     """Everything a live test needs about one library family."""
 

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from .collectives import Sequencer
 
 _PAYLOAD_COLUMNS = {
     "stream": "stream",
@@ -106,8 +107,20 @@ def _kind_payload() -> tuple[dict[str, tuple[str, list[int]]], dict[str, list[in
     return named, taken
 
 
-def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
-    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA."""
+def _nccl_exprs(has) -> dict[str, pl.Expr]:
+    """The NCCL kinds' named columns, read from their slots (schema.NCCL_SLOTS)."""
+    signed = {"root", "peer", "nranks", "rank"}
+    out = {}
+    for name, slot in schema.NCCL_SLOTS.items():
+        value = pl.col(f"_{name}") if name in ("datatype", "op") else pl.col(slot)
+        out[name] = pl.when(has(name)).then(value.reinterpret(signed=True) if name in signed else value)
+    return out
+
+
+def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequencer | None = None) -> pl.DataFrame:
+    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA.
+    ``sequencer`` numbers the collectives (`seq`) on from the batches before;
+    None: from 0 in this batch."""
     if recs.size == 0:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
@@ -126,6 +139,10 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         _lookup(api, layer_table(table), schema.EVENTS_SCHEMA["layer"], "layer"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
         _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
+        _lookup(np.minimum(cols["grid_x"], len(schema.NCCL_DATATYPE_NAMES) - 1), schema.NCCL_DATATYPE_NAMES,
+                schema.EVENTS_SCHEMA["datatype"], "_datatype"),
+        _lookup(np.minimum(cols["grid_y"], len(schema.NCCL_OP_NAMES) - 1), schema.NCCL_OP_NAMES,
+                schema.EVENTS_SCHEMA["op"], "_op"),
     )
 
     def has(bit_name: str) -> pl.Expr:
@@ -154,11 +171,12 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
         "layer": pl.col("layer"),
         **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) for col, (src, ks) in named.items()},
+        **_nccl_exprs(has),
+        "seq": pl.lit(None, pl.Int64),
     }
     exprs["device"] = pl.when(exprs["device"].is_not_null()).then(torch_device(pl.col("aux")))
-    return raw.select(
-        [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]
-    )
+    frame = raw.select([exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()])
+    return (sequencer or Sequencer()).number(frame)
 
 
 def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:

@@ -41,7 +41,8 @@ def plan(opts: Options) -> str:
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
-                lines.append(f"PID {pid}: no libcuda/libamdhip64/libc10 mapped yet ({others}); would wait for one")
+                lines.append(f"PID {pid}: no libcuda/libamdhip64/libc10/libnccl mapped yet ({others}); "
+                             "would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
         libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
@@ -56,5 +57,5 @@ def plan(opts: Options) -> str:
                      f"would attach {len(attach)} functions, {len(missing)} missing")
         if opts.verbose and missing:
             lines.append("  missing: " + ", ".join(missing))
-    lines.append("later loads of libcuda.so*/libamdhip64.so*/libc10.so* would be caught when opened")
+    lines.append("later loads of libcuda.so*/libamdhip64.so*/libc10.so*/libnccl.so* would be caught when opened")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""The events writer process: decodes ring records and writes events-NNNNN.parquet.
+"""The events writer process: decodes ring records and writes events-NNNNN.parquet
+(and communicators.parquet whenever an NCCL communicator is made or ended).
 
 It runs apart from the tracer (``python -m pasta_trace.capture.event_writer
 DIR_FD``, at lower priority) so that decoding and compressing never hold the GIL or the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import struct
 import sys
 import threading
@@ -34,6 +36,7 @@ import polars as pl
 from .. import schema
 from ..safe_output import OutputDir
 from . import own_process
+from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
 from .ringbuf import padded_dtype
 from .tensor_sizes import TensorSizes
@@ -45,6 +48,8 @@ NICE = 5
 #: flush interval ends, and reading waits for the write before it, so that a
 #: writer slower than the events backs up into the tracer's bounded queue.
 PENDING_BYTES = 64 << 20
+#: rewritten whole whenever an NCCL communicator is made or ended
+COMMUNICATORS = "communicators.parquet"
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -101,6 +106,8 @@ class EventFiles:
         self.by_kind = np.zeros(len(schema.KIND_NAMES), np.int64)
         self.error: str | None = None
         self._sizes = TensorSizes()  # files are written one after another: frees get their sizes in order
+        self._sequencer = Sequencer()  # and collectives their numbers
+        self._communicators = CommunicatorTable(socket.gethostname())
 
     def add(self, recs: np.ndarray) -> None:
         self._pending.append(recs)
@@ -128,7 +135,7 @@ class EventFiles:
 
     def _write(self, recs: np.ndarray) -> None:
         try:
-            data = self._sizes.fill(events_frame(recs, self.api_names))
+            data = self._sizes.fill(events_frame(recs, self.api_names, self._sequencer))
             for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
                 self.comms.setdefault(pid, comm)
             name = f"events-{len(self.files):05d}.parquet"
@@ -141,8 +148,19 @@ class EventFiles:
             self.files.append(name)
             self.written += len(recs)
             self.by_kind += kind_counts(recs)
+            self._write_communicators(data)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
             self._failure = e
+
+    def _write_communicators(self, data: pl.DataFrame) -> None:
+        """Rewrite communicators.parquet if ``data`` made or ended one; on a
+        full disk the file keeps its last version until the next change."""
+        if not self._communicators.add(data):
+            return
+        try:
+            write_atomic(self._out, COMMUNICATORS, self._communicators.rows)
+        except OSError as e:
+            self.error = self.error or (e.strerror or str(e))
 
     def reply(self) -> dict:
         return {"comms": self.comms, "files": self.files, "written": self.written, "unwritten": self.unwritten,

@@ -24,7 +24,7 @@ MAX_RING_PAGES = (1 << 31) // os.sysconf("SC_PAGE_SIZE")
 
 #: files a capture writes; --force removes these (and only these) first
 CAPTURE_FILES = ("manifest.json", "events-*.parquet", "names.parquet", "processes.parquet",
-                 "libraries.parquet", "aggregate.parquet", "stacks.parquet", "device")
+                 "libraries.parquet", "aggregate.parquet", "stacks.parquet", "communicators.parquet", "device")
 
 
 @dataclass

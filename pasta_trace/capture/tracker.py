@@ -73,8 +73,8 @@ class ProcessTracker:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so or libc10.so yet{others}: waiting for it "
-                      "to load one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so, libc10.so or libnccl.so yet{others}: "
+                      "waiting for it to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 

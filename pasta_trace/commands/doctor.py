@@ -149,8 +149,8 @@ def _library_checks(verbose: bool) -> list[Check]:
 
     files = _library_files()
     if not files:
-        return [Check(True, "GPU libraries: no libcuda.so*, libamdhip64.so* or libc10.so* found (nothing to trace yet; "
-                            "libraries loaded later are caught when opened)")]
+        return [Check(True, "GPU libraries: no libcuda.so*, libamdhip64.so*, libc10.so* or libnccl.so* found "
+                            "(nothing to trace yet; libraries loaded later are caught when opened)")]
     out = []
     for path, where in sorted(files.items()):
         fam = discovery.family_of(path)

@@ -16,7 +16,7 @@ HELP = "record a running process (-p), the whole machine (-a), or a launched com
 EXAMPLES = """\
   sudo pasta-trace -p 1234                  trace PID 1234 until Ctrl-C
   sudo pasta-trace -p 1234,1240 -d 30       trace two processes for 30 s
-  sudo pasta-trace -a -d 10 -o capture/     every process that uses libcuda/libamdhip64, 10 s
+  sudo pasta-trace -a -d 10 -o capture/     every process using a traced library, 10 s
   sudo pasta-trace -- python train.py       launch a command (as you, under sudo) and trace it
   sudo pasta-trace --buffer-pages 16384 -p 1234  a bigger ring buffer when events are lost
   sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
@@ -98,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
                      help="running processes; events from these PIDs (and children they start) only")
     who.add_argument("-a", "--system-wide", action="store_true",
-                     help="every process that uses libcuda or libamdhip64, including later ones and containers")
+                     help="every process that uses libcuda, libamdhip64 or libnccl, including later ones and containers")
     who.add_argument("command", nargs="*", metavar="-- CMD ARGS",
                      help="start CMD (as SUDO_USER under sudo), trace it and its children, stop when it exits")
     p.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="stop after SEC seconds")

@@ -15,7 +15,7 @@ from ..call_result import failed
 HELP = "live per-process view: launches/s, bytes allocated, copies, syncs, failed calls (refreshes every second)"
 
 EXAMPLES = """\
-  sudo pasta-trace top                 every process using libcuda or libamdhip64
+  sudo pasta-trace top                 every process using libcuda, libamdhip64 or libnccl
   sudo pasta-trace top -p 1234 -d 30   one process, for 30 s
   sudo pasta-trace top | tee top.log   plain lines when stdout is not a terminal
 """

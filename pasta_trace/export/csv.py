@@ -19,7 +19,7 @@ from ..safe_output import OutputDir
 from ..tools.run import ToolResult
 
 #: events columns that hold a handle or an address
-EVENT_HANDLES = ("stream", "func", "ptr", "dst", "src")
+EVENT_HANDLES = ("stream", "func", "ptr", "dst", "src", "communicator", "comm_id")
 
 
 def flat(frame: pl.DataFrame, handles: Iterable[str] = ()) -> pl.DataFrame:

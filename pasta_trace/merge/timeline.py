@@ -32,7 +32,7 @@ from .stats import MergeStats, from_frames, saved_stats
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
          "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
-         "stacks": schema.STACKS_SCHEMA}
+         "stacks": schema.STACKS_SCHEMA, "communicators": schema.COMMUNICATORS_SCHEMA}
 
 
 def is_timeline(path: str | Path) -> bool:
@@ -105,7 +105,7 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
 def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
     host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries,
-            "stacks": cap.stacks}
+            "stacks": cap.stacks, "communicators": cap.communicators}
     if cap.aggregate is not None:
         host["aggregate"] = cap.aggregate
     for name, lf in host.items():

@@ -41,6 +41,18 @@ RETURN_SHAPES = frozenset(
         "func_get_name",
         "module_load",
         "get_proc_address",
+        "nccl_reduce_op",
+        "nccl_reduce_root",
+        "nccl_root",
+        "nccl_gather",
+        "nccl_p2p",
+        "nccl_none",
+        "nccl_comm",
+        "nccl_init_rank",
+        "nccl_init_all",
+        "nccl_split",
+        "nccl_unique_id",
+        "nccl_version",
     }
 )
 
@@ -93,17 +105,31 @@ SHAPES: dict[str, str] = {
     "tensor_report": "c10",
     "tensor_new": "c10",
     "tensor_delete": "c10",
+    "nccl_reduce_op": "nccl",
+    "nccl_reduce_root": "nccl",
+    "nccl_root": "nccl",
+    "nccl_gather": "nccl",
+    "nccl_p2p": "nccl",
+    "nccl_none": "nccl",
+    "nccl_comm": "nccl",
+    "nccl_init_rank": "nccl",
+    "nccl_init_all": "nccl",
+    "nccl_split": "nccl",
+    "nccl_unique_id": "nccl",
+    "nccl_version": "nccl",
 }
 
 #: The layer each family's calls are seen at (the `layer` column).  HIP's
 #: library is the HIP runtime: there is no separate driver library below it.
-FAMILY_LAYER: dict[str, Layer] = {"cuda": Layer.driver, "hip": Layer.runtime, "c10": Layer.framework}
+FAMILY_LAYER: dict[str, Layer] = {
+    "cuda": Layer.driver, "hip": Layer.runtime, "c10": Layer.framework, "nccl": Layer.nccl,
+}
 
 
 @dataclass(frozen=True)
 class Api:
     symbol: str
-    family: str  # 'cuda' | 'hip' | 'c10'
+    family: str  # 'cuda' | 'hip' | 'c10' | 'nccl'
     kind: Kind
     shape: str
     ret: bool  # needs a uretprobe
@@ -309,7 +335,35 @@ def _c10() -> list[Api]:
     ]
 
 
-APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _c10())
+def _nccl() -> list[Api]:
+    """libnccl.so.2.  Each ncclX is a weak alias of pncclX at the same
+    address: only ncclX is listed, so each is probed once.  Every call is
+    paired with its return (the return code, and the time in the call).
+    Signatures: nccl.h; the argument layout of each shape is in bpf/nccl.bpf.c.
+    Not probed: the deprecated ncclBcast(buff, ...), a wrapper that calls
+    ncclBroadcast(buff, buff, ...): its calls are seen as that ncclBroadcast."""
+    out: list[Api] = []
+
+    def add(symbols, kind, shape, category):
+        out.extend(_api(s, "nccl", kind, shape, category) for s in symbols)
+
+    C = Kind.collective
+    add(["ncclAllReduce", "ncclReduceScatter"], C, "nccl_reduce_op", "collectives")
+    add(["ncclReduce"], C, "nccl_reduce_root", "collectives")
+    add(["ncclBroadcast", "ncclGather", "ncclScatter"], C, "nccl_root", "collectives")
+    add(["ncclAllGather", "ncclAlltoAll"], C, "nccl_gather", "collectives")
+    add(["ncclSend", "ncclRecv"], Kind.p2p, "nccl_p2p", "point to point")
+    add(["ncclGroupStart", "ncclGroupEnd"], Kind.group, "nccl_none", "groups")
+    add(["ncclGetUniqueId"], Kind.comm, "nccl_unique_id", "communicators")
+    add(["ncclCommInitRank", "ncclCommInitRankConfig"], Kind.comm, "nccl_init_rank", "communicators")
+    add(["ncclCommInitAll"], Kind.comm, "nccl_init_all", "communicators")
+    add(["ncclCommSplit"], Kind.comm, "nccl_split", "communicators")
+    add(["ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort"], Kind.comm, "nccl_comm", "communicators")
+    add(["ncclGetVersion"], Kind.other, "nccl_version", "version")
+    return out
+
+
+APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _c10() + _nccl())
 API_ID: dict[str, int] = {a.symbol: i for i, a in enumerate(APIS)}
 #: the capture's api names, by id
 API_NAMES: tuple[str, ...] = tuple(a.api_name for a in APIS)

@@ -21,7 +21,7 @@ def _bpf_dir() -> Path:
 
 
 BPF_DIR = _bpf_dir()
-SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c")
+SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c", "nccl.bpf.c")
 STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
 

@@ -1,6 +1,8 @@
 """Key findings: the few facts a report opens with (the kernel with the most
 GPU time, time blocked in syncs, the peak of live device memory, the peak of
-tensor memory, failed calls, leaks), each read from the table of the tool that has the details."""
+tensor memory, failed calls, leaks, and with NCCL: hangs and the rank that
+kept the others waiting most), each read from the table of the tool that has
+the details."""
 
 from __future__ import annotations
 
@@ -140,6 +142,29 @@ def _leaks(f: pl.DataFrame, by_name: dict[str, ToolResult]) -> Finding:
     return Finding("leaks", f"{text}; most from {{subject}} ({human_bytes(top[1])})", "leaks", top[0])
 
 
+def _hangs(f: pl.DataFrame) -> Finding | None:
+    """Only when there is one: captures without NCCL say nothing about it."""
+    if f.height == 0:
+        return None
+    row = f.row(0, named=True)  # the tool sorts by communicator and seq: the first collective that hung
+    ranks = row["missing_ranks"]
+    text = (f"{_n(f.height, 'collective', 'collectives')} not entered by every rank; first: {row['api']} "
+            f"#{row['seq']} of communicator 0x{row['comm_id']:x}, rank{'s' if ',' in ranks else ''} {ranks} "
+            f"(pid {row['missing_pids']}) never came, the others waited {human_ns(row['waiting_ns'] or 0)}")
+    return Finding("hangs", text, "hangs")
+
+
+def _straggler(f: pl.DataFrame) -> Finding | None:
+    f = f.filter(pl.col("late_ns") > 0)
+    if f.height == 0:
+        return None
+    row = f.row(0, named=True)  # the tool sorts by the waits caused
+    text = (f"rank {row['rank']} (pid {row['pid']}) entered {row['times_last']} of {row['collectives']} "
+            f"collectives last, {human_ns(row['late_ns'])} of waiting caused; worst #{row['worst_seq']} "
+            f"({human_ns(row['max_late_ns'])})")
+    return Finding("straggler", text, "straggler_ranks")
+
+
 def key_findings(results: list[ToolResult], t0: int | None) -> list[Finding]:
     """The findings whose tools ran and had something to read (an --aggregate
     capture has no per-call durations, a --tool filter may leave tools out)."""
@@ -157,4 +182,8 @@ def key_findings(results: list[ToolResult], t0: int | None) -> list[Finding]:
         out.append(_errors(f))
     if (f := _frame(by_name, "leaks")) is not None:
         out.append(_leaks(f, by_name))
+    if (f := _frame(by_name, "hangs")) is not None:
+        out.append(_hangs(f))
+    if (f := _frame(by_name, "straggler_ranks")) is not None:
+        out.append(_straggler(f))
     return [x for x in out if x is not None]

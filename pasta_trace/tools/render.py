@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import polars as pl
 
 ADDRESS_COLUMNS = frozenset(
-    {"base", "ptr", "alloc_base", "host_addr", "src", "dst", "stream", "func", "prefetch_ptr"}
+    {"base", "ptr", "alloc_base", "host_addr", "src", "dst", "stream", "func", "prefetch_ptr", "communicator", "comm_id"}
 )
 TIMESTAMP_COLUMNS = frozenset({"gpu_start_ns", "gpu_end_ns"})
 #: text that is no use cut short: wrapped instead

@@ -53,7 +53,7 @@ def test_return_code_table_matches_the_vendor_headers() -> None:
     if not Path("/usr/include/hip/hip_runtime_api.h").exists():
         pytest.skip("no HIP headers: apt-get install libamdhip64-dev")
     r = subprocess.run([sys.executable, str(GEN), "--check"], capture_output=True, text=True, timeout=120)
-    if "no cuda.h" in r.stderr:
+    if "no cuda.h" in r.stderr or "no nccl.h" in r.stderr:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr
 
@@ -82,17 +82,20 @@ def test_error_names_per_family() -> None:
     from pasta_trace.schema import RETURN_CODES
 
     df = pl.DataFrame(
-        {"api": ["cuMemAlloc_v2", "hipMalloc", "cudaMalloc", "cuInit", "cuInit", "hipFree", "ncclAllReduce"],
-         "ret": [3, 101, 2, None, 0, 0x7FFF_0001, 5]},
+        {"api": ["cuMemAlloc_v2", "hipMalloc", "cudaMalloc", "cuInit", "cuInit", "hipFree", "ncclAllReduce",
+                 "ncclCommInitRank"],
+         "ret": [3, 101, 2, None, 0, 0x7FFF_0001, 4, 77]},
         schema={"api": pl.Categorical, "ret": pl.Int32},
     )
     got = df.select(error_name().alias("name"), failed().alias("failed"))
     assert got["name"].to_list() == ["CUDA_ERROR_NOT_INITIALIZED", "hipErrorInvalidDevice",
-                                     "cudaErrorMemoryAllocation", None, None, "hipError_t 2147418113", "error 5"]
-    assert got["failed"].to_list() == [True, True, True, False, False, True, True]
+                                     "cudaErrorMemoryAllocation", None, None, "hipError_t 2147418113",
+                                     "ncclInvalidArgument", "ncclResult_t 77"]
+    assert got["failed"].to_list() == [True, True, True, False, False, True, True, True]
     # the headers' own spelling, first name of a value (HIP's deprecated aliases come after)
     assert RETURN_CODES["hip"][2] == "hipErrorOutOfMemory"
     assert RETURN_CODES["cuda"][100] == "CUDA_ERROR_NO_DEVICE"
+    assert RETURN_CODES["nccl"][1] == "ncclUnhandledCudaError"
 
 
 def test_api_errors_tool(cap_dir: Path) -> None:

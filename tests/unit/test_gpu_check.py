@@ -173,3 +173,19 @@ def test_torch_tensor_step_skips_without_cuda_torch(tmp_path: Path) -> None:
     gc.torch_tensor_events(tab, sys.executable, tmp_path)
     assert tab.rows == [("PyTorch tensor events", "-", "PyTorch with CUDA not importable", "skip")]
     assert not tab.failed
+
+
+def test_nccl_verdict_passes_exact_calls_and_fails_a_wrong_size() -> None:
+    mod = gpu_check_module()
+    uid = bytes(range(128))
+    assert mod.nccl_comm_id(uid) == schema.nccl_comm_id(uid)  # the script's stdlib copy of the hash
+    counts = mod.NCCL_COUNTS
+    calls = [{"count": c, "size": 4 * c, "ret": 0, "seq": i, "datatype": "float32"} for i, c in enumerate(counts)]
+    comms = [{"rank": 0, "nranks": 1, "comm_id": mod.nccl_comm_id(uid)}]
+    tab = mod.Table()
+    mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
+    assert [r[3] for r in tab.rows] == ["ok"] * 4 and not tab.failed
+    calls[1]["size"] = 4
+    tab = mod.Table()
+    mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
+    assert [r[3] for r in tab.rows] == ["ok", "FAIL", "ok", "ok"]

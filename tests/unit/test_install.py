@@ -42,6 +42,6 @@ def test_wheel_install_prints_the_bpf_program(tmp_path: Path) -> None:
     out = subprocess.run([str(venv / "bin" / "pasta-trace"), "--print-bpf", "-a"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    for src in ("cuda.bpf.c", "hip.bpf.c", "discover.bpf.c"):
+    for src in ("cuda.bpf.c", "hip.bpf.c", "nccl.bpf.c", "discover.bpf.c"):
         body = (ROOT / "bpf" / src).read_text().strip()
         assert body.splitlines()[-1] in out.stdout, src

@@ -40,7 +40,7 @@ def test_merge_writes_a_timeline_and_prints_stats(tmp_path: Path, capsys) -> Non
     assert meta["merge_stats"]["unmatched_device"] == 1
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["timeline.json", "device", "events.parquet", "names.parquet", "processes.parquet", "libraries.parquet",
-         "stacks.parquet", *(f"{k}.parquet" for k in schema.TIMELINE_FRAMES)])
+         "stacks.parquet", "communicators.parquet", *(f"{k}.parquet" for k in schema.TIMELINE_FRAMES)])
     assert sorted(p.name for p in (out / "device").iterdir()) == sorted(f"{k}.parquet" for k in fx.DEVICE)
     assert not list(tmp_path.glob(".timeline.parquet.tmp-*"))
 

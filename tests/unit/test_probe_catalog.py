@@ -59,7 +59,7 @@ def test_ids_are_table_indexes():
 def test_every_api_is_well_formed():
     for a in catalog.APIS:
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.symbol), a.symbol
-        assert a.family in ("cuda", "hip", "c10")
+        assert a.family in ("cuda", "hip", "c10", "nccl")
         assert isinstance(a.kind, schema.Kind)
         assert a.ret == (a.shape in catalog.RETURN_SHAPES)
         assert catalog.SHAPES[a.shape] in ("common", a.family)
@@ -106,7 +106,8 @@ def test_every_shape_has_exactly_one_bpf_macro():
     defined = re.findall(r"#define PT_H_([A-Z0-9_]+)\(name, id, kind, arg\)", text)
     assert sorted(defined) == sorted(s.upper() for s in catalog.SHAPES)
     for shape, where in catalog.SHAPES.items():
-        file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c", "c10": "c10.bpf.c"}[where]
+        file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c", "c10": "c10.bpf.c",
+                "nccl": "nccl.bpf.c"}[where]
         assert f"#define PT_H_{shape.upper()}(" in (program.BPF_DIR / file).read_text()
 
 
@@ -157,3 +158,28 @@ def test_build_id_of_the_real_libraries():
     path, _ = vendor_libcuda()
     bid = elf.build_id(path)
     assert bid is not None and re.fullmatch(r"[0-9a-f]{40}", bid)
+
+
+def test_every_nccl_symbol_resolves_in_the_real_libnccl_once_with_its_alias(real_libnccl):
+    """ncclX and pncclX share an address: the catalog lists ncclX only, so each is probed once."""
+    exports = elf.exported_symbols(str(real_libnccl.lib))
+    probed = [a.symbol for a in catalog.for_family("nccl")]
+    assert [s for s in probed if s not in exports] == []
+    assert [s for s in probed if exports[s].vaddr != exports["p" + s].vaddr] == []
+    assert len({exports[s].vaddr for s in probed}) == len(probed) == 21
+
+
+def test_nccl_coverage():
+    by_kind: dict = {}
+    for a in catalog.for_family("nccl"):
+        by_kind.setdefault(a.kind.name, []).append(a.symbol.removeprefix("nccl"))
+        assert a.ret and a.layer == schema.Layer.nccl
+    assert {k: sorted(v) for k, v in by_kind.items()} == {
+        "collective": ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "Gather", "Reduce",
+                       "ReduceScatter", "Scatter"],
+        "p2p": ["Recv", "Send"],
+        "group": ["GroupEnd", "GroupStart"],
+        "comm": ["CommAbort", "CommDestroy", "CommFinalize", "CommInitAll", "CommInitRank", "CommInitRankConfig",
+                 "CommSplit", "GetUniqueId"],
+        "other": ["GetVersion"],
+    }

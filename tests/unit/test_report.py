@@ -45,14 +45,14 @@ def test_terminal_report_has_findings_facts_and_every_tool(tmp_path: Path, capsy
     # a table per tool that found something, one line for those that did not, one for those that need device data
     shown = [t.title for t in REGISTRY.values() if t.title in lines]
     assert lines[-4:] == [
-        "Nothing found: api_errors, copy_storms",
+        "Nothing found: api_errors, copy_storms, collectives, stragglers, straggler_ranks, hangs",
         "Needs tensor events (a PyTorch program); this capture has none: tensor_memory, tensor_peaks, "
         "tensor_peak_call_sites, tensor_fragmentation, tensor_leaks,",
         "tensors_never_freed",
-        "Needs device data (gpu_probes or CUPTI); this capture has none: launch_gaps, gpu_idle, working_set, "
-        "alloc_hotness, page_hotness, prefetch",
+        "Needs device data (gpu_probes or CUPTI); this capture has none: collective_bandwidth, launch_gaps, "
+        "gpu_idle, working_set, alloc_hotness, page_hotness, prefetch",
     ]
-    assert len(shown) == len(REGISTRY) - 2 - 6 - 6
+    assert len(shown) == len(REGISTRY) - 6 - 6 - 7
     # memory renderer: peak and end per process
     assert "pid 100: peak 24.0 KiB, end 24.0 KiB, 4 steps" in lines
     assert "pid 200: peak 2.0 KiB, end 1.0 KiB, 3 steps" in lines

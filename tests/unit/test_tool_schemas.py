@@ -20,14 +20,14 @@ from test_export_model import write_capture
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = synthetic.Spec(pids=2, launches=200, allocations=40, accesses=4000, syncs=30, failed_allocs=4, copies=60,
-                      stacks=True, tensors=300)
+                      stacks=True, tensors=300, collectives=12)
 
 
 def _aggregate(src: Path, dst: Path) -> Path:
     """`src` as an --aggregate capture: its calls counted per (pid, API, kernel, shape, return code)."""
     synthetic.write_capture(dst, SPEC)
     ev = pl.read_parquet(src / "events-00000.parquet")
-    keys = [c for c in schema.AGGREGATE_SCHEMA if c in ev.columns]
+    keys = [c for c in schema.AGGREGATE_SCHEMA if c in ev.columns and c != "count"]  # events have a `count` too (NCCL)
     agg = ev.group_by(keys).agg(pl.len().alias("count"), pl.col("size").sum().alias("bytes"),
                                 pl.col("ts_ns").min().alias("first_ts_ns"), pl.col("ts_ns").max().alias("last_ts_ns"))
     agg.select([pl.col(c).cast(t) for c, t in schema.AGGREGATE_SCHEMA.items()]).write_parquet(dst / "aggregate.parquet")

@@ -1,0 +1,170 @@
+"""NCCL collectives per rank and communicator, and their bus bandwidth.
+
+A collective's rank and cross-rank communicator id (comm_id) come from
+communicators.parquet, through the (pid, communicator handle) the call was
+made on while that communicator was alive.  Rows of several processes (one
+capture of many ranks, or a merged timeline of many captures) line up by
+(comm_id, seq): every rank calls a communicator's collectives in one order.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .. import merge
+from ..call_result import done
+from ..read import Capture
+from .registry import PID, Tool, columns, returns
+
+#: nccl-tests' bus bandwidth: algorithm bytes (`size` x this) and the bus factor, per API
+_ALGO_BYTES_X_NRANKS = ("ncclAllGather", "ncclReduceScatter", "ncclAlltoAll", "ncclGather", "ncclScatter")
+_BUS_FACTOR_2 = ("ncclAllReduce",)  # 2 (n-1)/n
+_BUS_FACTOR_1 = ("ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv")  # 1; the others: (n-1)/n
+
+
+def collective_calls(cap: Capture) -> pl.LazyFrame:
+    """Collective and p2p calls with the host, comm_id, rank and nranks of
+    the communicator they were made on (null where its creation was not seen)."""
+    comms = cap.communicators.select(
+        "pid", "communicator", "host", "comm_id", "rank", "nranks",
+        pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end"))
+    calls = cap.events.filter(pl.col("kind").is_in(["collective", "p2p"])).drop("comm_id", "rank", "nranks")
+    alive = (pl.col("ts_ns") >= pl.col("_made")) & (pl.col("_end").is_null() | (pl.col("ts_ns") <= pl.col("_end")))
+    matched = calls.join(comms, on=["pid", "communicator"], how="inner").filter(alive)
+    unmatched = calls.join(matched.select("pid", "ts_ns", "tid"), on=["pid", "ts_ns", "tid"], how="anti")
+    return pl.concat([matched.drop("_made", "_end"), unmatched], how="diagonal_relaxed").with_columns(
+        pl.col("api").cast(pl.String))
+
+
+_KEY = (
+    ("comm_id", pl.UInt64, "handle", "the communicator across ranks (hash of its ncclUniqueId); null: not known"),
+    ("rank", pl.Int32, "", "this process's rank in it"),
+    ("nranks", pl.Int32, "count", "ranks in the communicator"),
+)
+COLLECTIVES = columns(
+    *_KEY, PID, ("communicator", pl.UInt64, "handle", "the ncclComm_t in that process"),
+    ("api", pl.String, "", "the NCCL call"),
+    ("calls", pl.UInt32, "count", "calls"),
+    ("failed", pl.UInt32, "count", "calls that returned an error"),
+    ("bytes", pl.UInt64, "bytes", "count x element size, summed over the calls that succeeded"),
+    ("call_ns", pl.Int64, "ns", "time in the calls (enqueueing: the GPU runs them later)"),
+    ("max_call_ns", pl.Int64, "ns", "the longest call"),
+    ("first_ts_ns", pl.Int64, "ts", "first call"),
+    ("last_ts_ns", pl.Int64, "ts", "last call"),
+)
+
+
+@returns(COLLECTIVES)
+def collectives(cap: Capture) -> pl.DataFrame:
+    """Per communicator, rank and NCCL call: how many, bytes, time in the call."""
+    keys = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
+    return (
+        collective_calls(cap)
+        .group_by(keys)
+        .agg(
+            pl.len().alias("calls"),
+            (~done()).sum().alias("failed"),
+            pl.col("size").filter(done()).sum().alias("bytes"),
+            pl.col("dur_ns").sum().alias("call_ns"),
+            pl.col("dur_ns").max().alias("max_call_ns"),
+            pl.col("ts_ns").min().alias("first_ts_ns"),
+            pl.col("ts_ns").max().alias("last_ts_ns"),
+        )
+        .sort(["comm_id", "rank", "pid", "communicator", "api"], nulls_last=True)
+        .select([pl.col(c).cast(col.dtype) for c, col in COLLECTIVES.items()])
+        .collect(engine="streaming")
+    )
+
+
+def _containers(events: pl.LazyFrame) -> pl.LazyFrame:
+    """Each collective call with the call its kernels are launched in: itself,
+    or for a call inside ncclGroupStart..ncclGroupEnd the outermost
+    ncclGroupEnd that closes the group (`_c_ts`, `_c_end` on its thread)."""
+    nccl = events.filter(pl.col("layer") == "nccl").sort("pid", "tid", "ts_ns")
+    step = pl.when(pl.col("api") == "ncclGroupStart").then(1).when(pl.col("api") == "ncclGroupEnd").then(-1)
+    nccl = nccl.with_columns(step.fill_null(0).cum_sum().over("pid", "tid").alias("_depth"))
+    ends = nccl.filter((pl.col("api") == "ncclGroupEnd") & (pl.col("_depth") == 0)).select(
+        "pid", "tid", pl.col("ts_ns").alias("_c_ts"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("_c_end"))
+    coll = nccl.filter(pl.col("kind") == "collective")
+    # sorted by the `by` keys and then the time, as join_asof needs (it does not check)
+    grouped = coll.filter(pl.col("_depth") > 0).sort("pid", "tid", "ts_ns").join_asof(
+        ends.sort("pid", "tid", "_c_ts"), left_on="ts_ns", right_on="_c_ts", by=["pid", "tid"], strategy="forward",
+        check_sortedness=False)
+    alone = coll.filter(pl.col("_depth") == 0).with_columns(
+        pl.col("ts_ns").alias("_c_ts"), (pl.col("ts_ns") + pl.col("dur_ns")).alias("_c_end"))
+    return pl.concat([alone, grouped], how="diagonal_relaxed").drop("_depth")
+
+
+BANDWIDTH = columns(
+    *_KEY, PID, ("seq", pl.Int64, "", "the collective's number on its communicator"),
+    ("api", pl.String, "", "the collective"),
+    ("count", pl.UInt64, "count", "elements"),
+    ("datatype", pl.String, "", "element type"),
+    ("bytes", pl.UInt64, "bytes", "algorithm bytes (nccl-tests): size, times nranks for gathers and scatters"),
+    ("gpu_ns", pl.Int64, "ns", "first start to last end of the kernels its call (or group) launched"),
+    ("kernels", pl.UInt32, "count", "those kernels"),
+    ("group_ops", pl.UInt32, "count", "collectives sharing those kernels (one ncclGroupEnd); >1: bandwidth is shared"),
+    ("algbw", pl.Float64, "GB/s", "bytes over gpu_ns"),
+    ("busbw", pl.Float64, "GB/s", "algbw times the bus factor (nccl-tests): 2(n-1)/n all-reduce, (n-1)/n gathers"),
+)
+
+
+@returns(BANDWIDTH)
+def bandwidth(cap: Capture) -> pl.DataFrame:
+    """Per collective with device timing: the GPU time of the kernels its
+    call launched and the algorithm and bus bandwidth."""
+    calls = _containers(cap.events).filter(done()).drop("comm_id", "rank", "nranks").with_columns(
+        pl.col("api").cast(pl.String))
+    kernels = merge.kernel_executions(cap).filter(pl.col("gpu_start_ns").is_not_null()).select(
+        "pid", "tid", pl.col("ts_ns").alias("_launch"), "gpu_start_ns", "gpu_end_ns")
+    cont = calls.select("pid", "tid", "_c_ts", "_c_end").unique()
+    timed = (
+        kernels.sort("pid", "tid", "_launch")
+        .join_asof(cont.sort("pid", "tid", "_c_ts"), left_on="_launch", right_on="_c_ts", by=["pid", "tid"],
+                   check_sortedness=False)
+        .filter(pl.col("_launch") <= pl.col("_c_end"))
+        .group_by("pid", "tid", "_c_ts")
+        .agg((pl.col("gpu_end_ns").max() - pl.col("gpu_start_ns").min()).alias("gpu_ns"),
+             pl.len().alias("kernels"))
+    )
+    per_call = calls.join(timed, on=["pid", "tid", "_c_ts"], how="inner").with_columns(
+        pl.len().over("pid", "tid", "_c_ts").alias("group_ops"))
+    comms = collective_calls(cap).select("pid", "tid", "ts_ns", "comm_id", "rank", "nranks")
+    n = pl.col("nranks").cast(pl.Float64)
+    factor = (
+        pl.when(pl.col("api").is_in(_BUS_FACTOR_2)).then(2 * (n - 1) / n)
+        .when(pl.col("api").is_in(_BUS_FACTOR_1)).then(1.0)
+        .otherwise((n - 1) / n)
+    )
+    algo = pl.when(pl.col("api").is_in(_ALGO_BYTES_X_NRANKS)).then(pl.col("size") * pl.col("nranks")) \
+        .otherwise(pl.col("size"))
+    return (
+        per_call.join(comms, on=["pid", "tid", "ts_ns"], how="left")
+        .with_columns(algo.alias("bytes"), pl.col("datatype").cast(pl.String))
+        .with_columns((pl.col("bytes") / pl.col("gpu_ns")).alias("algbw"))
+        .with_columns((pl.col("algbw") * factor).alias("busbw"))
+        .sort(["comm_id", "seq", "rank", "pid", "ts_ns"], nulls_last=True)
+        .select([pl.col(c).cast(col.dtype) for c, col in BANDWIDTH.items()])
+        .collect(engine="streaming")
+    )
+
+
+TOOLS = [
+    Tool(
+        name="collectives",
+        title="NCCL collectives per rank",
+        compute=collectives,
+        description="calls, bytes and time in the call per communicator, rank and NCCL call",
+        terminal_columns=("comm_id", "rank", "nranks", "pid", "api", "calls", "failed", "bytes", "call_ns",
+                          "max_call_ns"),
+    ),
+    Tool(
+        name="collective_bandwidth",
+        title="NCCL bus bandwidth",
+        compute=bandwidth,
+        needs_device=True,
+        description="GPU time, algorithm and bus bandwidth of each collective whose kernels have device timing",
+        terminal_columns=("comm_id", "seq", "rank", "api", "count", "datatype", "bytes", "gpu_ns", "group_ops",
+                          "algbw", "busbw"),
+    ),
+]

@@ -1,0 +1,161 @@
+"""Across ranks: who entered each collective last (stragglers), and which
+collectives some ranks entered and others never did (hangs).
+
+A collective is one (comm_id, seq) on every rank of the communicator
+(tools.collectives.collective_calls).  Entering is the host call: NCCL's
+collectives return once enqueued, so a rank that calls late holds up every
+rank's kernel of that collective, and a rank that never calls hangs them."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ..read import Capture
+from .collectives import collective_calls
+from .registry import Tool, columns, returns
+from .span import bounds
+
+_COLL = (
+    ("comm_id", pl.UInt64, "handle", "the communicator across ranks (hash of its ncclUniqueId)"),
+    ("seq", pl.Int64, "", "the collective's number on it (the same on every rank)"),
+    ("api", pl.String, "", "the collective"),
+)
+
+
+def _entries(cap: Capture) -> pl.LazyFrame:
+    """One row per rank that entered each numbered collective."""
+    return collective_calls(cap).filter(
+        (pl.col("kind") == "collective") & pl.col("seq").is_not_null() & pl.col("comm_id").is_not_null()
+        & pl.col("rank").is_not_null())
+
+
+STRAGGLERS = columns(
+    *_COLL,
+    ("ranks", pl.UInt32, "count", "ranks that entered it"),
+    ("first_ts_ns", pl.Int64, "ts", "the first rank's entry"),
+    ("last_rank", pl.Int32, "", "the rank that entered last"),
+    ("last_pid", pl.UInt32, "", "its process"),
+    ("late_ns", pl.Int64, "ns", "how much later than the rank before it: the wait that rank alone caused"),
+    ("spread_ns", pl.Int64, "ns", "last entry minus first"),
+)
+
+
+def _per_collective(cap: Capture) -> pl.LazyFrame:
+    ts = pl.col("ts_ns").sort()
+    return (
+        _entries(cap)
+        .group_by("comm_id", "seq")
+        .agg(
+            pl.col("api").first(),
+            pl.len().alias("ranks"),
+            ts.first().alias("first_ts_ns"),
+            pl.col("rank").sort_by("ts_ns").last().alias("last_rank"),
+            pl.col("pid").sort_by("ts_ns").last().alias("last_pid"),
+            (ts.last() - ts.tail(2).first()).alias("late_ns"),
+            (ts.last() - ts.first()).alias("spread_ns"),
+        )
+        .filter(pl.col("ranks") >= 2)
+    )
+
+
+@returns(STRAGGLERS)
+def stragglers(cap: Capture) -> pl.DataFrame:
+    """Per collective entered by two ranks or more, in order: the rank that
+    entered last, and by how much."""
+    return (
+        _per_collective(cap).sort("comm_id", "seq")
+        .select([pl.col(c).cast(col.dtype) for c, col in STRAGGLERS.items()])
+        .collect(engine="streaming")
+    )
+
+
+STRAGGLER_RANKS = columns(
+    _COLL[0], ("rank", pl.Int32, "", "a rank of that communicator"),
+    ("pid", pl.UInt32, "", "its process"),
+    ("collectives", pl.UInt32, "count", "collectives of the communicator that two ranks or more entered"),
+    ("times_last", pl.UInt32, "count", "of those, the ones this rank entered last"),
+    ("late_ns", pl.Int64, "ns", "the waits it caused (late_ns of those), summed"),
+    ("max_late_ns", pl.Int64, "ns", "the longest"),
+    ("worst_seq", pl.Int64, "", "the collective of that longest wait"),
+)
+
+
+@returns(STRAGGLER_RANKS)
+def straggler_ranks(cap: Capture) -> pl.DataFrame:
+    """Per communicator and rank: how often it entered last and the waits it caused, worst first."""
+    per = _per_collective(cap)
+    totals = per.group_by("comm_id").agg(pl.len().alias("collectives"))
+    ranks = _entries(cap).select("comm_id", "rank", "pid").unique()
+    last = per.group_by("comm_id", pl.col("last_rank").alias("rank")).agg(
+        pl.len().alias("times_last"), pl.col("late_ns").sum(), pl.col("late_ns").max().alias("max_late_ns"),
+        pl.col("seq").sort_by("late_ns").last().alias("worst_seq"))
+    return (
+        ranks.join(totals, on="comm_id").join(last, on=["comm_id", "rank"], how="left")
+        .with_columns(pl.col("times_last", "late_ns").fill_null(0))
+        .sort(["late_ns", "comm_id", "rank"], descending=[True, False, False])
+        .select([pl.col(c).cast(col.dtype) for c, col in STRAGGLER_RANKS.items()])
+        .collect(engine="streaming")
+    )
+
+
+HANGS = columns(
+    *_COLL,
+    ("nranks", pl.Int32, "count", "ranks of the communicator that the capture saw join it"),
+    ("entered", pl.UInt32, "count", "ranks that entered the collective"),
+    ("missing", pl.UInt32, "count", "ranks that joined the communicator and never entered it"),
+    ("missing_ranks", pl.String, "", "which ranks (comma-separated)"),
+    ("missing_pids", pl.String, "", "their processes"),
+    ("first_ts_ns", pl.Int64, "ts", "the first rank's entry"),
+    ("waiting_ns", pl.Int64, "ns", "from the first entry to the end of the capture: how long the others waited"),
+)
+
+
+@returns(HANGS)
+def hangs(cap: Capture) -> pl.DataFrame:
+    """Collectives that some ranks entered and other ranks of the same
+    communicator (seen joining it) never did before the capture ended."""
+    _, end = bounds(cap)
+    members = cap.communicators.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null()).select(
+        "comm_id", "rank", "pid").unique()
+    entered = _entries(cap).select("comm_id", "seq", "api", "rank", "ts_ns")
+    collectives = entered.group_by("comm_id", "seq").agg(
+        pl.col("api").first(), pl.col("rank").n_unique().alias("entered"), pl.col("ts_ns").min().alias("first_ts_ns"))
+    absent = (
+        collectives.select("comm_id", "seq").join(members, on="comm_id")
+        .join(entered.select("comm_id", "seq", "rank"), on=["comm_id", "seq", "rank"], how="anti")
+        .group_by("comm_id", "seq")
+        .agg(pl.len().alias("missing"), pl.col("rank").sort().cast(pl.String).str.join(",").alias("missing_ranks"),
+             pl.col("pid").sort_by("rank").cast(pl.String).str.join(",").alias("missing_pids"))
+    )
+    nranks = members.group_by("comm_id").agg(pl.len().alias("nranks"))
+    return (
+        collectives.join(absent, on=["comm_id", "seq"]).join(nranks, on="comm_id")
+        .with_columns((pl.lit(end, pl.Int64) - pl.col("first_ts_ns")).alias("waiting_ns"))
+        .sort("comm_id", "seq")
+        .select([pl.col(c).cast(col.dtype) for c, col in HANGS.items()])
+        .collect(engine="streaming")
+    )
+
+
+TOOLS = [
+    Tool(
+        name="stragglers",
+        title="NCCL stragglers (last rank into each collective)",
+        compute=stragglers,
+        description="per collective (comm_id, seq): the rank that entered last and how much later, in order",
+    ),
+    Tool(
+        name="straggler_ranks",
+        title="NCCL straggler ranks",
+        compute=straggler_ranks,
+        description="per communicator and rank: collectives it entered last and the waits it caused",
+    ),
+    Tool(
+        name="hangs",
+        title="NCCL hangs (collectives some ranks never entered)",
+        compute=hangs,
+        description="collectives that some ranks entered and others of the communicator never did",
+        terminal_columns=("comm_id", "seq", "api", "nranks", "entered", "missing", "missing_ranks", "missing_pids",
+                          "waiting_ns"),
+    ),
+]
