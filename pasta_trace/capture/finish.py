@@ -16,16 +16,19 @@ from . import manifest as mf
 from .bpf_maps import read_aggregate, read_lost
 from .launch import HeldCommand
 from .options import Options, Result
+from .native_collector import NativeCollector
 from .probe_set import ProbeSet
-from .stack_collector import StackCollector
+from .stack_collector import StackCollector, write_stacks
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
 
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
-                 tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None):
+                 tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
+                 native: NativeCollector | None = None):
         self._stacks = stacks
+        self._native = native
         self._opts = opts
         self._out = out
         self._owner = owner
@@ -40,10 +43,12 @@ class Finisher:
         writer.flush_async()
         writer.close()
         bpf = self._probes.bpf
-        if self._stacks is not None:
-            self._stacks.close()
-            self._stacks.write(writer)
-            manifest.stacks = self._stacks.manifest()
+        if self._stacks is not None or self._native is not None:
+            for c in (self._native, self._stacks):
+                if c is not None:
+                    c.close()
+            write_stacks(writer, self._stacks, self._native)
+            manifest.stacks = self._stacks_manifest()
         if self._opts.aggregate:
             self._write_aggregate(writer, bpf)
         processes = self._tracker.processes
@@ -62,8 +67,9 @@ class Finisher:
         manifest.notes = self._probes.notes
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
         manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind)
-        if self._stacks is not None:
-            manifest.counts["stacks"] = self._stacks.counts()
+        if self._stacks is not None or self._native is not None:
+            manifest.counts["stacks"] = {**(self._stacks.counts() if self._stacks else {}),
+                                         **(self._native.counts() if self._native else {})}
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:
@@ -73,6 +79,14 @@ class Finisher:
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
         self._out.close()
         return Result(self._opts.out_dir, manifest, lost, by_kind, writer.events, names, exit_code)
+
+    def _stacks_manifest(self) -> dict:
+        """The manifest's `stacks` object: Python settings and processes, then the native settings."""
+        out = self._stacks.manifest() if self._stacks is not None else {"python": False, "processes": {}}
+        out["native"] = False
+        if self._native is not None:
+            out.update(self._native.manifest())
+        return out
 
     def _write_aggregate(self, writer: CaptureWriter, bpf) -> None:
         from .decode import aggregate_frame

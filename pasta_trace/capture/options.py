@@ -16,6 +16,7 @@ from . import manifest as mf
 DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
 NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # 1 MiB for new stacks only (~1 KiB each at depth 64): identical ones are not resent
+DEFAULT_NATIVE_PAGES = 2048  # 8 MiB: ~1000 native stacks (8 KiB each, one per event) between drains
 
 #: files a capture writes; --force removes these (and only these) first
 CAPTURE_FILES = ("manifest.json", "events-*.parquet", "names.parquet", "processes.parquet",
@@ -38,6 +39,13 @@ class Options:
     stacks: bool = True  # the caller's Python stack on every event (--no-stacks: off)
     stack_depth: int = schema.DEFAULT_STACK_DEPTH
     stack_pages: int = DEFAULT_STACK_PAGES
+    native_stacks: str | None = None  # --native-stacks: "default" or "all"; None: off
+    native_pages: int = DEFAULT_NATIVE_PAGES
+
+    @property
+    def native_stacks_loaded(self) -> str | None:
+        """The native-stack setting the BPF program has, None when off (--aggregate keeps no events)."""
+        return self.native_stacks if not self.aggregate else None
 
     @property
     def stack_depth_loaded(self) -> int | None:

@@ -13,17 +13,18 @@ from .. import schema
 from ..errors import PastaError
 from . import checks, discovery, manifest as mf
 from .late_load import OpenedLibrary, discover_text
-from .options import DEFAULT_STACK_PAGES, NAMES_PAGES, Options
+from .options import DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, NAMES_PAGES, Options
 
 
 def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
-                 stack_pages: int = DEFAULT_STACK_PAGES) -> str:
+                 stack_pages: int = DEFAULT_STACK_PAGES, native_stacks: str | None = None,
+                 native_pages: int = DEFAULT_NATIVE_PAGES) -> str:
     """The C text of the probes and discover programs, as loaded."""
     from ..probes import program
 
     return program.build_bpf_text(
         ring_pages=buffer_pages, names_pages=NAMES_PAGES, aggregate=aggregate, filter_pids=filter_pids,
-        stack_depth=stack_depth, stack_pages=stack_pages,
+        stack_depth=stack_depth, stack_pages=stack_pages, native_stacks=native_stacks, native_pages=native_pages,
     ) + discover_text(filter_pids=filter_pids)
 
 
@@ -31,7 +32,8 @@ def load_program(opts: Options):
     """Compile and load the probes and discover programs (a bcc.BPF)."""
     bcc = checks.import_bcc()
     text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
-                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages)
+                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
+                        native_stacks=opts.native_stacks_loaded, native_pages=opts.native_pages)
     try:
         return bcc.BPF(text=text)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception

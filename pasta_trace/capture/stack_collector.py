@@ -18,6 +18,7 @@ import polars as pl
 
 from .. import schema
 from ..stacks import interpreter
+from ..stacks.native import Frame
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
 from .ringbuf import open_table
@@ -46,6 +47,9 @@ class StackCollector:
         #: pid -> what the manifest says about it: interpreter and version, or why there are no stacks
         self.status: dict[int, dict] = {}
         self._seen: set[tuple[int, int]] = set()
+        #: (pid, stack_id) -> (frames cut where each eval-loop activation starts, truncated): native stacks
+        #: put each group in place of its activation (stacks.native.interleave)
+        self._groups: dict[tuple[int, int], tuple[list[list[Frame]], bool]] = {}
         self._rows: list[pl.DataFrame] = []
         self._unsymbolized = 0
         self.changed = False
@@ -150,43 +154,48 @@ class StackCollector:
             if (pid, sid) in self._seen:
                 continue  # evicted from the BPF dedup table and reported again
             self._seen.add((pid, sid))
-            p = self._procs.get(pid)
-            n = int(rec["depth"])
             truncated = bool(rec["flags"] & schema.STACK_FLAG_TRUNCATED)
-            shim = p.interp.layout.shim_owner if p is not None else None
-            depth = 0
-            for code_addr, instr, owner in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(),
-                                               rec["owner"][:n].tolist()):
-                if shim is not None and owner >= shim:
-                    continue  # a C-stack shim frame, not Python code
-                code = self._code(p, code_addr) if p is not None else None
-                if code is None:
-                    self._unsymbolized += 1
-                rows["pid"].append(pid)
-                rows["stack_id"].append(sid)
-                rows["depth"].append(depth)
-                rows["kind"].append("python")
-                rows["function"].append(code.qualname if code else None)
-                rows["file"].append(code.filename if code else None)
-                rows["line"].append(code.line_at(instr) if code else None)
-                rows["module"].append(None)
-                rows["addr"].append(code_addr)
-                rows["truncated"].append(truncated)
-                depth += 1
+            groups = self._frames(self._procs.get(pid), rec)
+            self._groups[(pid, sid)] = (groups, truncated)
+            add_rows(rows, pid, sid, [f for g in groups for f in g], truncated)
         if rows["pid"]:
             self._rows.append(pl.DataFrame(rows, schema=schema.STACKS_SCHEMA))
             self.changed = True
+
+    def _frames(self, p: _Process | None, rec) -> list[list[Frame]]:
+        """The stack's Python frames, cut where each activation of the eval
+        loop begins: 3.12+ mark it with a C-stack shim frame (dropped, as
+        traceback drops it), 3.11 with is_entry on the activation's first frame."""
+        shim = p.interp.layout.shim_owner if p is not None else None
+        entry_marks = p is not None and p.interp.layout.frame_entry is not None
+        n = int(rec["depth"])
+        groups: list[list[Frame]] = [[]]
+        for code_addr, instr, owner in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(),
+                                           rec["owner"][:n].tolist()):
+            if shim is not None and owner >= shim:
+                groups.append([])  # a C-stack shim frame, not Python code
+                continue
+            code = self._code(p, code_addr) if p is not None else None
+            if code is None:
+                self._unsymbolized += 1
+            groups[-1].append(Frame("python", code.qualname if code else None, code.filename if code else None,
+                                    code.line_at(instr) if code else None, None, code_addr))
+            if entry_marks and owner:
+                groups.append([])
+        if len(groups) > 1 and not groups[-1]:
+            groups.pop()  # the outermost entry frame
+        return groups
+
+    def groups(self, pid: int, stack_id: int) -> tuple[list[list[Frame]], bool] | None:
+        """The Python stack ``stack_id`` of ``pid`` by eval-loop activation,
+        innermost first, and whether it was truncated; None if not seen yet."""
+        return self._groups.get((pid, stack_id))
 
     def frame(self) -> pl.DataFrame:
         if not self._rows:
             return schema.empty_frame(schema.STACKS_SCHEMA)
         self._rows = [pl.concat(self._rows)]
         return self._rows[0]
-
-    def write(self, writer) -> None:
-        """(Re)write stacks.parquet with every stack so far."""
-        self.changed = False
-        writer.write_frame(writer.dir / "stacks.parquet", self.frame())
 
     def manifest(self) -> dict:
         """The manifest's `stacks` object: settings and each Python process's status."""
@@ -206,3 +215,28 @@ class StackCollector:
         for p in self._procs.values():
             p.mem.close()
         self._procs.clear()
+
+
+def add_rows(rows: dict[str, list], pid: int, sid: int, frames: list[Frame], truncated: bool) -> None:
+    """Append one stack's frames (innermost first) to column lists of schema.STACKS_SCHEMA."""
+    for depth, f in enumerate(frames):
+        rows["pid"].append(pid)
+        rows["stack_id"].append(sid)
+        rows["depth"].append(depth)
+        rows["kind"].append(f.kind)
+        rows["function"].append(f.function)
+        rows["file"].append(f.file)
+        rows["line"].append(f.line)
+        rows["module"].append(f.module)
+        rows["addr"].append(f.addr)
+        rows["truncated"].append(truncated)
+
+
+def write_stacks(writer, *collectors) -> None:
+    """(Re)write stacks.parquet with every stack the collectors (Python, native; None: off) have so far."""
+    live = [c for c in collectors if c is not None]
+    for c in live:
+        c.changed = False
+    frames = [c.frame() for c in live]
+    writer.write_frame(writer.dir / "stacks.parquet",
+                       pl.concat(frames) if frames else schema.empty_frame(schema.STACKS_SCHEMA))

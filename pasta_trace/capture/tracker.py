@@ -12,6 +12,7 @@ from ..errors import PastaError
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
+from .native_collector import NativeCollector
 from .stack_collector import StackCollector
 from .processes import ProcessTable
 from .targets import alive
@@ -21,9 +22,10 @@ RESCAN_INTERVAL_S = 1.0
 
 class ProcessTracker:
     def __init__(self, probes: ProbeSet, *, mode: str, pids: list[int], say: Callable[[str], None],
-                 stacks: StackCollector | None = None):
+                 stacks: StackCollector | None = None, native: NativeCollector | None = None):
         self._probes = probes
         self._stacks = stacks
+        self._native = native
         self._mode = mode
         self._pids = list(pids)  # the ones asked for with -p
         self._say = say
@@ -100,6 +102,8 @@ class ProcessTracker:
             self.save_maps([pid])
         if self._stacks is not None:
             self._stacks.exec(pid)
+        if self._native is not None:
+            self._native.exec(pid)
 
     def on_exit(self, pid: int, ts: int) -> None:
         if pid in self.processes:

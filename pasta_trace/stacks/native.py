@@ -1,0 +1,248 @@
+"""Unwinding a copied user stack into native frames, naming them, and
+interleaving them with the Python frames of the same moment.
+
+The BPF side (bpf/nativestack.h) copies ip, sp, bp and up to
+schema.NATIVE_STACK_BYTES of the stack.  Here each return address is placed
+in the process's mappings (/proc/PID/maps, read while it runs), turned into
+the file's virtual address, and the file's ``.eh_frame`` row for it gives the
+caller's CFA, return address and rbp (unwind_table).  Where no row covers an
+address, the frame pointer is followed (rbp -> saved rbp, return address
+above it): code built with frame pointers unwinds without CFI.  The walk ends
+at a frame whose return address is undefined (``_start``, ``clone``: the
+stack is complete), or where the copy ends or nothing more can be followed
+(the stack is marked truncated).
+
+Interleaving (see :func:`interleave`): CPython runs many Python frames in
+one C activation of its eval loop.  Each activation of
+``_PyEval_EvalFrameDefault`` (innermost first) is replaced by the Python
+frames it was running (innermost first), taken in order from the Python
+stack, whose entry frames (3.12+: the C-stack shim; 3.11: ``is_entry``) mark
+where one activation's frames end.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from elftools.common.exceptions import ELFError
+
+from .. import schema
+from . import unwind_table as ut
+
+#: native frames followed per stack at most
+MAX_FRAMES = schema.MAX_STACK_DEPTH
+
+#: functions whose activation runs Python frames (".cold": the part gcc moves away)
+EVAL_FRAME = "_PyEval_EvalFrameDefault"
+
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class NativeFrame:
+    addr: int  # the return address into this frame (what backtrace() reports)
+    module: str | None  # the file as the process maps it
+    function: str | None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One row of a stack in stacks.parquet."""
+
+    kind: str  # python | native
+    function: str | None
+    file: str | None
+    line: int | None
+    module: str | None
+    addr: int
+
+
+@dataclass(frozen=True)
+class _Mapping:
+    start: int
+    end: int
+    offset: int
+    path: str
+
+
+def parse_maps(text: str) -> list[_Mapping]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
+            continue  # only executable file mappings hold return addresses
+        lo, _, hi = parts[0].partition("-")
+        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
+    return sorted(out, key=lambda m: m.start)
+
+
+class ModuleCache:
+    """Tables of each file by identity (device, inode, size, mtime), shared by all processes."""
+
+    def __init__(self, cache: Path | None = None):
+        self.cache = cache
+        self._tables: dict[tuple, ut.Tables | None] = {}
+        #: files that could not be read or parsed: path -> why (for -v and the manifest)
+        self.problems: dict[str, str] = {}
+
+    def tables(self, opener: Callable[[], object], path: str, debug_roots: tuple[str, ...]) -> ut.Tables | None:
+        try:
+            f = opener()
+        except OSError as e:
+            self.problems.setdefault(path, f"cannot open: {e.strerror or e}")
+            return None
+        with f:
+            st = os.fstat(f.fileno())
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if key not in self._tables:
+                try:
+                    self._tables[key] = ut.tables_for(f, debug_roots=debug_roots, cache=self.cache)
+                except (ELFError, ValueError, OSError, AssertionError) as e:  # pyelftools asserts on damaged data
+                    self._tables[key] = None
+                    self.problems.setdefault(path, f"not readable as ELF: {e}")
+            return self._tables[key]
+
+
+class AddressSpace:
+    """The executable file mappings of one process and the tables of their files."""
+
+    def __init__(self, pid: int, modules: ModuleCache, *, proc: Path = Path("/proc"),
+                 saved_maps: Callable[[int], str | None] = lambda pid: None):
+        self.pid = pid
+        self._modules = modules
+        self._proc = proc
+        self._saved = saved_maps
+        self._maps: list[_Mapping] = []
+        self._starts: list[int] = []
+        self._tables: dict[tuple[int, int], ut.Tables | None] = {}
+        self._refreshed = False
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Read the maps again (a library loaded since); the saved copy once the process is gone."""
+        try:
+            text = (self._proc / str(self.pid) / "maps").read_text()
+        except OSError:
+            text = self._saved(self.pid) or ""
+        self._maps = parse_maps(text)
+        self._starts = [m.start for m in self._maps]
+
+    def _mapping(self, addr: int) -> _Mapping | None:
+        i = bisect.bisect_right(self._starts, addr) - 1
+        if i >= 0 and addr < self._maps[i].end:
+            return self._maps[i]
+        return None
+
+    def locate(self, addr: int) -> tuple[_Mapping, ut.Tables | None] | None:
+        """The mapping holding ``addr`` and its file's tables; None outside every file mapping."""
+        m = self._mapping(addr)
+        if m is None and not self._refreshed:
+            self._refreshed = True  # once per sample at most (reset by the unwinder)
+            self.refresh()
+            m = self._mapping(addr)
+        if m is None:
+            return None
+        key = (m.start, m.end)
+        if key not in self._tables:
+            self._tables[key] = self._modules.tables(lambda: self._open(m), m.path, self._debug_roots())
+        return m, self._tables[key]
+
+    def _debug_roots(self) -> tuple[str, ...]:
+        return (str(self._proc / str(self.pid) / "root"), "/")
+
+    def _open(self, m: _Mapping):
+        """The file the process really mapped (also in a container, or deleted), else its path."""
+        base = self._proc / str(self.pid)
+        for p in (base / "map_files" / f"{m.start:x}-{m.end:x}", base / "root" / m.path.lstrip("/"), Path(m.path)):
+            try:
+                return open(p, "rb")
+            except OSError as e:
+                err = e
+        raise err
+
+    def new_sample(self) -> None:
+        self._refreshed = False
+
+
+class Unwinder:
+    """Unwinds the samples of one process."""
+
+    def __init__(self, space: AddressSpace):
+        self.space = space
+
+    def unwind(self, *, ip: int, sp: int, bp: int, stack: bytes, at_entry: bool) -> tuple[list[NativeFrame], bool]:
+        """(frames innermost first, truncated).  Frame 0 is the caller of the
+        probed function: at its entry [sp] is the return address into it."""
+        self.space.new_sample()
+        top = sp + len(stack)
+
+        def read(addr: int) -> int | None:
+            if sp <= addr and addr + 8 <= top:
+                return _U64.unpack_from(stack, addr - sp)[0]
+            return None
+
+        cur_sp, cur_bp = sp, bp
+        if at_entry:
+            pc = read(sp)
+            cur_sp = sp + 8
+        else:
+            pc = ip
+        frames: list[NativeFrame] = []
+        while pc and len(frames) < MAX_FRAMES:
+            loc = self.space.locate(pc - 1)  # a return address: the call is the byte before it
+            m, tables = loc if loc is not None else (None, None)
+            vaddr = tables.vaddr(pc - 1 - m.start + m.offset) if tables is not None else None
+            frames.append(NativeFrame(pc, m.path if m else None,
+                                      tables.symbol(vaddr) if vaddr is not None else None))
+            row = tables.row(vaddr) if vaddr is not None else -1
+            if row >= 0 and tables.cfa_reg[row] != ut.CFA_NONE:
+                reg = int(tables.cfa_reg[row])
+                if reg == ut.CFA_OTHER:
+                    return frames, True
+                ra_off = int(tables.ra_off[row])
+                if ra_off == ut.RA_UNDEFINED:
+                    return frames, False  # the outermost frame
+                base = cur_sp if reg == ut.RSP else cur_bp
+                if base is None:
+                    return frames, True
+                cfa = base + int(tables.cfa_off[row])
+                rbp_off = int(tables.rbp_off[row])
+                ret = read(cfa + ra_off)
+                if rbp_off != ut.RBP_SAME:
+                    cur_bp = read(cfa + rbp_off)
+            else:  # no CFI here: the frame pointer, if this code keeps one
+                if cur_bp is None or not cur_sp <= cur_bp < top:
+                    return frames, True
+                cfa, ret, cur_bp = cur_bp + 16, read(cur_bp + 8), read(cur_bp)
+            if ret is None or cfa <= cur_sp:
+                return frames, True  # past the copy, or no progress
+            pc, cur_sp = ret, cfa
+        return frames, bool(pc)
+
+
+def is_eval_frame(function: str | None) -> bool:
+    return function is not None and (function == EVAL_FRAME or function.startswith(EVAL_FRAME + "."))
+
+
+def interleave(native: Sequence[NativeFrame], groups: Sequence[Sequence[Frame]] | None) -> list[Frame]:
+    """The stack innermost first: each eval-loop activation among ``native``
+    replaced by the next group of Python frames (``groups``: the Python
+    stack cut at its entry frames, innermost group first).  Groups left over
+    when the native frames end (a copy cut short) follow them; eval-loop
+    frames left over when the groups end (a Python stack cut at
+    --stack-depth) stay native frames."""
+    out: list[Frame] = []
+    pending = list(groups or [])
+    for f in native:
+        if pending and is_eval_frame(f.function):
+            out.extend(pending.pop(0))
+            continue
+        out.append(Frame("native", f.function, None, None, f.module, f.addr))
+    for g in pending:
+        out.extend(g)
+    return out
