@@ -86,6 +86,12 @@ def real_libs_program(build_dir: Path) -> Path:
     return _built("real_libs_calls", build_dir)
 
 
+@pytest.fixture(scope="session")
+def native_chain(build_dir: Path) -> Path:
+    """tests/fixtures/native_chain.c; its libnativechain.so lies beside it."""
+    return _built("native_chain", build_dir)
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything a live test needs about one library family."""

@@ -106,6 +106,8 @@ class DrainLoop:
             self._sleep()
         # what the probes wrote before we stopped
         self.drain()
+        if self._native is not None and (held_events := self._native.settle()) is not None:
+            self._writer.add_events(held_events)
         self._watcher.disarm()
         return exit_code
 
@@ -115,9 +117,9 @@ class DrainLoop:
         if self._native is not None:  # then the native ones, which name the Python ones
             self._native.drain()
         recs = self._events.drain()
+        if self._native is not None:
+            recs = self._native.resolve(recs)  # less the events whose native stack is not unwound yet
         if recs.size:
-            if self._native is not None:
-                self._native.resolve(recs)
             self._writer.add_events(recs)
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
         self._writer.add_names(self._names.drain())

@@ -9,6 +9,13 @@ the stack_id before the event is written.  The sample is committed before
 its event, so draining this ring before the events ring (and once more for a
 sample that raced in between) finds every sample an event names.
 
+A library seen for the first time on this machine has its .eh_frame parsed
+in a worker thread (seconds for a large one; then it is in the disk cache):
+meanwhile the samples that need it wait (their process's maps already
+read), and so do their events, so the drain and the Python stacks'
+symbolization go on.  At the end of the capture :meth:`settle` waits for
+them.
+
 Unwinding costs user-space time per event (tens of microseconds); identical
 stacks share one stack_id and one set of rows."""
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import struct
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +37,9 @@ from .ringbuf import open_table
 from .stack_collector import StackCollector, add_rows
 
 _FLAG = np.uint8(schema.FLAG_NATIVE_STACK)
+
+#: how long the end of a capture waits for tables still being built
+SETTLE_TIMEOUT_S = 300
 
 
 class NativeCollector:
@@ -43,10 +54,13 @@ class NativeCollector:
         self._proc = proc
         self._saved_maps = saved_maps
         self._ring = open_table(bpf, "nativestacks", schema.NATIVE_SAMPLE.dtype)
-        self._modules = native.ModuleCache(cache)
+        self._modules = native.ModuleCache(cache, background=True)
         self._spaces: dict[int, native.AddressSpace] = {}
         #: sample number -> stack_id, until its event is resolved
         self._pending: dict[int, int] = {}
+        #: samples waiting for a file's tables, and the events waiting for them
+        self._parked: list[np.ndarray] = []
+        self._held: np.ndarray | None = None
         #: (pid, Python stack id, return addresses, truncated) -> stack_id
         self._ids: dict[tuple, int] = {}
         self._rows: list[pl.DataFrame] = []
@@ -84,27 +98,76 @@ class NativeCollector:
 
     def drain(self) -> None:
         recs = self._ring.drain()
-        for rec in recs:
-            self._pending[int(rec["sample"])] = self._stack_id(rec)
         self.samples += int(recs.size)
+        if self._parked and not self._modules.building:
+            recs = np.concatenate([*self._parked, recs])
+            self._parked.clear()
+        for i, rec in enumerate(recs):
+            if self._parked:  # a library is being parsed: keep the samples in order
+                self._parked.append(recs[i:])
+                return
+            self._unwind(recs, i)
 
-    def resolve(self, events: np.ndarray) -> None:
-        """Replace the sample numbers in ``events`` (drained ring records) by stack ids."""
+    def _unwind(self, recs: np.ndarray, i: int) -> None:
+        rec = recs[i]
+        try:
+            self._pending[int(rec["sample"])] = self._stack_id(rec)
+        except native.Pending:
+            self._parked.append(recs[i:i + 1])
+
+    def resolve(self, events: np.ndarray) -> np.ndarray:
+        """The drained ``events`` whose stack is known, with stack ids in
+        place of sample numbers (events held earlier first); the others are
+        held until their sample is unwound."""
+        if self._held is not None:
+            events = np.concatenate([self._held, events])
+            self._held = None
         marked = np.flatnonzero(events["flags"] & _FLAG)
         if not marked.size:
-            return
+            return events
         samples = events["stack_id"][marked].tolist()
         if any(s not in self._pending for s in samples):
             self.drain()  # written after the last drain, before its event
+        ready = np.ones(events.size, bool)
         ids = []
-        for s in samples:
+        for j, s in zip(marked.tolist(), samples):
             sid = self._pending.pop(s, None)
             if sid is None:
-                self.unresolved += 1
-                sid = 0
+                ready[j] = False
+                sid = s
             ids.append(sid)
         events["stack_id"][marked] = np.array(ids, dtype=np.uint64)
+        events["flags"][marked[ready[marked]]] &= ~_FLAG
+        if ready.all():
+            return events
+        self._held = events[~ready]
+        return events[ready]
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> np.ndarray | None:
+        """The end of the capture: wait for the tables being built, unwind
+        what waited for them, and return the held events (stack ids set;
+        a sample that cannot be unwound leaves its event the Python stack
+        only, counted in unresolved_native_stacks)."""
+        deadline = time.monotonic() + timeout
+        while self._parked and time.monotonic() < deadline:
+            self._modules.wait(max(0.0, deadline - time.monotonic()))
+            self.drain()
+        for recs in self._parked:  # out of time: these keep their Python stack only
+            for rec in recs:
+                self._pending[int(rec["sample"])] = int(rec["py_stack_id"])
+                self.unresolved += 1
+        self._parked.clear()
+        if self._held is None:
+            return None
+        events, self._held = self._held, None
+        marked = np.flatnonzero(events["flags"] & _FLAG)
+        for j in marked.tolist():
+            sid = self._pending.pop(int(events["stack_id"][j]), None)
+            if sid is None:  # its sample never arrived (cannot happen: it is written first)
+                self.unresolved += 1
+            events["stack_id"][j] = sid or 0
         events["flags"][marked] &= ~_FLAG
+        return events
 
     def _space(self, pid: int) -> native.AddressSpace:
         space = self._spaces.get(pid)
@@ -180,4 +243,5 @@ class NativeCollector:
 
     def close(self) -> None:
         """Samples still in the ring belong to events that were not drained: not unwound."""
+        self._modules.close()
         self._ring.close()

@@ -18,7 +18,7 @@ import polars as pl
 
 from .. import schema
 from ..stacks import interpreter
-from ..stacks.native import Frame
+from ..stacks.native import Frame, activations
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
 from .ringbuf import open_table
@@ -166,24 +166,20 @@ class StackCollector:
         """The stack's Python frames, cut where each activation of the eval
         loop begins: 3.12+ mark it with a C-stack shim frame (dropped, as
         traceback drops it), 3.11 with is_entry on the activation's first frame."""
-        shim = p.interp.layout.shim_owner if p is not None else None
-        entry_marks = p is not None and p.interp.layout.frame_entry is not None
         n = int(rec["depth"])
-        groups: list[list[Frame]] = [[]]
-        for code_addr, instr, owner in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(),
-                                           rec["owner"][:n].tolist()):
-            if shim is not None and owner >= shim:
-                groups.append([])  # a C-stack shim frame, not Python code
-                continue
+        owners = rec["owner"][:n].tolist()
+        layout = p.interp.layout if p is not None else None
+        where = activations(owners, layout.shim_owner if layout else None,
+                            layout is not None and layout.frame_entry is not None)
+        groups: list[list[Frame]] = [[] for _ in range(max((g for g in where if g is not None), default=0) + 1)]
+        for code_addr, instr, g in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(), where):
+            if g is None:
+                continue  # a C-stack shim frame, not Python code
             code = self._code(p, code_addr) if p is not None else None
             if code is None:
                 self._unsymbolized += 1
-            groups[-1].append(Frame("python", code.qualname if code else None, code.filename if code else None,
-                                    code.line_at(instr) if code else None, None, code_addr))
-            if entry_marks and owner:
-                groups.append([])
-        if len(groups) > 1 and not groups[-1]:
-            groups.pop()  # the outermost entry frame
+            groups[g].append(Frame("python", code.qualname if code else None, code.filename if code else None,
+                                   code.line_at(instr) if code else None, None, code_addr))
         return groups
 
     def groups(self, pid: int, stack_id: int) -> tuple[list[list[Frame]], bool] | None:

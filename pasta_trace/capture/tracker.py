@@ -68,6 +68,7 @@ class ProcessTracker:
         except OSError:
             raise PastaError(f"no such process: {pid}") from None
         self.processes.add(pid)
+        self.save_maps([pid])  # native stacks of a process that exits before the first drain need them
         self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)

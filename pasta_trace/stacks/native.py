@@ -23,6 +23,7 @@ where one activation's frames end.
 from __future__ import annotations
 
 import bisect
+import concurrent.futures as cf
 import os
 import struct
 from dataclasses import dataclass
@@ -81,31 +82,93 @@ def parse_maps(text: str) -> list[_Mapping]:
     return sorted(out, key=lambda m: m.start)
 
 
-class ModuleCache:
-    """Tables of each file by identity (device, inode, size, mtime), shared by all processes."""
+#: AddressSpace.locate: the file's tables are being built (Unwinder raises Pending)
+PENDING = object()
 
-    def __init__(self, cache: Path | None = None):
+#: what pyelftools raises on a damaged or unexpected file (it also asserts)
+_ELF_ERRORS = (ELFError, ValueError, OSError, AssertionError, KeyError, IndexError)
+
+
+class Pending(Exception):
+    """A file on the stack has its tables built in the background: unwind again later."""
+
+
+class ModuleCache:
+    """Tables of each file by identity (device, inode, size, mtime), shared by all processes.
+
+    With ``background``, a file whose tables are not in the disk cache is
+    parsed in a worker thread (seconds for a large library): the drain goes
+    on meanwhile, and ``tables`` answers PENDING until it is done."""
+
+    def __init__(self, cache: Path | None = None, *, background: bool = False):
         self.cache = cache
         self._tables: dict[tuple, ut.Tables | None] = {}
+        self._building: dict[tuple, tuple[str, cf.Future]] = {}
+        self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pasta-unwind") if background else None
         #: files that could not be read or parsed: path -> why (for -v and the manifest)
         self.problems: dict[str, str] = {}
 
-    def tables(self, opener: Callable[[], object], path: str, debug_roots: tuple[str, ...]) -> ut.Tables | None:
+    def tables(self, opener: Callable[[], object], path: str, debug_roots: tuple[str, ...]):
+        """The tables of the file ``opener`` opens: Tables, None (unreadable) or PENDING."""
         try:
             f = opener()
         except OSError as e:
             self.problems.setdefault(path, f"cannot open: {e.strerror or e}")
             return None
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key in self._tables or key in self._building:
+            f.close()
+            return self._settled(key)
+        try:
+            hit = ut.cached(f, self.cache)
+        except _ELF_ERRORS as e:
+            f.close()
+            return self._failed(key, path, e)
+        if hit is not None or self._pool is None:
+            with f:
+                return self._store(key, path, lambda: hit if hit is not None else ut.build_and_save(
+                    f, debug_roots=debug_roots, cache=self.cache))
+        self._building[key] = (path, self._pool.submit(self._build, f, debug_roots))
+        return PENDING
+
+    def _build(self, f, debug_roots: tuple[str, ...]) -> ut.Tables:
         with f:
-            st = os.fstat(f.fileno())
-            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            if key not in self._tables:
-                try:
-                    self._tables[key] = ut.tables_for(f, debug_roots=debug_roots, cache=self.cache)
-                except (ELFError, ValueError, OSError, AssertionError) as e:  # pyelftools asserts on damaged data
-                    self._tables[key] = None
-                    self.problems.setdefault(path, f"not readable as ELF: {e}")
-            return self._tables[key]
+            return ut.build_and_save(f, debug_roots=debug_roots, cache=self.cache)
+
+    def _settled(self, key: tuple):
+        if key in self._building:
+            path, fut = self._building[key]
+            if not fut.done():
+                return PENDING
+            del self._building[key]
+            return self._store(key, path, fut.result)
+        return self._tables[key]
+
+    def _store(self, key: tuple, path: str, get: Callable[[], ut.Tables]) -> ut.Tables | None:
+        try:
+            self._tables[key] = get()
+        except _ELF_ERRORS as e:
+            return self._failed(key, path, e)
+        return self._tables[key]
+
+    def _failed(self, key: tuple, path: str, e: Exception) -> None:
+        self._tables[key] = None
+        self.problems.setdefault(path, f"not readable as ELF: {e}")
+        return None
+
+    @property
+    def building(self) -> bool:
+        """Some file's tables are still being built."""
+        return any(not fut.done() for _, fut in self._building.values())
+
+    def wait(self, timeout: float | None) -> None:
+        """Until every table being built is done, or ``timeout`` seconds."""
+        cf.wait([fut for _, fut in self._building.values()], timeout)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class AddressSpace:
@@ -124,13 +187,22 @@ class AddressSpace:
         self.refresh()
 
     def refresh(self) -> None:
-        """Read the maps again (a library loaded since); the saved copy once the process is gone."""
+        """Read the maps again (a library loaded since), with the copy the
+        tracker saved for what they no longer show (an exited process's maps
+        are empty even before it is reaped)."""
         try:
-            text = (self._proc / str(self.pid) / "maps").read_text()
+            live = parse_maps((self._proc / str(self.pid) / "maps").read_text())
         except OSError:
-            text = self._saved(self.pid) or ""
-        self._maps = parse_maps(text)
+            live = []
+        seen = {(m.start, m.end) for m in live}
+        saved = [m for m in parse_maps(self._saved(self.pid) or "") if (m.start, m.end) not in seen]
+        self._maps = sorted(live + [m for m in saved if self._free(live, m)], key=lambda m: m.start)
         self._starts = [m.start for m in self._maps]
+
+    @staticmethod
+    def _free(live: list[_Mapping], m: _Mapping) -> bool:
+        """``m`` (saved earlier) overlaps no mapping the process has now."""
+        return not any(o.start < m.end and m.start < o.end for o in live)
 
     def _mapping(self, addr: int) -> _Mapping | None:
         i = bisect.bisect_right(self._starts, addr) - 1
@@ -149,7 +221,10 @@ class AddressSpace:
             return None
         key = (m.start, m.end)
         if key not in self._tables:
-            self._tables[key] = self._modules.tables(lambda: self._open(m), m.path, self._debug_roots())
+            tables = self._modules.tables(lambda: self._open(m), m.path, self._debug_roots())
+            if tables is PENDING:
+                return m, PENDING
+            self._tables[key] = tables
         return m, self._tables[key]
 
     def _debug_roots(self) -> tuple[str, ...]:
@@ -177,7 +252,8 @@ class Unwinder:
 
     def unwind(self, *, ip: int, sp: int, bp: int, stack: bytes, at_entry: bool) -> tuple[list[NativeFrame], bool]:
         """(frames innermost first, truncated).  Frame 0 is the caller of the
-        probed function: at its entry [sp] is the return address into it."""
+        probed function: at its entry [sp] is the return address into it.
+        Raises Pending while a file on the stack has its tables built."""
         self.space.new_sample()
         top = sp + len(stack)
 
@@ -196,6 +272,8 @@ class Unwinder:
         while pc and len(frames) < MAX_FRAMES:
             loc = self.space.locate(pc - 1)  # a return address: the call is the byte before it
             m, tables = loc if loc is not None else (None, None)
+            if tables is PENDING:
+                raise Pending(m.path)
             vaddr = tables.vaddr(pc - 1 - m.start + m.offset) if tables is not None else None
             frames.append(NativeFrame(pc, m.path if m else None,
                                       tables.symbol(vaddr) if vaddr is not None else None))
@@ -227,6 +305,26 @@ class Unwinder:
 
 def is_eval_frame(function: str | None) -> bool:
     return function is not None and (function == EVAL_FRAME or function.startswith(EVAL_FRAME + "."))
+
+
+def activations(owners: Sequence[int], shim: int | None, entry_marks: bool) -> list[int | None]:
+    """For each Python frame (innermost first, by its owner byte): the
+    eval-loop activation running it, 0 for the innermost, None for a C-stack
+    shim.  3.12+ (``shim``: the owner value of shims) push a shim frame where
+    each activation begins; 3.11 (``entry_marks``: the owner byte holds
+    is_entry) mark the first frame it ran instead."""
+    out: list[int | None] = []
+    g = 0
+    for i, owner in enumerate(owners):
+        if shim is not None and owner >= shim:
+            out.append(None)
+            if i + 1 < len(owners):  # the outermost shim starts nothing
+                g += 1
+            continue
+        out.append(g)
+        if entry_marks and owner:
+            g += 1
+    return out
 
 
 def interleave(native: Sequence[NativeFrame], groups: Sequence[Sequence[Frame]] | None) -> list[Frame]:

@@ -313,19 +313,25 @@ def build(f, debug_roots: tuple[str, ...] = ("/",)) -> tuple[str | None, Tables]
     return bid, Tables(*pcs, *syms, *_segments(elf), debug_file=str(debug) if debug else "")
 
 
-def tables_for(f, *, debug_roots: tuple[str, ...] = ("/",), cache: Path | None = None) -> Tables:
-    """The tables of the open ELF file ``f``, from the cache when its build-id is there."""
-    cache = cache_dir() if cache is None else cache
+def cached(f, cache: Path | None = None) -> Tables | None:
+    """The tables of the open ELF file ``f`` from the cache (fast), None when not there."""
     bid = build_id_of(ELFFile(f))
-    if bid:
-        hit = Tables.load(cache / f"{bid}.npz")
-        if hit is not None:
-            return hit
+    return Tables.load((cache_dir() if cache is None else cache) / f"{bid}.npz") if bid else None
+
+
+def build_and_save(f, *, debug_roots: tuple[str, ...] = ("/",), cache: Path | None = None) -> Tables:
+    """Parse the open ELF file ``f`` (seconds for a large library) and keep the tables in the cache."""
     f.seek(0)
     bid, tables = build(f, debug_roots)
     if bid:
         try:
-            tables.save(cache / f"{bid}.npz")
+            tables.save((cache_dir() if cache is None else cache) / f"{bid}.npz")
         except OSError:
             pass  # a read-only home: parse again next time
     return tables
+
+
+def tables_for(f, *, debug_roots: tuple[str, ...] = ("/",), cache: Path | None = None) -> Tables:
+    """The tables of the open ELF file ``f``, from the cache when its build-id is there."""
+    hit = cached(f, cache)
+    return hit if hit is not None else build_and_save(f, debug_roots=debug_roots, cache=cache)
