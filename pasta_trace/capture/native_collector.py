@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import polars as pl
 
 from .. import schema
 from ..stacks import native
 from .ringbuf import open_table
-from .stack_collector import StackCollector, add_rows
+from .stack_collector import StackCollector, StackRows
 
 _FLAG = np.uint8(schema.FLAG_NATIVE_STACK)
 
@@ -63,12 +62,11 @@ class NativeCollector:
         self._held: np.ndarray | None = None
         #: (pid, Python stack id, return addresses, truncated) -> stack_id
         self._ids: dict[tuple, int] = {}
-        self._rows: list[pl.DataFrame] = []
+        self.rows = StackRows()
         self._said: set[str] = set()
         self.samples = 0
         self.truncated = 0
         self.unresolved = 0
-        self.changed = False
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -206,10 +204,7 @@ class NativeCollector:
         h = hashlib.blake2b(struct.pack(f"<IQ?{len(frames)}Q", pid, py, truncated, *(f.addr for f in frames)),
                             digest_size=8, person=b"pasta-native")
         sid = int.from_bytes(h.digest(), "little") or 1  # 0 means "no stack"
-        rows: dict[str, list] = {c: [] for c in schema.STACKS_SCHEMA}
-        add_rows(rows, pid, sid, stack, truncated or py_truncated)
-        self._rows.append(pl.DataFrame(rows, schema=schema.STACKS_SCHEMA))
-        self.changed = True
+        self.rows.add(pid, sid, stack, truncated or py_truncated)
         return sid
 
     def _report_problems(self) -> None:
@@ -220,12 +215,6 @@ class NativeCollector:
                     self._say(f"native stacks: {path}: {why}; frames in it are unnamed and end the unwinding")
 
     # ------------------------------------------------------------------ output
-
-    def frame(self) -> pl.DataFrame:
-        if not self._rows:
-            return schema.empty_frame(schema.STACKS_SCHEMA)
-        self._rows = [pl.concat(self._rows)]
-        return self._rows[0]
 
     def manifest(self) -> dict:
         """The native part of the manifest's `stacks` object."""

@@ -197,7 +197,7 @@ class Session:
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
         self._tracker.save_recent_maps()
-        if any(c is not None and c.changed for c in (self._stacks, self._native)):
+        if any(c is not None and c.rows.changed for c in (self._stacks, self._native)):
             write_stacks(writer, self._stacks, self._native)
 
     def _device_session(self):

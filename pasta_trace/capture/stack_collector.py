@@ -50,9 +50,8 @@ class StackCollector:
         #: (pid, stack_id) -> (frames cut where each eval-loop activation starts, truncated): native stacks
         #: put each group in place of its activation (stacks.native.interleave)
         self._groups: dict[tuple[int, int], tuple[list[list[Frame]], bool]] = {}
-        self._rows: list[pl.DataFrame] = []
+        self.rows = StackRows()
         self._unsymbolized = 0
-        self.changed = False
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -148,7 +147,6 @@ class StackCollector:
         return p.codes[addr]
 
     def _symbolize(self, recs: np.ndarray) -> None:
-        rows: dict[str, list] = {c: [] for c in schema.STACKS_SCHEMA}
         for rec in recs:  # one record per distinct stack, not per event
             pid, sid = int(rec["pid"]), int(rec["stack_id"])
             if (pid, sid) in self._seen:
@@ -157,10 +155,7 @@ class StackCollector:
             truncated = bool(rec["flags"] & schema.STACK_FLAG_TRUNCATED)
             groups = self._frames(self._procs.get(pid), rec)
             self._groups[(pid, sid)] = (groups, truncated)
-            add_rows(rows, pid, sid, [f for g in groups for f in g], truncated)
-        if rows["pid"]:
-            self._rows.append(pl.DataFrame(rows, schema=schema.STACKS_SCHEMA))
-            self.changed = True
+            self.rows.add(pid, sid, [f for g in groups for f in g], truncated)
 
     def _frames(self, p: _Process | None, rec) -> list[list[Frame]]:
         """The stack's Python frames, cut where each activation of the eval
@@ -187,12 +182,6 @@ class StackCollector:
         innermost first, and whether it was truncated; None if not seen yet."""
         return self._groups.get((pid, stack_id))
 
-    def frame(self) -> pl.DataFrame:
-        if not self._rows:
-            return schema.empty_frame(schema.STACKS_SCHEMA)
-        self._rows = [pl.concat(self._rows)]
-        return self._rows[0]
-
     def manifest(self) -> dict:
         """The manifest's `stacks` object: settings and each Python process's status."""
         return {"python": True, "depth": self.depth, "native": False,
@@ -213,26 +202,38 @@ class StackCollector:
         self._procs.clear()
 
 
-def add_rows(rows: dict[str, list], pid: int, sid: int, frames: list[Frame], truncated: bool) -> None:
-    """Append one stack's frames (innermost first) to column lists of schema.STACKS_SCHEMA."""
-    for depth, f in enumerate(frames):
-        rows["pid"].append(pid)
-        rows["stack_id"].append(sid)
-        rows["depth"].append(depth)
-        rows["kind"].append(f.kind)
-        rows["function"].append(f.function)
-        rows["file"].append(f.file)
-        rows["line"].append(f.line)
-        rows["module"].append(f.module)
-        rows["addr"].append(f.addr)
-        rows["truncated"].append(truncated)
+class StackRows:
+    """The rows of stacks.parquet gathered so far: column lists for the
+    stacks added since the last frame(), one frame for the rest."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list] = {c: [] for c in schema.STACKS_SCHEMA}
+        self._done = schema.empty_frame(schema.STACKS_SCHEMA)
+        #: rows were added since stacks.parquet was last written
+        self.changed = False
+
+    def add(self, pid: int, sid: int, frames: list[Frame], truncated: bool) -> None:
+        """One stack, innermost frame first."""
+        cols = self._cols
+        for depth, f in enumerate(frames):
+            for name, value in (("pid", pid), ("stack_id", sid), ("depth", depth), ("kind", f.kind),
+                                ("function", f.function), ("file", f.file), ("line", f.line),
+                                ("module", f.module), ("addr", f.addr), ("truncated", truncated)):
+                cols[name].append(value)
+        self.changed = self.changed or bool(frames)
+
+    def frame(self) -> pl.DataFrame:
+        if self._cols["pid"]:
+            new = pl.DataFrame(self._cols, schema=schema.STACKS_SCHEMA)
+            self._cols = {c: [] for c in schema.STACKS_SCHEMA}
+            self._done = pl.concat([self._done, new])
+        return self._done
 
 
 def write_stacks(writer, *collectors) -> None:
     """(Re)write stacks.parquet with every stack the collectors (Python, native; None: off) have so far."""
-    live = [c for c in collectors if c is not None]
-    for c in live:
-        c.changed = False
-    frames = [c.frame() for c in live]
+    rows = [c.rows for c in collectors if c is not None]
+    for r in rows:
+        r.changed = False
     writer.write_frame(writer.dir / "stacks.parquet",
-                       pl.concat(frames) if frames else schema.empty_frame(schema.STACKS_SCHEMA))
+                       pl.concat([r.frame() for r in rows]) if rows else schema.empty_frame(schema.STACKS_SCHEMA))

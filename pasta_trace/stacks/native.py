@@ -34,6 +34,7 @@ from elftools.common.exceptions import ELFError
 
 from .. import schema
 from . import unwind_table as ut
+from .interpreter import Mapping, parse_maps
 
 #: native frames followed per stack at most
 MAX_FRAMES = schema.MAX_STACK_DEPTH
@@ -61,25 +62,6 @@ class Frame:
     line: int | None
     module: str | None
     addr: int
-
-
-@dataclass(frozen=True)
-class _Mapping:
-    start: int
-    end: int
-    offset: int
-    path: str
-
-
-def parse_maps(text: str) -> list[_Mapping]:
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/") or "x" not in parts[1]:
-            continue  # only executable file mappings hold return addresses
-        lo, _, hi = parts[0].partition("-")
-        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
-    return sorted(out, key=lambda m: m.start)
 
 
 #: AddressSpace.locate: the file's tables are being built (Unwinder raises Pending)
@@ -180,7 +162,7 @@ class AddressSpace:
         self._modules = modules
         self._proc = proc
         self._saved = saved_maps
-        self._maps: list[_Mapping] = []
+        self._maps: list[Mapping] = []
         self._starts: list[int] = []
         self._tables: dict[tuple[int, int], ut.Tables | None] = {}
         self._refreshed = False
@@ -191,26 +173,26 @@ class AddressSpace:
         tracker saved for what they no longer show (an exited process's maps
         are empty even before it is reaped)."""
         try:
-            live = parse_maps((self._proc / str(self.pid) / "maps").read_text())
+            live = parse_maps((self._proc / str(self.pid) / "maps").read_text(), executable=True)
         except OSError:
             live = []
         seen = {(m.start, m.end) for m in live}
-        saved = [m for m in parse_maps(self._saved(self.pid) or "") if (m.start, m.end) not in seen]
+        saved = [m for m in parse_maps(self._saved(self.pid) or "", executable=True) if (m.start, m.end) not in seen]
         self._maps = sorted(live + [m for m in saved if self._free(live, m)], key=lambda m: m.start)
         self._starts = [m.start for m in self._maps]
 
     @staticmethod
-    def _free(live: list[_Mapping], m: _Mapping) -> bool:
+    def _free(live: list[Mapping], m: Mapping) -> bool:
         """``m`` (saved earlier) overlaps no mapping the process has now."""
         return not any(o.start < m.end and m.start < o.end for o in live)
 
-    def _mapping(self, addr: int) -> _Mapping | None:
+    def _mapping(self, addr: int) -> Mapping | None:
         i = bisect.bisect_right(self._starts, addr) - 1
         if i >= 0 and addr < self._maps[i].end:
             return self._maps[i]
         return None
 
-    def locate(self, addr: int) -> tuple[_Mapping, ut.Tables | None] | None:
+    def locate(self, addr: int) -> tuple[Mapping, ut.Tables | None] | None:
         """The mapping holding ``addr`` and its file's tables; None outside every file mapping."""
         m = self._mapping(addr)
         if m is None and not self._refreshed:
@@ -230,7 +212,7 @@ class AddressSpace:
     def _debug_roots(self) -> tuple[str, ...]:
         return (str(self._proc / str(self.pid) / "root"), "/")
 
-    def _open(self, m: _Mapping):
+    def _open(self, m: Mapping):
         """The file the process really mapped (also in a container, or deleted), else its path."""
         base = self._proc / str(self.pid)
         for p in (base / "map_files" / f"{m.start:x}-{m.end:x}", base / "root" / m.path.lstrip("/"), Path(m.path)):

@@ -4,8 +4,9 @@ function symbols (``.symtab`` and ``.dynsym``, and those of its debug file
 under ``/usr/lib/debug/.build-id/``) and its PT_LOAD segments.
 
 Parsing a large library's ``.eh_frame`` takes seconds, so the arrays are kept
-on disk per build-id (``~/.cache/pasta-trace/unwind/<build-id>.npz``,
-``$PASTA_TRACE_CACHE`` overrides the directory) and parsed once per machine.
+on disk per build-id (``~/.cache/pasta-trace/unwind/<build-id>.npz``;
+``$PASTA_TRACE_CACHE`` replaces ``~/.cache/pasta-trace``) and parsed once per
+machine.
 
 Unwind rows keep only what an x86-64 unwinder of return addresses needs: the
 CFA (a register, rsp or rbp, plus an offset), where the return address and

@@ -100,10 +100,12 @@ def _counts(cap) -> dict:
     return c
 
 
-def test_attached_c_program_default_classes(tmp_path, native_chain, tracer):
+def test_attached_c_program_default_classes(tmp_path, native_chain, tracer, monkeypatch):
     """-p while the program waits; allocations, frees, the copy, the sync and the failed allocation
-    carry their native stack, the launch none; the library has no frame pointers."""
+    carry their native stack, the launch none; the library has no frame pointers.  An empty table
+    cache: every library is parsed in the background while its samples and events wait."""
     out, report = tmp_path / "cap", tmp_path / "r.json"
+    monkeypatch.setenv("PASTA_TRACE_CACHE", str(tmp_path / "cache"))
     prog = subprocess.Popen([str(native_chain), "--report", str(report), "--wait"])
     try:
         pid = int(wait_for_file(report.with_name(report.name + ".ready"), proc=prog))
@@ -125,6 +127,7 @@ def test_attached_c_program_default_classes(tmp_path, native_chain, tracer):
     assert counts["native_stacks"] == 7  # the two syncs from one place share theirs
     events = cap.events.collect()
     assert events["stack_id"].null_count() == 1
+    assert len(list((tmp_path / "cache" / "unwind").glob("*.npz"))) >= 3  # the program, its library, libc
 
 
 def test_launched_python_and_c_all_events(tmp_path, native_chain, cuda_stub):
