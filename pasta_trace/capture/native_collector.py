@@ -200,7 +200,8 @@ class NativeCollector:
 
     def _new_stack(self, pid: int, py: int, frames: list[native.NativeFrame], truncated: bool) -> int:
         groups, py_truncated = self._python_groups(pid, py)
-        stack = native.interleave(frames, groups)
+        space = self._space(pid)
+        stack = native.interleave([space.with_source(f) for f in frames], groups)
         h = hashlib.blake2b(struct.pack(f"<IQ?{len(frames)}Q", pid, py, truncated, *(f.addr for f in frames)),
                             digest_size=8, person=b"pasta-native")
         sid = int.from_bytes(h.digest(), "little") or 1  # 0 means "no stack"

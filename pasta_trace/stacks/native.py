@@ -35,6 +35,7 @@ from elftools.common.exceptions import ELFError
 from .. import schema
 from . import unwind_table as ut
 from .interpreter import Mapping, parse_maps
+from .lines import LineTable
 
 #: native frames followed per stack at most
 MAX_FRAMES = schema.MAX_STACK_DEPTH
@@ -50,6 +51,8 @@ class NativeFrame:
     addr: int  # the return address into this frame (what backtrace() reports)
     module: str | None  # the file as the process maps it
     function: str | None
+    file: str | None = None  # from DWARF line tables, where the library or its debug file has them
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class ModuleCache:
     def __init__(self, cache: Path | None = None, *, background: bool = False):
         self.cache = cache
         self._tables: dict[tuple, ut.Tables | None] = {}
+        self._lines: dict[tuple, LineTable | None] = {}
         self._building: dict[tuple, tuple[str, cf.Future]] = {}
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="pasta-unwind") if background else None
         #: files that could not be read or parsed: path -> why (for -v and the manifest)
@@ -113,6 +117,26 @@ class ModuleCache:
                     f, debug_roots=debug_roots, cache=self.cache))
         self._building[key] = (path, self._pool.submit(self._build, f, debug_roots))
         return PENDING
+
+    def lines(self, opener: Callable[[], object], tables: ut.Tables) -> LineTable | None:
+        """The line tables of the debug file the symbols came from, else of the file itself (-g)."""
+        try:
+            f = open(tables.debug_file, "rb") if tables.debug_file else opener()
+        except OSError:
+            return None
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in self._lines:
+            try:
+                self._lines[key] = LineTable(f)
+            except _ELF_ERRORS:
+                self._lines[key] = None
+            if self._lines[key] is None or self._lines[key].empty:
+                f.close()
+                return None
+        else:
+            f.close()
+        return self._lines[key]
 
     def _build(self, f, debug_roots: tuple[str, ...]) -> ut.Tables:
         with f:
@@ -151,6 +175,9 @@ class ModuleCache:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        for t in self._lines.values():
+            if t is not None and not t.empty:
+                t.close()
 
 
 class AddressSpace:
@@ -165,6 +192,7 @@ class AddressSpace:
         self._maps: list[Mapping] = []
         self._starts: list[int] = []
         self._tables: dict[tuple[int, int], ut.Tables | None] = {}
+        self._lines: dict[tuple[int, int], LineTable | None] = {}
         self._refreshed = False
         self.refresh()
 
@@ -224,6 +252,21 @@ class AddressSpace:
 
     def new_sample(self) -> None:
         self._refreshed = False
+
+    def with_source(self, f: NativeFrame) -> NativeFrame:
+        """``f`` with its source file and line, where DWARF line tables give them."""
+        loc = self.locate(f.addr - 1)
+        if loc is None or not isinstance(loc[1], ut.Tables):
+            return f
+        m, tables = loc
+        key = (m.start, m.end)
+        if key not in self._lines:
+            self._lines[key] = self._modules.lines(lambda: self._open(m), tables)
+        vaddr = tables.vaddr(f.addr - 1 - m.start + m.offset)
+        if self._lines[key] is None or vaddr is None:
+            return f
+        file, line = self._lines[key].at(vaddr)
+        return NativeFrame(f.addr, f.module, f.function, file, line)
 
 
 class Unwinder:
@@ -322,7 +365,7 @@ def interleave(native: Sequence[NativeFrame], groups: Sequence[Sequence[Frame]] 
         if pending and is_eval_frame(f.function):
             out.extend(pending.pop(0))
             continue
-        out.append(Frame("native", f.function, None, None, f.module, f.addr))
+        out.append(Frame("native", f.function, f.file, f.line, f.module, f.addr))
     for g in pending:
         out.extend(g)
     return out

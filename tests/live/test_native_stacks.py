@@ -93,6 +93,11 @@ def check_calls(cap, lib: dict, py: dict | None, *, launch_stack: bool) -> None:
         assert not frames[0]["truncated"]
 
 
+def _line(name: str, text: str) -> int:
+    lines = (WORKLOAD.parent / name).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def _counts(cap) -> dict:
     c = cap.manifest["counts"]["stacks"]
     assert c["lost_native_stacks"] == c["unreadable_native_stacks"] == c["unresolved_native_stacks"] == 0
@@ -125,6 +130,13 @@ def test_attached_c_program_default_classes(tmp_path, native_chain, tracer, monk
     counts = _counts(cap)
     assert counts["native_samples"] == len(lib["calls"]) - 1 == 8
     assert counts["native_stacks"] == 7  # the two syncs from one place share theirs
+    first = captured(cap, lib["pid"])[0][2]  # the first allocation: lines of the calls, from DWARF (-g)
+    assert [(Path(f["file"]).name, f["line"]) for f in first[:5]] == [
+        ("native_chain_lib.c", _line("native_chain_lib.c", "cuMemAlloc_v2(&p, size)")),
+        ("native_chain_lib.c", _line("native_chain_lib.c", "nc_alloc_inner(size) +")),
+        ("native_chain_lib.c", _line("native_chain_lib.c", "nc_alloc_mid(size * 2)")),
+        ("native_chain.c", _line("native_chain.c", "= nc_alloc_outer(size)")),
+        ("native_chain.c", _line("native_chain.c", "run_alloc(1000)"))]
     events = cap.events.collect()
     assert events["stack_id"].null_count() == 1
     assert len(list((tmp_path / "cache" / "unwind").glob("*.npz"))) >= 3  # the program, its library, libc

@@ -60,6 +60,27 @@ def test_unwinds_frame_for_frame_as_backtrace(snapshot, tmp_path):
     assert worker[:4] == ["nc_free_inner", "nc_free_outer", "run_free", "worker"]  # worker is static: .symtab
 
 
+def source_line(text: str) -> tuple[str, int]:
+    """(file name, line) of the one line of the fixture sources that holds ``text``."""
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    hits = [(p.name, i) for p in (fixtures / "native_chain.c", fixtures / "native_chain_lib.c")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if text in line]
+    assert len(hits) == 1, (text, hits)
+    return hits[0]
+
+
+def test_source_lines_from_dwarf(snapshot, tmp_path):
+    """The fixtures are built with -g: each frame's line is that of its call."""
+    space = native.AddressSpace(snapshot["pid"], native.ModuleCache(tmp_path), proc=Path("/nonexistent"),
+                                saved_maps=lambda pid: snapshot["maps"])
+    frames, _ = native.Unwinder(space).unwind(ip=0, sp=snapshot["calls"][0]["sp"], bp=snapshot["calls"][0]["bp"],
+                                              stack=bytes.fromhex(snapshot["calls"][0]["stack"]), at_entry=True)
+    got = [space.with_source(f) for f in frames[:5]]
+    assert [(Path(f.file).name, f.line) for f in got] == [source_line(t) for t in (
+        'nc_record("cuMemAlloc_v2")', "nc_alloc_inner(size) +", "nc_alloc_mid(size * 2)",
+        "= nc_alloc_outer(size)", "run_alloc(1000)")]
+
+
 def test_local_libc_functions_are_named_from_the_debug_file(snapshot, tmp_path):
     """__libc_start_call_main is local to libc: only its build-id debug file (libc6-dbg) names it."""
     frames, _ = _unwind(snapshot, snapshot["calls"][0], native.ModuleCache(tmp_path))
