@@ -44,6 +44,8 @@ class Finisher:
         writer.close()
         bpf = self._probes.bpf
         if self._stacks is not None or self._native is not None:
+            if self._native is not None:
+                self._native.add_sources()
             for c in (self._native, self._stacks):
                 if c is not None:
                     c.close()

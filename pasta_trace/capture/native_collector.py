@@ -39,6 +39,8 @@ _FLAG = np.uint8(schema.FLAG_NATIVE_STACK)
 
 #: how long the end of a capture waits for tables still being built
 SETTLE_TIMEOUT_S = 300
+#: how long the end of a capture spends finding source lines
+SOURCES_BUDGET_S = 60
 
 
 class NativeCollector:
@@ -63,6 +65,9 @@ class NativeCollector:
         #: (pid, Python stack id, return addresses, truncated) -> stack_id
         self._ids: dict[tuple, int] = {}
         self.rows = StackRows()
+        #: each distinct stack's parts (pid, native frames, Python groups, truncated) and its id
+        self._stacks: list[tuple] = []
+        self._sids: list[int] = []
         self._said: set[str] = set()
         self.samples = 0
         self.truncated = 0
@@ -200,13 +205,26 @@ class NativeCollector:
 
     def _new_stack(self, pid: int, py: int, frames: list[native.NativeFrame], truncated: bool) -> int:
         groups, py_truncated = self._python_groups(pid, py)
-        space = self._space(pid)
-        stack = native.interleave([space.with_source(f) for f in frames], groups)
+        self._stacks.append((pid, frames, groups, truncated or py_truncated))
         h = hashlib.blake2b(struct.pack(f"<IQ?{len(frames)}Q", pid, py, truncated, *(f.addr for f in frames)),
                             digest_size=8, person=b"pasta-native")
         sid = int.from_bytes(h.digest(), "little") or 1  # 0 means "no stack"
-        self.rows.add(pid, sid, stack, truncated or py_truncated)
+        self._sids.append(sid)
+        self.rows.add(pid, sid, native.interleave(frames, groups), truncated or py_truncated)
         return sid
+
+    def add_sources(self, budget_s: float = SOURCES_BUDGET_S) -> None:
+        """Give native frames their file and line (DWARF line tables), once the capture has ended:
+        decoding a large compilation unit takes a second, which the drain cannot spare.  Stops
+        after ``budget_s`` (the rest keep null lines)."""
+        deadline = time.monotonic() + budget_s
+        rows = StackRows()
+        for sid, (pid, frames, groups, truncated) in zip(self._sids, self._stacks):
+            if time.monotonic() < deadline:
+                space = self._space(pid)
+                frames = [space.with_source(f) for f in frames]
+            rows.add(pid, sid, native.interleave(frames, groups), truncated)
+        self.rows = rows
 
     def _report_problems(self) -> None:
         for path, why in self._modules.problems.items():
