@@ -174,6 +174,7 @@ class OutputDir:
         self._restore: tuple[int, int, int] | None = None
         self.created: set[str] = set()
         self._subdirs: dict[str, OutputDir] = {}
+        self._reserve: int | None = None  # fd of the unnamed file holding keep_free()'s room
 
     # ---------------------------------------------------------------- opening
 
@@ -207,9 +208,10 @@ class OutputDir:
             st = os.fstat(fd)
             if found.stat is not None:
                 out._take(st, force, clean, reuse_empty)
-            elif _guarded():
-                os.fchmod(fd, DIR_MODE)  # the umask may have taken bits off, never added: be exact
-            _check_writable(fd, str(path))
+            else:
+                _check_writable(fd, str(path))
+                if _guarded():
+                    os.fchmod(fd, DIR_MODE)  # the umask may have taken bits off, never added: be exact
         except BaseException:
             out.abandon()
             raise
@@ -224,11 +226,17 @@ class OutputDir:
         entries = os.listdir(self.fd)
         if (entries or not reuse_empty) and not force:
             raise UsageError(f"output directory {self.path} already exists", hint="use --force to overwrite it")
+        # before changing anything: a read-only mount fails here, with nothing to undo
+        _check_writable(self.fd, str(self.path))
         if _guarded():
             # nobody but root may add or swap entries while we write
-            self._restore = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
-            os.fchown(self.fd, 0, 0)
-            os.fchmod(self.fd, DIR_MODE)
+            restore = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+            try:
+                os.fchown(self.fd, 0, 0)
+                self._restore = restore
+                os.fchmod(self.fd, DIR_MODE)
+            except OSError as e:
+                raise UsageError(f"cannot take over {self.path}: {e.strerror}", hint="choose another output") from None
         for pattern in clean:
             for name in fnmatch.filter(entries, pattern):
                 self._remove(name)
@@ -313,6 +321,32 @@ class OutputDir:
 
         self.write_atomic(final, write)
 
+    def keep_free(self, nbytes: int) -> None:
+        """Hold `nbytes` of this directory's file system in an unnamed file
+        (O_TMPFILE), until release_space(): on a full disk that room is still
+        there for the last small files.  The kernel frees it when the fd
+        closes, so a killed process leaves nothing behind.  Best effort: a file
+        system without O_TMPFILE or room gets no reserve."""
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE, dir_fd=self.fd)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError:
+            os.close(fd)
+            return
+        self.release_space()
+        self._reserve = fd
+
+    def release_space(self) -> bool:
+        """Give the room of keep_free() back to the file system; False when none was held."""
+        if self._reserve is None:
+            return False
+        os.close(self._reserve)
+        self._reserve = None
+        return True
+
     # ---------------------------------------------------------------- finishing
 
     def hand_over(self, owner: tuple[int, int] | None, also: Iterable[str] = ()) -> None:
@@ -339,10 +373,14 @@ class OutputDir:
             except OSError:
                 pass
         elif self._restore is not None:
-            self.hand_over(None)
+            try:
+                self.hand_over(None)
+            except OSError:  # cleanup after a failure: that failure is what the user must see
+                pass
         self.close()
 
     def close(self) -> None:
+        self.release_space()
         for sub in self._subdirs.values():
             sub.close()
         for fd in (self.fd, self._parent_fd):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main command: set everything up, then record the sample workload.
 #
-#   scripts/demo.sh [CAPTURE_DIR]        (default: pasta-demo; re-runs as root through sudo)
+#   scripts/demo.sh [CAPTURE_DIR]        (default: pasta-demo; as root: re-runs itself through sudo if not)
 #
 # On a machine with an NVIDIA (or AMD) GPU the workload is a small real program
 # (scripts/demo_workload.c); elsewhere it runs on pasta-trace's stand-in
@@ -9,7 +9,7 @@
 # and says so: "SIMULATION: ...".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
+. scripts/as_root.sh
 out="${1:-pasta-demo}"
 build=tests/fixtures/build
 

@@ -10,11 +10,12 @@
 #  3. A virtual environment (.venv) on Debian's python3 with --system-site-packages, so that BCC's Debian
 #     module is importable, and `pip install -e .[dev]`.
 #  4. NVIDIA's real libcuda.so.1 from Debian non-free, unpacked into a cache (not installed): for tests.
-#  5. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
+#  5. PyTorch's CPU build (torch 2.13.0+cpu) in a private cache (not installed): for the tensor tests.
+#  6. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[setup] %s\n' "$*" >&2; }
-if [ "$(id -u)" != 0 ]; then echo "setup.sh must run as root (apt-get, kernel headers): sudo $0" >&2; exit 77; fi
+. scripts/as_root.sh  # root for apt-get, headers and BPF: sudo when not root
 
 pkgs=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc g++ make libamdhip64-5 libamdhip64-dev
       chromium util-linux binutils tmux)
@@ -52,6 +53,10 @@ fi
 
 if ! scripts/fetch_vendor_libs.sh >/dev/null; then
   say "could not fetch NVIDIA's libcuda1 (non-free): the real-driver tests will skip"
+fi
+
+if ! scripts/fetch_torch_cpu.sh >/dev/null; then
+  say "could not install PyTorch's CPU build: the tensor tests will skip"
 fi
 
 if [ -x scripts/build_gpu_probes.sh ]; then scripts/build_gpu_probes.sh; fi

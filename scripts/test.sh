@@ -3,6 +3,6 @@
 # Live eBPF tests need root: run as a user, this re-runs itself under sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" != 0 ]; then exec sudo -E "$0" "$@"; fi
+. scripts/as_root.sh
 scripts/setup.sh
 exec .venv/bin/python -m pytest -q -ra "$@"

@@ -8,6 +8,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import shlex
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +30,26 @@ BCC_HINT = (
     "(the system python3, or a venv made with --system-site-packages); never `pip install bcc`, "
     "an unrelated project"
 )
+
+
+#: Debian's sudo secure_path: sudo finds only the programs in these (a venv's bin is not)
+SUDO_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def rerun_as_root(argv: list[str] | None = None) -> str:
+    """The exact command that runs this one again as root.  sudo resets PATH,
+    so a program it would not find (in a venv, say) is named by its path; on
+    a machine without sudo it is the command itself, for root to run."""
+    argv = sys.argv if argv is None else argv
+    program = argv[0] if argv else ""
+    if os.path.basename(program) == "pasta-trace":
+        program = os.path.abspath(program)
+        found = shutil.which("pasta-trace", path=SUDO_PATH)
+        cmd = ["pasta-trace" if found and os.path.samefile(found, program) else program]
+    else:  # python -m pasta_trace.cli, or embedded
+        cmd = [sys.executable, "-m", "pasta_trace.cli"]
+    line = shlex.join(cmd + list(argv[1:]))
+    return f"sudo {line}" if shutil.which("sudo") else line
 
 
 def sysfs_root() -> Path:
@@ -67,7 +90,7 @@ def check_privileges() -> None:
     who = "not root" if os.geteuid() != 0 else "root without the needed capabilities"
     raise PermissionsError(
         f"tracing needs {' and '.join(missing)} ({who})",
-        hint="run it with sudo: `sudo pasta-trace ...`, or grant CAP_BPF and CAP_PERFMON",
+        hint=f"run it as root: `{rerun_as_root()}`, or grant CAP_BPF and CAP_PERFMON",
     )
 
 
@@ -83,6 +106,9 @@ class KernelSupport:
             out.append("the kernel has no bpf() system call (CONFIG_BPF_SYSCALL)")
         if not self.uprobes:
             out.append("the kernel has no uprobes (CONFIG_UPROBE_EVENTS): no uprobe PMU and no uprobe_events")
+        if not self.btf:
+            # task storage (bpf_get_current_task_btf) and the struct offsets the probes read come from it
+            out.append("the kernel has no BTF (CONFIG_DEBUG_INFO_BTF): no /sys/kernel/btf/vmlinux")
         return out
 
 
@@ -106,5 +132,6 @@ def check_kernel() -> None:
     if problems:
         raise PastaError(
             "; ".join(problems),
-            hint="use a kernel built with CONFIG_BPF_SYSCALL and CONFIG_UPROBE_EVENTS (Debian's are)",
+            hint="use a kernel built with CONFIG_BPF_SYSCALL, CONFIG_UPROBE_EVENTS and CONFIG_DEBUG_INFO_BTF "
+                 "(Debian's are)",
         )

@@ -6,17 +6,17 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..errors import PastaError
 from . import discovery
+from .launch import check_command
 from .options import Options
 from .probe_set import program_text
-from .targets import check_pids, launch_candidates
+from .targets import check_pids, launch_candidates, unreadable
 
 
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages,
+                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max,
                         native_stacks=None if args.aggregate else args.native_stacks,
                         native_pages=args.native_stack_buffer_pages)
 
@@ -38,17 +38,18 @@ def plan(opts: Options) -> str:
         for pid in opts.pids:
             try:
                 p = discovery.scan_pid(pid)
-            except PermissionError:
-                raise PastaError(f"cannot read /proc/{pid}/maps: run --dry-run as root or as its owner") from None
+            except OSError as e:
+                raise unreadable(pid, e) from None
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
-                lines.append(f"PID {pid}: no libcuda/libamdhip64 mapped yet ({others}); would wait for one")
+                lines.append(f"PID {pid}: no libcuda/libamdhip64/libc10 mapped yet ({others}); would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
         libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
     else:
-        libs = launch_candidates(dict(os.environ))
+        check_command(opts.command, dict(os.environ))
+        libs = launch_candidates(dict(os.environ), opts.command)
         lines.append(f"would start: {' '.join(opts.command)}")
     lines.append(f"mode {opts.mode}: {len(libs)} libraries")
     for lib in libs:
@@ -57,5 +58,5 @@ def plan(opts: Options) -> str:
                      f"would attach {len(attach)} functions, {len(missing)} missing")
         if opts.verbose and missing:
             lines.append("  missing: " + ", ".join(missing))
-    lines.append("later loads of libcuda.so*/libamdhip64.so* would be caught when opened")
+    lines.append("later loads of libcuda.so*/libamdhip64.so*/libc10.so* would be caught when opened")
     return "\n".join(lines) + "\n"

@@ -30,12 +30,24 @@ _WRAPPER = (
 )
 
 
+def check_command(argv: list[str], env: dict[str, str]) -> None:
+    """The command can be started: checked before anything is loaded or written."""
+    if not argv:
+        raise UsageError("nothing to run after `--`")
+    if "/" in argv[0]:
+        if not os.path.exists(argv[0]):
+            raise UsageError(f"command not found: {argv[0]}")
+        if os.path.isdir(argv[0]) or not os.access(argv[0], os.X_OK):
+            raise UsageError(f"cannot run {argv[0]}: not an executable file")
+    elif shutil.which(argv[0], path=env.get("PATH")) is None:
+        here = os.path.isfile(argv[0])  # the shell does not look in the current directory either
+        raise UsageError(f"command not found: {argv[0]}", hint=f"it is not in PATH: give its path, ./{argv[0]}"
+                         if here else None)
+
+
 class HeldCommand:
     def __init__(self, argv: list[str], env: dict[str, str]):
-        if not argv:
-            raise UsageError("nothing to run after `--`")
-        if shutil.which(argv[0], path=env.get("PATH")) is None and not os.path.exists(argv[0]):
-            raise UsageError(f"command not found: {argv[0]}")
+        check_command(argv, env)
         self.argv = argv
         self.released = False
         r, self._go = os.pipe()

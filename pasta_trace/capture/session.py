@@ -22,12 +22,12 @@ from .bpf_maps import read_aggregate, read_lost
 from .drain import DrainLoop
 from .finish import Finisher
 from .late_load import LateLoadWatcher
-from .launch import HeldCommand
+from .launch import HeldCommand, check_command
 from .native_collector import NativeCollector
 from .options import CAPTURE_FILES, Options, Result
 from .probe_set import ProbeSet, load_program
 from .stack_collector import StackCollector, write_stacks
-from .targets import check_pids, launch_candidates
+from .targets import check_pids, check_readable, launch_candidates
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
@@ -52,19 +52,33 @@ class Session:
         self._native: NativeCollector | None = None
 
     def check(self) -> None:
-        """Everything that can refuse the capture before anything is loaded."""
+        """Everything that can refuse the capture before anything is loaded:
+        what to trace first (a wrong PID or command is the likelier mistake),
+        then what the machine and our privileges allow."""
+        if self.opts.mode == "pid":
+            check_pids(self.opts.pids)
+        elif self.opts.mode == "launch":
+            check_command(self.opts.command, dict(os.environ))
         checks.import_bcc()
         checks.check_kernel()
         checks.check_privileges()
         if self.opts.mode == "pid":
-            check_pids(self.opts.pids)
+            check_readable(self.opts.pids)
 
     def setup(self, env: dict[str, str] | None = None) -> HeldCommand | None:
         """Load the BPF program and attach to the libraries of the chosen
         processes (call check() first).  In launch mode, returns the command,
         started and held before exec (release() it once ready)."""
+        self.say("compiling the BPF program...")
+        self.bpf = load_program(self.opts)
+        try:
+            return self._setup(env)
+        except BaseException:
+            self.detach()  # probes attached so far go now, not in BCC's exit handler (ProbeSet.detach)
+            raise
+
+    def _setup(self, env: dict[str, str] | None) -> HeldCommand | None:
         opts = self.opts
-        self.bpf = load_program(opts)
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
         if opts.native_stacks_loaded is not None:
@@ -80,20 +94,25 @@ class Session:
             held = HeldCommand(opts.command, env)
             self._tracker.launched(held.pid)
             try:
-                for lib in launch_candidates(env):
+                candidates = launch_candidates(env, opts.command)
+                self.say(f"attaching probes to {_libraries(len(candidates))} the command can load...")
+                for lib in candidates:
                     self._probes.attach(lib)
             except BaseException:
                 held.abandon()
                 raise
-            waiting = "" if self._probes.attached else " (no libcuda/libamdhip64 found yet: attaching when it loads one)"
-            self._banner(f"command {' '.join(opts.command)} (PID {held.pid}){waiting}")
+            # it has loaded none of them yet: count what is ready, not what it uses
+            ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
+                     if self._probes.attached else "no libcuda/libamdhip64/libc10 found yet: attaching when it loads one")
+            self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
+        who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"
+        self.say(f"attaching probes to the libraries of {who}...")
         if opts.mode == "pid":
             self._tracker.start_pids()
-            self._banner("PID " + ",".join(map(str, opts.pids)))
         else:
             self._tracker.start_system()
-            self._banner("every process")
+        self._banner(f"{self._probes.functions} functions in {_libraries(len(self._probes.attached))} of {who}")
         return None
 
     def _saved_maps(self, pid: int) -> str | None:
@@ -117,10 +136,9 @@ class Session:
         self._probes.notes.append(msg)
         self.say(f"warning: {msg}")
 
-    def _banner(self, who: str) -> None:
-        what = "aggregating" if self.opts.aggregate else "Tracing"
-        self.say(f"{what} {self._probes.functions} functions in {len(self._probes.attached)} libraries of {who}... "
-                 "Ctrl-C to end.")
+    def _banner(self, what: str) -> None:
+        verb = "Aggregating" if self.opts.aggregate else "Tracing"
+        self.say(f"{verb} {what}... Ctrl-C to end.")
 
     # ------------------------------------------------------------------ live views (top)
 
@@ -132,7 +150,8 @@ class Session:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
         return read_aggregate(self.bpf)
 
-    def lost(self) -> tuple[int, int, int]:
+    def lost(self) -> dict[str, int]:
+        """Every BPF loss counter so far, by name (schema.LOSSES)."""
         return read_lost(self.bpf)
 
     # ------------------------------------------------------------------ a whole capture
@@ -159,10 +178,11 @@ class Session:
         try:
             from ..probes import catalog
 
-            api_names = [a.symbol for a in catalog.APIS]
+            api_names = list(catalog.API_NAMES)
             writer = CaptureWriter(out, api_names)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
-                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages)
+                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
+                                   aggregate_max=opts.aggregate_max if opts.aggregate else None)
             manifest.libraries = self._probes.entries()
             manifest.pids = sorted(self._tracker.traced_pids)
             manifest.write(out, complete=False)
@@ -174,7 +194,7 @@ class Session:
                                     stacks=self._stacks, native=self._native)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
-                                self._native)
+                                self._native, say=self.say, known_full=lambda: self._watcher.known_full)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped
@@ -223,3 +243,7 @@ class Session:
             self._drain.close()
         if self._probes is not None:
             self._probes.detach()
+
+
+def _libraries(n: int) -> str:
+    return f"{n} {'library' if n == 1 else 'libraries'}"

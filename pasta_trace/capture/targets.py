@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
-from ..errors import PastaError
-from . import discovery
+from ..errors import PastaError, PermissionsError, UsageError
+from . import checks, discovery, python_env
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+CAP_SYS_PTRACE = 19
 
 
 def alive(pid: int) -> bool:
@@ -19,15 +23,96 @@ def alive(pid: int) -> bool:
 
 
 def check_pids(pids: list[int]) -> None:
+    """Each PID is a running user process, or a one-line error that says why not."""
     for pid in pids:
         if pid <= 0 or not Path(f"/proc/{pid}").is_dir():
-            raise PastaError(f"no such process: {pid}")
+            raise no_such_process(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError as e:
+            raise unreadable(pid, e) from None
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        if int(stat.rsplit(")", 1)[1].split()[6]) & PF_KTHREAD:
+            raise UsageError(f"{comm} (PID {pid}) is a kernel thread: it has no user memory to trace",
+                             hint="give the PID of a program, e.g. from `pgrep -f NAME`")
 
 
-def launch_candidates(env: dict[str, str]) -> list[discovery.Library]:
+def check_readable(pids: list[int]) -> None:
+    """We may read each PID's memory map (checked once our own privileges are,
+    which are the likelier thing to lack), or a one-line error that says why not."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                f.read(1)
+        except OSError as e:
+            raise unreadable(pid, e) from None
+
+
+def no_such_process(pid: int) -> PastaError:
+    hidden = _hidepid()
+    why = f" (/proc is mounted with hidepid={hidden}: other users' processes are hidden)" if hidden else ""
+    return PastaError(f"no such process: {pid}{why}")
+
+
+def unreadable(pid: int, err: OSError) -> PastaError:
+    """Why the memory map of `pid` cannot be read: gone, or which permission is missing."""
+    if isinstance(err, (FileNotFoundError, ProcessLookupError)) or not Path(f"/proc/{pid}").is_dir():
+        return no_such_process(pid)
+    status = _status(pid)
+    name = f"{status.get('Name', '?')} (PID {pid})"
+    if not isinstance(err, PermissionError):
+        return PastaError(f"cannot read the memory map of {name}: {err.strerror}")
+    caps = checks.effective_caps()
+    if caps & (1 << CAP_SYS_PTRACE):
+        why = "a security module (AppArmor, SELinux) or a user namespace boundary denies it"
+        hint = "look for the denial in `dmesg`; trace from the user namespace of the process or above it"
+    else:
+        uids = {int(u) for u in status.get("Uid", "").split()}
+        their_caps = int(status.get("CapPrm", "0"), 16)
+        if uids and uids != {os.geteuid()}:
+            owner = status["Uid"].split()[1]
+            why = (f"it runs as uid {owner}, not as you (uid {os.geteuid()})" if os.geteuid() != 0
+                   else f"it runs as uid {owner}, and this process lacks CAP_SYS_PTRACE")
+        elif their_caps & ~caps:
+            why = "it holds capabilities this process lacks, and this process lacks CAP_SYS_PTRACE"
+        else:
+            why = ("it is not dumpable (a setuid program, or it called prctl(PR_SET_DUMPABLE, 0)), "
+                   "and this process lacks CAP_SYS_PTRACE")
+        hint = (f"run it as root: `{checks.rerun_as_root()}`" if os.geteuid() != 0
+                else "grant CAP_SYS_PTRACE (in a container: --cap-add SYS_PTRACE)")
+    return PermissionsError(f"cannot read the memory map of {name}: {err.strerror}: {why}", hint=hint)
+
+
+def _status(pid: int) -> dict[str, str]:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def _hidepid() -> str | None:
+    """The hidepid option of the /proc we read, if it hides processes."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == "/proc":
+            for opt in fields[3].split(","):
+                key, _, value = opt.partition("=")
+                if key == "hidepid" and value not in ("0", "off"):
+                    return value
+    return None
+
+
+def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> list[discovery.Library]:
     """Traced library files a launched command can load by name: those in
-    LD_LIBRARY_PATH and in the ld.so cache (others are caught when opened)."""
-    paths: list[str] = []
+    LD_LIBRARY_PATH and in the ld.so cache, and, when the command is a Python
+    interpreter, those its environment's packages hold (torch's libc10.so).
+    Others are caught when opened."""
+    paths: list[str] = python_env.traced_libraries(argv[0], env) if argv else []
     for d in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         p = Path(d)
         if p.is_dir():

@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import PastaError
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
 from .native_collector import NativeCollector
 from .stack_collector import StackCollector
 from .processes import ProcessTable
-from .targets import alive
+from .targets import alive, unreadable
 
 RESCAN_INTERVAL_S = 1.0
 
@@ -65,8 +64,11 @@ class ProcessTracker:
     def _attach_pid(self, pid: int) -> None:
         try:
             found = discovery.scan_pid(pid)
-        except OSError:
-            raise PastaError(f"no such process: {pid}") from None
+        except OSError as e:
+            if not alive(pid):  # it existed at the start (check_pids) and exited during the compile
+                self._say(f"PID {pid} exited before its probes were attached")
+                return  # start_pids ends it like any exit; the other PIDs are traced
+            raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
         self.save_maps([pid])  # native stacks of a process that exits before the first drain need them
         self._python(pid)
@@ -74,8 +76,8 @@ class ProcessTracker:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so or libamdhip64.so yet{others}: waiting for it to load "
-                      "one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so or libc10.so yet{others}: waiting for it "
+                      "to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 

@@ -7,10 +7,11 @@ import glob
 import os
 import platform
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-HELP = "check the kernel, BPF, BCC, headers and GPU libraries, and say what to fix"
+HELP = "check the kernel, BPF, BCC, headers and GPU libraries (and PyTorch's), and say what to fix"
 
 EXAMPLES = """\
   pasta-trace doctor                  every check (some need root to be conclusive)
@@ -44,7 +45,8 @@ def _kernel_checks() -> list[Check]:
         Check(True, f"kernel {platform.release()} ({platform.machine()})"),
         Check(k.bpf_syscall, "bpf() system call", "a kernel with CONFIG_BPF_SYSCALL=y"),
         Check(k.uprobes, "uprobes (uprobe PMU or uprobe_events)", "a kernel with CONFIG_UPROBE_EVENTS=y"),
-        Check(k.btf, "kernel BTF (/sys/kernel/btf/vmlinux)", "a kernel with CONFIG_DEBUG_INFO_BTF=y (optional)"),
+        Check(k.btf, "kernel BTF (/sys/kernel/btf/vmlinux): the probes' task storage and struct offsets",
+              "a kernel with CONFIG_DEBUG_INFO_BTF=y"),
         # pasta-trace uses raw tracepoints only, so tracefs is informational
         Check(True, "tracefs " + ("mounted" if tracefs else "not mounted (not needed: raw tracepoints only)")),
     ]
@@ -58,7 +60,7 @@ def _privilege_check() -> Check:
     if not missing:
         return Check(True, f"privileges ({who}): CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)")
     return Check(False, f"privileges ({who}): missing {' and '.join(missing)}",
-                 "run pasta-trace with sudo (or grant CAP_BPF,CAP_PERFMON)")
+                 f"run it as root: `{checks.rerun_as_root()}` (or grant CAP_BPF,CAP_PERFMON)")
 
 
 def _bcc_checks() -> tuple[list[Check], object]:
@@ -103,9 +105,16 @@ def _bpf_load_check(bcc) -> Check:
     return Check(True, "BCC compiles and loads a BPF program")
 
 
+def _python_envs() -> list[str]:
+    """Interpreters whose environments may hold traced libraries (torch's
+    libc10.so): the active venv or conda environment, and python3 in PATH."""
+    envs = [os.environ.get("VIRTUAL_ENV"), os.environ.get("CONDA_PREFIX")]
+    return [str(Path(e) / "bin" / "python") for e in envs if e] + ["python3"]
+
+
 def _library_files() -> dict[str, set[str]]:
     """Traced library files on this machine -> where they were found."""
-    from ..capture import discovery
+    from ..capture import discovery, python_env
 
     found: dict[str, set[str]] = {}
     try:
@@ -120,9 +129,17 @@ def _library_files() -> dict[str, set[str]]:
         for lib in p.traced:
             found.setdefault(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, set()).add(
                 f"PID {p.pid}")
+    for name in _python_envs():
+        python = python_env.interpreter(name, dict(os.environ))
+        for f in python_env.traced_libraries(str(python), dict(os.environ)) if python else []:
+            found.setdefault(os.path.realpath(f), set()).add(f"python env {python.parent.parent}")
     for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
         if discovery.family_of(f) and os.path.isfile(f):
             found.setdefault(os.path.realpath(f), set()).add("vendor cache")
+    # PyTorch's CPU build for the tests (scripts/fetch_torch_cpu.sh)
+    for f in glob.glob(str(VENDOR_CACHE.parent / "torch-*" / "torch" / "lib" / "lib*.so*")):
+        if discovery.family_of(f):
+            found.setdefault(os.path.realpath(f), set()).add("torch test cache")
     return found
 
 
@@ -132,7 +149,7 @@ def _library_checks(verbose: bool) -> list[Check]:
 
     files = _library_files()
     if not files:
-        return [Check(True, "GPU libraries: no libcuda.so* or libamdhip64.so* found (nothing to trace yet; "
+        return [Check(True, "GPU libraries: no libcuda.so*, libamdhip64.so* or libc10.so* found (nothing to trace yet; "
                             "libraries loaded later are caught when opened)")]
     out = []
     for path, where in sorted(files.items()):
@@ -146,7 +163,7 @@ def _library_checks(verbose: bool) -> list[Check]:
                 f"{len(missing)} probed functions missing")
         if verbose and missing:
             what += "\n     missing: " + ", ".join(missing)
-        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime library?"))
+        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime / PyTorch library?"))
     return out
 
 
@@ -161,5 +178,10 @@ def run(args: argparse.Namespace) -> int:
     for c in results:
         print(c.line())
     problems = [c for c in results if not c.ok]
-    print(f"\n{len(problems)} problem(s)" if problems else "\nall good: `sudo pasta-trace -p PID` will work")
+    if problems:
+        print(f"\n{len(problems)} problem(s)")
+    else:
+        from ..capture.checks import rerun_as_root
+
+        print(f"\nall good: `{rerun_as_root([sys.argv[0], '-p', 'PID'])}` will work")
     return 0 if not problems else 1

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 
 from .. import schema
-from ..errors import UsageError
+from ..errors import PastaError, UsageError
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
 
@@ -17,13 +18,13 @@ EXAMPLES = """\
   sudo pasta-trace -p 1234,1240 -d 30       trace two processes for 30 s
   sudo pasta-trace -a -d 10 -o capture/     every process that uses libcuda/libamdhip64, 10 s
   sudo pasta-trace -- python train.py       launch a command (as you, under sudo) and trace it
-  sudo pasta-trace --buffer-pages 4096 -p 1234   a bigger ring buffer when events are lost
+  sudo pasta-trace --buffer-pages 16384 -p 1234  a bigger ring buffer when events are lost
   sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
   sudo pasta-trace --no-stacks -p 1234      without the caller's Python stack on each event
   sudo pasta-trace --stack-depth 16 -- python train.py   keep the 16 innermost Python frames
   sudo pasta-trace --native-stacks -- ./app      also the C/C++ stack of allocations, frees,
                                             copies, syncs and failed calls (costly)
-  sudo pasta-trace --device cupti -- ./app  add device-side data (issue 4's backends)
+  sudo pasta-trace --device cupti -- ./app  add device-side data (docs/device.md)
   pasta-trace --print-bpf                   show the BPF program (no root needed)
   pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
 """
@@ -33,19 +34,44 @@ def _pids(text: str) -> list[int]:
     try:
         pids = [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a PID list: {text!r} (expected PID[,PID...])") from None
+        raise argparse.ArgumentTypeError(f"not a PID list: {text!r}: try -p 1234 or -p 1234,1240") from None
     if not pids:
-        raise argparse.ArgumentTypeError("empty PID list")
+        raise argparse.ArgumentTypeError("empty PID list: try -p 1234 or -p 1234,1240")
     return pids
 
 
-def _pages(text: str) -> int:
+def _whole(text: str, what: str, example: int) -> int:
+    """``text`` as an integer, or a usage error naming ``what`` with an example."""
     try:
-        n = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if n < 1 or n & (n - 1):
-        raise argparse.ArgumentTypeError(f"{n} is not a power of two")
+        raise argparse.ArgumentTypeError(f"not a number of {what}: {text!r}: try {example}") from None
+
+
+def _pages(text: str) -> int:
+    """A BPF ring buffer size in pages: a power of two the kernel accepts."""
+    from ..capture.options import MAX_RING_PAGES
+
+    n = _whole(text, "pages", 4096)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} pages: give at least 1 (a power of two): try 4096")
+    if n > MAX_RING_PAGES:
+        raise argparse.ArgumentTypeError(
+            f"{n} pages is more than a BPF ring buffer can hold (2 GiB): try {MAX_RING_PAGES}")
+    if n & (n - 1):
+        raise argparse.ArgumentTypeError(f"{n} is not a power of two: try {min(1 << n.bit_length(), MAX_RING_PAGES)}")
+    return n
+
+
+def _rows(text: str) -> int:
+    """Rows of the --aggregate map (allocated whole when the program loads)."""
+    default, most = schema.DEFAULT_AGGREGATE_MAX, schema.MAX_AGGREGATE_MAX
+    n = _whole(text, "rows", default)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} rows: give at least 1: try {default}")
+    if n > most:
+        raise argparse.ArgumentTypeError(f"{n} rows is more than the map may take (about 512 MiB of kernel "
+                                         f"memory): try {most}")
     return n
 
 
@@ -53,24 +79,22 @@ def _seconds(text: str) -> float:
     try:
         s = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if s <= 0:
-        raise argparse.ArgumentTypeError("the duration must be positive")
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}: try 10") from None
+    if not math.isfinite(s) or s <= 0:  # nan compares false with everything: it would never end
+        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number of seconds: try 10")
     return s
 
 
 def _depth(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    n = _whole(text, "frames", schema.DEFAULT_STACK_DEPTH)
     if not 1 <= n <= schema.MAX_STACK_DEPTH:
-        raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}")
+        raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}: "
+                                         f"try {min(max(n, 1), schema.MAX_STACK_DEPTH)}")
     return n
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES
+    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
 
     who = p.add_argument_group("what to trace (one of)")
     who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
@@ -85,10 +109,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite the capture in an existing DIR")
     p.add_argument("--buffer-pages", type=_pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES} = "
-                        f"{DEFAULT_BUFFER_PAGES * os.sysconf('SC_PAGE_SIZE') >> 20} MiB); raise it when events are lost")
+                        f"{DEFAULT_BUFFER_PAGES * os.sysconf('SC_PAGE_SIZE') >> 20} MiB, at most {MAX_RING_PAGES}); "
+                        "raise it when events are lost")
     p.add_argument("--aggregate", action="store_true",
                    help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
                         "events; writes aggregate.parquet")
+    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
+                   help=f"rows the --aggregate map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
+                        "raise it when calls are not counted")
     p.add_argument("--no-stacks", action="store_true",
                    help="do not record the caller's Python stack on each event (on by default)")
     p.add_argument("--stack-depth", type=_depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
@@ -123,7 +151,8 @@ def _options(args: argparse.Namespace):
     return Options(
         mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],
         pids=args.pid or [], command=args.command, duration=args.duration, force=args.force,
-        buffer_pages=args.buffer_pages, aggregate=args.aggregate, verbose=args.verbose, device=args.device,
+        buffer_pages=args.buffer_pages, aggregate=args.aggregate, aggregate_max=args.aggregate_max,
+        verbose=args.verbose, device=args.device,
         stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
         native_stacks=args.native_stacks, native_pages=args.native_stack_buffer_pages,
     )
@@ -148,10 +177,25 @@ def run(args: argparse.Namespace) -> int:
         result = Session(opts, say=status.say, status=status.update if status.live else None).run()
     if result.exit_code is not None:
         _say(f"{' '.join(opts.command)} exited with code {result.exit_code}")
-    _say(summary.render(result.out_dir, result.by_kind, result.names, result.lost, opts.buffer_pages))
+    _say(summary.render(result.out_dir, result.by_kind, result.names, result.manifest.counts, opts.settings,
+                        result.manifest.notes))
+    if (device := summary.device_line(opts.device, result.manifest.device_files)) is not None:
+        _say(device)
     _say(f"Wrote {result.out_dir}")
+    if result.write_error:
+        raise PastaError(_write_failure(result))
     _say(f"You can now run: pasta-trace report {result.out_dir}")
     return 0
+
+
+def _write_failure(result) -> str:
+    """One line for a capture that did not all reach the disk (a full disk)."""
+    unwritten = result.manifest.counts.get("lost_unwritten", 0)
+    kept = f"{result.events:,} events were written" + (f", {unwritten:,} were not" if unwritten else "")
+    if not result.manifest_written:
+        return (f"writing {result.out_dir} failed ({result.write_error}): {kept}; manifest.json still says "
+                "complete: false")
+    return f"writing {result.out_dir} failed ({result.write_error}): {kept} (counted in manifest.json)"
 
 
 class _status_line:

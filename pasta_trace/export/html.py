@@ -1,51 +1,39 @@
-"""`pasta-trace report --html`: one self-contained HTML file (no script, no
-network): header facts, a timeline overview, live device memory over time, a
-hotness heat map (pages x kernel executions) and every tool's table, with the
-plots as inline SVG."""
+"""`pasta-trace report --html`: one self-contained HTML page (no network, one
+small inline script): the capture's facts, the key findings, a zoomable
+timeline, live device memory and tensor memory (stacked by call site) on one
+time axis, flame graphs of time
+blocked in syncs, bytes allocated and bytes live at the peak, a hotness heat
+map (pages x kernel executions) and every tool's table, sortable.
+
+Every time on the page, in tables and on the plots' axes, counts in seconds
+from the capture's start."""
 
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
 
 import polars as pl
 
 from .. import __version__, merge
 from ..read import Capture
-from ..safe_output import OutputFile
+from ..tools.findings import Finding
+from ..tools.flame import flames
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
-from ..tools.render import cell, human_ns
-from ..tools.run import ToolResult, incomplete_banner
+from ..tools.render import format_frame, human_ns
+from ..tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
+from ..tools.tensors import site_steps, tensor_timeline
 from . import html_plots
+from .html_assets import SCRIPT, STYLE
+from .html_flame import flame_svg
+from .html_heatmap import heatmap_svg
+from .html_tensors import TOP_SITES as TOP_TENSOR_SITES, tensor_memory_svg
 
 #: rows per table in the page; the full data is in --json and CSV
 TABLE_ROWS = 200
-
-_STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1d232a;background:#f4f5f7}
-header{background:#1d2b3a;color:#fff;padding:18px 28px}
-header h1{margin:0 0 8px;font-size:22px;font-weight:600}
-dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0;font-size:13px}
-dl.facts dt{color:#9fb3c8}dl.facts dd{margin:0;font-family:ui-monospace,monospace}
-.banner{background:#c62828;color:#fff;font-weight:700;padding:10px 28px;font-size:15px}
-nav{padding:8px 28px;background:#e4e7eb;font-size:13px}nav a{margin-right:14px;color:#1d4e89;white-space:nowrap;display:inline-block}
-section{background:#fff;margin:16px 28px;padding:14px 18px;border-radius:6px;box-shadow:0 1px 2px #0002}
-section h2{font-size:17px;margin:0 0 4px}section p.desc{margin:0 0 10px;color:#52606d;font-size:13px}
-p.note{color:#7b8794;font-style:italic}
-svg.plot{display:block;max-width:100%;height:auto}
-svg text{font:11px system-ui,sans-serif;fill:#3e4c59}
-.axis,.tick{stroke:#7b8794}.grid{stroke:#e4e7eb}
-.legend{font-size:12px;margin:6px 0 0 190px}.key{margin-right:14px;white-space:nowrap}.key svg{margin-right:4px;vertical-align:middle}
-.ramp{display:inline-block;width:120px;height:10px;margin-right:8px;vertical-align:middle;
-background:linear-gradient(90deg,rgb(255,245,235),rgb(127,39,4))}
-table.tool{border-collapse:collapse;font-size:12px;width:100%}
-table.tool th{text-align:left;background:#f0f2f5;padding:4px 8px;border-bottom:1px solid #cbd2d9;position:sticky;top:0}
-table.tool td{padding:3px 8px;border-bottom:1px solid #eef0f2;font-family:ui-monospace,monospace;white-space:nowrap}
-table.tool td.num{text-align:right}table.tool caption{caption-side:bottom;text-align:left;color:#7b8794;padding-top:4px}
-.scroll{max-height:480px;overflow:auto}
-footer{color:#7b8794;font-size:12px;padding:8px 28px 24px}
-"""
+#: long free text goes after the numbers, so that the numbers line up at the left
+LAST_COLUMNS = ("cmdline", "container_id")
+NO_DEVICE = "needs device data (gpu_probes or CUPTI); this capture has none"
 
 
 def _facts_html(facts: dict) -> str:
@@ -55,21 +43,43 @@ def _facts_html(facts: dict) -> str:
         ("duration", None if facts["duration_ns"] is None else human_ns(facts["duration_ns"])),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", f"{facts['events']:,}"),
         ("calls counted", None if facts.get("aggregate_calls") is None else f"{facts['aggregate_calls']:,} (--aggregate)"),
-        ("lost events", f"{facts['lost_events']:,}"), ("device data", "yes" if facts["device_data"] else "no"),
+        ("lost", lost_text(facts)), ("device data", device_data_text(facts)),
     ]
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v is not None)
 
 
+def _findings_html(findings: list[Finding]) -> str:
+    def text(f: Finding) -> str:
+        if f.subject is None:
+            return escape(f.text)
+        before, after = f.text.split("{subject}", 1)
+        return f"{escape(before)}<code>{escape(f.subject)}</code>{escape(after)}"
+
+    rows = "".join(
+        f'<dt>{escape(f.topic)}</dt><dd>{text(f)} <a href="#tool-{f.tool}">details</a></dd>' for f in findings
+    )
+    return f'<dl class="findings">{rows}</dl>'
+
+
 def _table_html(r: ToolResult, t0: int | None) -> str:
-    df = r.frame
-    numeric = [df.schema[c].is_numeric() for c in df.columns]
-    head = "".join(f"<th>{escape(c)}</th>" for c in df.columns)
+    df = r.frame.select([c for c in r.frame.columns if c not in LAST_COLUMNS]
+                        + [c for c in LAST_COLUMNS if c in r.frame.columns])
+    cols = format_frame(df, t0, TABLE_ROWS)
+    shown = df.head(TABLE_ROWS)
+    # headers say what and in which unit; their title is the column's name in --json and CSV
+    head = "".join(
+        f'<th title="{escape(c.name)}"{" class=num" if c.numeric else ""}>{escape(c.header)}</th>' for c in cols
+    )
+
+    def td(c, raw: object, text: str) -> str:
+        if c.numeric:  # the raw value sorts; the text reads
+            return f'<td class="num" data-v="{"" if raw is None else raw}">{escape(text)}</td>'
+        return f'<td{" class=wrap" if c.cut == "wrap" else ""}>{escape(text)}</td>'
+
+    raws = [shown[c.name].to_list() for c in cols]
     body = "".join(
-        "<tr>" + "".join(
-            f'<td class="num">{escape(cell(c, v, t0))}</td>' if num else f"<td>{escape(cell(c, v, t0))}</td>"
-            for c, v, num in zip(df.columns, row, numeric)
-        ) + "</tr>"
-        for row in df.head(TABLE_ROWS).iter_rows()
+        "<tr>" + "".join(td(c, raw[i], c.cells[i]) for c, raw in zip(cols, raws)) + "</tr>"
+        for i in range(shown.height)
     )
     caption = (
         f"<caption>{TABLE_ROWS} of {df.height} rows; all of them: pasta-trace report --json, "
@@ -97,39 +107,89 @@ def _activity(cap: Capture, kernels: pl.LazyFrame) -> tuple[int | None, int | No
     return row[0], row[1]
 
 
-def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
-    by_name = {r.tool.name: r for r in results}
-    sections = []
+ZOOMBAR = (
+    '<div class="zoombar"><button data-zoom="in" title="zoom in">+</button>'
+    '<button data-zoom="out" title="zoom out">&minus;</button><button data-zoom="left" title="earlier">&larr;</button>'
+    '<button data-zoom="right" title="later">&rarr;</button><button data-zoom="reset">whole capture</button>'
+    '<span id="zoom-range"></span><span class="hint">drag across a plot to zoom into that range; ctrl+wheel '
+    "zooms; a double-click shows the whole capture</span></div>"
+)
+
+
+def _time_sections(cap: Capture, facts: dict, by_name: dict[str, ToolResult]) -> list[str]:
     kernels = merge.kernel_executions(cap)
-    w0, w1 = _activity(cap, kernels)
-    if w0 is None:
-        sections.append(_section("timeline", "Timeline overview", "", '<p class="note">no events recorded</p>'))
-    else:
-        late = w0 - facts["start_ts_ns"] if facts["start_ts_ns"] is not None else 0
-        since = f" ({human_ns(late)} after tracing started)" if late > 0 else ""
-        sections.append(_section(
+    t0, t1 = _activity(cap, kernels)
+    if t0 is None:
+        return [_section("timeline", "Timeline overview", "", '<p class="note">no events recorded</p>')]
+    w = html_plots.Window(t0, t1, facts["start_ts_ns"] if facts["start_ts_ns"] is not None else t0)
+    mem = by_name["memory"].frame if "memory" in by_name else memory_timeline(cap)
+    return [
+        _section(
             "timeline", "Timeline overview",
-            "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for details. "
-            f"Time runs from the first traced call{since}.",
-            html_plots.timeline_svg(cap.events, kernels, w0, w1),
-        ))
-        mem_frame = by_name["memory"].frame if "memory" in by_name else memory_timeline(cap)
-        sections.append(_section(
+            "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for "
+            "details. Times are seconds after the capture started, as in the tables; the plots begin at the "
+            f"first traced call{html_plots.time_span_note(w)}.",
+            ZOOMBAR + html_plots.timeline_svg(cap.events, kernels, w),
+        ),
+        _section(
             "memory", "Device memory over time",
-            "Live device bytes per process (allocations minus frees; pinned host memory excluded); dots mark peaks. "
-            "Same time axis as the timeline.",
-            html_plots.memory_svg(mem_frame, w0, w1) if mem_frame.height else '<p class="note">no device allocations</p>',
-        ))
+            "Live device bytes per process (allocations minus frees; pinned host memory excluded); dots mark "
+            "peaks. Same time axis as the timeline, zoomed with it.",
+            html_plots.memory_svg(mem, w) if mem.height else '<p class="note">no device allocations</p>',
+        ),
+    ] + _tensor_section(cap, w, by_name)
+
+
+def _tensor_section(cap: Capture, w: html_plots.Window, by_name: dict[str, ToolResult]) -> list[str]:
+    """Tensor memory stacked by call site, for captures with tensor events (PyTorch)."""
+    tl = by_name["tensor_memory"].frame if "tensor_memory" in by_name else tensor_timeline(cap)
+    if tl.height == 0:
+        return []
+    return [_section(
+        "tensors", "Tensor memory over time (PyTorch)",
+        "Tensor bytes held per process and device, stacked by the Python line that allocated them (the top "
+        f"{TOP_TENSOR_SITES} lines; the rest together), with the allocator's bytes from before the capture at the "
+        "bottom and what it reserved from the driver dashed on top. Never summed with the device memory above: the "
+        "allocator's segments are those allocations. Zooms with the timeline.",
+        tensor_memory_svg(site_steps(cap).collect(engine="streaming"), tl, w),
+    )]
+
+
+def _flame_section(cap: Capture) -> str:
+    if cap.stacks.select(pl.len()).collect().item() == 0:
+        content = ('<p class="note">no call stacks in this capture (recorded with --no-stacks, '
+                   "or no Python callers)</p>")
+    else:
+        content = "".join(f"<h3>{escape(f.title)}</h3>{flame_svg(f)}" for f in flames(cap))
+    return _section(
+        "flames", "Flame graphs",
+        "Who made the calls: each bar is a frame, as wide as the time or bytes of the calls beneath it, callers "
+        "above callees, one process per bar under the top. Hover for function (file:line).",
+        content,
+    )
+
+
+def _heatmap_section(cap: Capture, facts: dict) -> str:
     if facts["device_data"]:
         matrix = page_launch_matrix(cap)
-        heat = html_plots.heatmap_svg(matrix) if matrix.height else '<p class="note">the device data has no page histograms</p>'
+        heat = heatmap_svg(matrix) if matrix.height else '<p class="note">the device data has no page histograms</p>'
     else:
-        heat = '<p class="note">needs device data (gpu_probes or CUPTI); this capture has none</p>'
-    sections.append(_section(
+        heat = f'<p class="note">{NO_DEVICE}</p>'
+    return _section(
         "heatmap", "Hotness: pages x kernel executions",
         "Accesses per page (rows, the hottest 64 in address order) and kernel execution (columns, the first 64 launches).",
         heat,
-    ))
+    )
+
+
+def render_html(cap: Capture, facts: dict, results: list[ToolResult], findings: list[Finding]) -> str:
+    by_name = {r.tool.name: r for r in results}
+    sections = []
+    if findings:
+        sections.append(_section("findings", "Key findings", "", _findings_html(findings)))
+    sections += _time_sections(cap, facts, by_name)
+    sections.append(_flame_section(cap))
+    sections.append(_heatmap_section(cap, facts))
     for r in results:
         if r.note:
             content = f'<p class="note">{escape(r.note)}</p>'
@@ -141,28 +201,19 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult]) -> str:
     banner = incomplete_banner(facts)
     nav = "".join(
         f'<a href="#{sid}">{escape(label)}</a>'
-        for sid, label in [("timeline", "timeline"), ("memory", "memory"), ("heatmap", "heat map")]
+        for sid, label in [("findings", "key findings")] * bool(findings)
+        + [("timeline", "timeline"), ("memory", "memory")]
+        + [("tensors", "tensor memory")] * any(s.startswith('<section id="tensors"') for s in sections)
+        + [("flames", "flame graphs"), ("heatmap", "heat map")]
         + [(f"tool-{r.tool.name}", r.tool.name) for r in results]
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>pasta-trace report: {escape(facts['path'])}</title>"
-        f"<style>{_STYLE}{html_plots.css()}</style></head><body>"
+        f"<style>{STYLE}{html_plots.css()}</style></head><body>"
         f'<header><h1>pasta-trace report</h1><dl class="facts">{_facts_html(facts)}</dl></header>'
         + (f'<div class="banner" id="incomplete">{escape(banner)}</div>' if banner else "")
         + f"<nav>{nav}</nav>" + "".join(sections)
-        + f"<footer>pasta-trace {escape(__version__)}</footer></body></html>\n"
+        + f"<footer>pasta-trace {escape(__version__)}</footer><script>{SCRIPT}</script></body></html>\n"
     )
-
-
-def write_html(out: OutputFile, cap: Capture, facts: dict, results: list[ToolResult]) -> Path:
-    """Write the report atomically (a reader never sees half a page)."""
-    text = render_html(cap, facts, results).encode()
-
-    def write(path: str) -> None:
-        with open(path, "wb") as f:
-            f.write(text)
-
-    out.write(write)
-    return out.path

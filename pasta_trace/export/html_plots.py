@@ -1,10 +1,18 @@
-"""Inline SVG plots for the HTML report, generated in Python: no script, no
-network.  Marks are built as columns of SVG text with Polars expressions and
-thinned to one per pixel, so a plot's size does not grow with the capture."""
+"""The HTML report's time plots, inline SVG generated in Python: the timeline
+(API calls per host thread, kernel executions per GPU stream) and live device
+memory per process, on one time axis that the page's script zooms and pans.
+
+Marks are placed in data units (XS across the plotted window) inside a nested
+<svg> stretched to the plot's width, so zooming is a change of its viewBox.
+Strokes do not scale, so a mark keeps its thickness at any zoom.  Marks are
+binned (BINS per lane, two per pixel at the default width), so a plot's size
+does not grow with the capture: memory keeps each bin's minimum and maximum,
+so short-lived frees and peaks both show."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from html import escape
 
 import polars as pl
@@ -12,17 +20,20 @@ import polars as pl
 from .. import schema
 from ..tools.render import human_bytes, human_ns
 
-WIDTH = 1000
+WIDTH = 1000  # the drawing's width until the page's script fits it to the window
 LEFT = 190  # room for lane labels
 RIGHT = 20
 PLOT_W = WIDTH - LEFT - RIGHT
 AXIS_H = 28
 TICKS = 6
+XS = 1_000_000  # data x units across the plotted window
+BINS = 2 * PLOT_W  # twice per pixel at the default width: detail for a first zoom, at twice the size
 
 #: Fill per event kind (classes ev-<kind> in the page's CSS use the same).
 KIND_COLOURS = {
     "launch": "#4e79a7", "alloc": "#59a14f", "free": "#9c755f", "memcpy": "#f28e2b", "memset": "#edc948",
     "sync": "#e15759", "graph": "#76b7b2", "module": "#b07aa1", "other": "#bab0ac",
+    "tensor_alloc": "#8cd17d", "tensor_free": "#d4a6c8",
 }
 SERIES_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                   "#9c755f", "#bab0ac"]
@@ -30,11 +41,11 @@ KERNEL_COLOUR = "#2f4b7c"
 
 
 def css() -> str:
-    kinds = "".join(f".ev-{k}{{fill:{c}}}" for k, c in KIND_COLOURS.items())
-    return kinds + f".kern{{fill:{KERNEL_COLOUR}}}"
+    kinds = "".join(f".ev-{k}{{fill:{c};stroke:{c}}}" for k, c in KIND_COLOURS.items())
+    return kinds + f".kern{{fill:{KERNEL_COLOUR};stroke:{KERNEL_COLOUR}}}"
 
 
-def _esc(e: pl.Expr) -> pl.Expr:
+def esc(e: pl.Expr) -> pl.Expr:
     """Escape text for SVG/HTML inside a Polars expression."""
     return (
         e.cast(pl.String).fill_null("?")
@@ -45,13 +56,32 @@ def _esc(e: pl.Expr) -> pl.Expr:
     )
 
 
-def _px(ts: pl.Expr, t0: int, span: int) -> pl.Expr:
-    # integer pixel column of a timestamp, clamped into the plot
-    return ((ts - t0) * PLOT_W // span).clip(0, PLOT_W - 1).cast(pl.Int64)
+@dataclass(frozen=True)
+class Window:
+    """The plotted time window [t0, t1] (ns CLOCK_MONOTONIC), and the origin
+    its labels count from: the capture's start, as in the tables."""
 
+    t0: int
+    t1: int
+    origin: int
 
-def _seconds(ts: pl.Expr, t0: int) -> pl.Expr:
-    return ((ts - t0) / 1e9).round(6).cast(pl.String)
+    @property
+    def span(self) -> int:
+        return max(self.t1 - self.t0, 1)
+
+    def bin(self, ts: pl.Expr) -> pl.Expr:
+        return ((ts - self.t0) * BINS // self.span).clip(0, BINS - 1).cast(pl.Int64)
+
+    def x(self, ts: pl.Expr) -> pl.Expr:
+        """Data x of a timestamp, to a tenth of a unit (XS across the window)."""
+        return ((ts - self.t0) * XS / self.span).clip(0, XS).round(1)
+
+    def seconds(self, ts: pl.Expr) -> pl.Expr:
+        """Seconds after the origin to the microsecond, as the tables write them ("0.000003", not "3e-6")."""
+        us = (ts - self.origin + 500) // 1000  # to the nearest microsecond
+        sign = pl.when(us < 0).then(pl.lit("-")).otherwise(pl.lit(""))
+        return pl.format("{}{}.{}", sign, us.abs() // 1_000_000,
+                         (us.abs() % 1_000_000).cast(pl.String).str.zfill(6))
 
 
 def nice_step(span: float, ticks: int = TICKS) -> float:
@@ -61,34 +91,55 @@ def nice_step(span: float, ticks: int = TICKS) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
-def _time_axis(y: int, span: int) -> str:
+def tick_label(ns: float, step: float) -> str:
+    """A time after the origin in the unit of the tick step (the page's script does the same)."""
+    # the largest unit in which the step has at most one decimal
+    unit, scale = next(((u, s) for u, s in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)) if step >= s / 10), ("ns", 1.0))
+    places = max(0, -math.floor(math.log10(step / scale) + 1e-9))
+    return f"{ns / scale:.{places}f} {unit}"
+
+
+def _time_axis(y: int, w: Window) -> str:
+    """Ticks for the whole window, at the default width, until the script redraws them."""
+    step = nice_step(w.span)
+    a = w.t0 - w.origin
+    first = math.ceil(a / step) * step
     parts = [f'<line class="axis" x1="{LEFT}" y1="{y}" x2="{LEFT + PLOT_W}" y2="{y}"/>']
-    step = nice_step(span)
-    for i in range(int(span // step) + 1):
-        x = LEFT + PLOT_W * (i * step) / span
+    for i in range(int((a + w.span - first) // step) + 1):
+        t = first + i * step
+        x = LEFT + PLOT_W * (t - a) / w.span
         parts.append(
             f'<line class="tick" x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}"/>'
-            f'<text class="tlabel" x="{x:.1f}" y="{y + 16}" text-anchor="middle">+{human_ns(i * step)}</text>'
+            f'<text class="tlabel" x="{x:.1f}" y="{y + 16}" text-anchor="middle">{tick_label(t, step)}</text>'
         )
-    return "".join(parts)
+    return f'<g class="taxis">{"".join(parts)}</g>'
 
 
-def _byte_ticks(top: int) -> list[int]:
-    """Tick values for a byte axis: 1-2-5 steps in the binary unit that fits `top`."""
-    unit = 1024 ** min(4, max(0, int(math.log(max(top, 1), 1024))))
-    step = max(1, int(nice_step(top / unit, 4) * unit))
-    return list(range(0, top + 1, step))
+def _plot(pid: str, label: str, w: Window, height: int, outer: list[str], inner: list[str]) -> str:
+    """The outer SVG (labels, axis) around the zoomable view of the marks."""
+    view_h = height - AXIS_H
+    return (
+        f'<svg id="{pid}" class="plot tplot" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
+        f'role="img" aria-label="{label}" data-offset="{w.t0 - w.origin}" data-span="{w.span}" data-xs="{XS}" '
+        f'data-left="{LEFT}" data-right="{RIGHT}">'
+        + "".join(outer)
+        + f'<svg class="view" x="{LEFT}" y="0" width="{PLOT_W}" height="{view_h}" '
+        f'viewBox="0 0 {XS} {view_h}" preserveAspectRatio="none">'
+        + f'<rect class="bg" x="0" y="0" width="{XS}" height="{view_h}"/>'
+        + "".join(inner) + "</svg>"
+        + '<g class="klabels"></g>' + _time_axis(height - AXIS_H, w) + "</svg>"
+    )
 
 
-def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) -> str:
+def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, w: Window) -> str:
     """One lane per host thread (a thin band per event kind) and one per GPU
     stream (kernel executions, with device timing)."""
-    span = max(t1 - t0, 1)
     host = (
-        events.select("pid", "tid", pl.col("kind").cast(pl.String), "ts_ns")
-        .with_columns(_px(pl.col("ts_ns"), t0, span).alias("px"))
-        .group_by("pid", "tid", "kind", "px")
-        .agg(pl.len().alias("n"), pl.col("ts_ns").min())
+        events.select("pid", "tid", pl.col("kind").cast(pl.String), "ts_ns",
+                      (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"))
+        .with_columns(w.bin(pl.col("ts_ns")).alias("bin"))
+        .group_by("pid", "tid", "kind", "bin")
+        .agg(pl.len().alias("n"), pl.col("ts_ns").min(), pl.col("end_ns").max())
         .collect(engine="streaming")
     )
     kinds = [k for k in schema.KIND_NAMES if k in set(host["kind"].to_list())]
@@ -97,11 +148,8 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
     lane_h = max(band * len(kinds), 12) + 6
     gpu = (
         kernels.filter(pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null())
-        .with_columns(
-            _px(pl.col("gpu_start_ns"), t0, span).alias("px0"),
-            _px(pl.col("gpu_end_ns"), t0, span).alias("px1"),
-        )
-        .group_by("pid", "device", "stream", "px0", "px1")
+        .with_columns(w.bin(pl.col("gpu_start_ns")).alias("b0"), w.bin(pl.col("gpu_end_ns")).alias("b1"))
+        .group_by("pid", "device", "stream", "b0", "b1")
         .agg(pl.len().alias("n"), pl.col("name").first(), pl.col("gpu_start_ns").min(), pl.col("gpu_end_ns").max())
         .collect(engine="streaming")
     )
@@ -109,15 +157,18 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
     top = 6
     gpu_top = top + host_lanes.height * lane_h
     height = gpu_top + gpu_lanes.height * 20 + AXIS_H + 6
-
     kind_idx = pl.DataFrame({"kind": kinds, "k": list(range(len(kinds)))})
     ev_marks = (
         host.join(host_lanes, on=["pid", "tid"]).join(kind_idx, on="kind")
         .select(
             pl.format(
-                '<rect class="ev ev-{}" x="{}" y="{}" width="2" height="{}"><title>{} {} call(s) · pid {} tid {} · +{} s</title></rect>',
-                "kind", LEFT + pl.col("px"), top + pl.col("lane") * lane_h + pl.col("k") * band, pl.lit(band),
-                "n", "kind", "pid", "tid", _seconds(pl.col("ts_ns"), t0),
+                '<rect class="ev ev-{}" x="{}" y="{}" width="{}" height="{}"><title>{} {} call(s) · pid {} tid {} · '
+                "{} s to {} s</title></rect>",
+                # from the bin's first call to the end of its last: what a closer look finds there; 2 px of
+                # stroke around keep a mark visible at any zoom, and fill its band
+                "kind", w.x(pl.col("ts_ns")), top + 1 + pl.col("lane") * lane_h + pl.col("k") * band,
+                (w.x(pl.col("end_ns")) - w.x(pl.col("ts_ns"))).clip(0.1).round(1), pl.lit(band - 2),
+                "n", "kind", "pid", "tid", w.seconds(pl.col("ts_ns")), w.seconds(pl.col("end_ns")),
             ).alias("svg")
         )["svg"]
     )
@@ -125,10 +176,11 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
         gpu.join(gpu_lanes, on=["pid", "device", "stream"], nulls_equal=True)
         .select(
             pl.format(
-                '<rect class="kern" x="{}" y="{}" width="{}" height="14"><title>{} kernel(s): {} · pid {} · +{} s to +{} s</title></rect>',
-                LEFT + pl.col("px0"), gpu_top + pl.col("lane") * 20, (pl.col("px1") - pl.col("px0")).clip(2),
-                "n", _esc(pl.col("name")), "pid", _seconds(pl.col("gpu_start_ns"), t0),
-                _seconds(pl.col("gpu_end_ns"), t0),
+                '<rect class="kern" x="{}" y="{}" width="{}" height="14" data-name="{}"><title>{} kernel(s): {} · '
+                "pid {} · {} s to {} s</title></rect>",
+                w.x(pl.col("gpu_start_ns")), gpu_top + pl.col("lane") * 20,
+                (w.x(pl.col("gpu_end_ns")) - w.x(pl.col("gpu_start_ns"))).round(1), esc(pl.col("name")),
+                "n", esc(pl.col("name")), "pid", w.seconds(pl.col("gpu_start_ns")), w.seconds(pl.col("gpu_end_ns")),
             ).alias("svg")
         )["svg"]
     )
@@ -145,123 +197,73 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, t0: int, t1: int) 
         for k in kinds
     ) + (f'<span class="key"><svg width="10" height="10"><rect class="kern" width="10" height="10"/></svg>GPU kernel</span>'
          if gpu.height else "")
-    return (
-        f'<svg id="timeline-plot" class="plot" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
-        f'role="img" aria-label="timeline">'
-        + "".join(labels) + "".join(ev_marks) + "".join(k_marks)
-        + _time_axis(height - AXIS_H, span) + "</svg>"
-        + f'<div class="legend">{legend}</div>'
-    )
+    return (_plot("timeline-plot", "timeline", w, height, labels, [*ev_marks, *k_marks])
+            + f'<div class="legend">{legend}</div>')
 
 
-def memory_svg(timeline: pl.DataFrame, t0: int, t1: int, height: int = 260) -> str:
+def _byte_ticks(top: int) -> list[int]:
+    """Tick values for a byte axis: 1-2-5 steps in the binary unit that fits `top`."""
+    unit = 1024 ** min(4, max(0, int(math.log(max(top, 1), 1024))))
+    step = max(1, int(nice_step(top / unit, 4) * unit))
+    return list(range(0, top + 1, step))
+
+
+def memory_svg(timeline: pl.DataFrame, w: Window, height: int = 260) -> str:
     """Live device bytes per process as step lines (one path per process), with
-    the peak marked.  Within one pixel the line rises to that pixel's maximum and
-    settles at its last value, so no peak is lost to thinning."""
-    span = max(t1 - t0, 1)
+    the peak marked.  Within one bin the line spans the bin's minimum and
+    maximum and settles at its last value, so neither a peak nor a dip is lost."""
     ymax = max(int(timeline["live_bytes"].max() or 0), 1)
-    plot_h = height - AXIS_H - 10
     top = 10
+    plot_h = height - AXIS_H - top
+    bin_w = XS / BINS
 
     def y(v: pl.Expr) -> pl.Expr:
         return (top + plot_h - v * plot_h / ymax).round(1)
 
     pts = (
         timeline.lazy().sort(["pid", "ts_ns", "delta_bytes"])
-        .with_columns(_px(pl.col("ts_ns"), t0, span).alias("px"))
-        .group_by(["pid", "px"], maintain_order=True)
-        .agg(pl.col("live_bytes").max().alias("hi"), pl.col("live_bytes").last().alias("last"))
-        .with_columns(pl.format("H{} V{} V{}", LEFT + pl.col("px"), y(pl.col("hi")), y(pl.col("last"))).alias("seg"))
+        .with_columns(w.bin(pl.col("ts_ns")).alias("bin"))
+        .group_by(["pid", "bin"], maintain_order=True)
+        .agg(pl.col("live_bytes").max().alias("hi"), pl.col("live_bytes").min().alias("lo"),
+             pl.col("live_bytes").last().alias("last"),
+             pl.col("ts_ns").get(pl.col("live_bytes").arg_max()).alias("hi_ts"))
+        .with_columns(pl.format("H{} V{} V{} V{}", (pl.col("bin") * bin_w).round(1), y(pl.col("hi")),
+                                y(pl.col("lo")), y(pl.col("last"))).alias("seg"))
         .group_by("pid", maintain_order=True)
         .agg(pl.col("seg").str.join(" "), pl.col("last").last(), pl.col("hi").max().alias("peak"),
-             pl.col("px").get(pl.col("hi").arg_max()).alias("peak_px"))
+             pl.col("bin").get(pl.col("hi").arg_max()).alias("peak_bin"),
+             pl.col("hi_ts").get(pl.col("hi").arg_max()).alias("peak_ts"))
         .sort("pid")
         .collect(engine="streaming")
     )
-    parts = []
-    legend = []
+    inner, outer, legend = [], [], []
     base = top + plot_h
-    for i, row in enumerate(pts.iter_rows(named=True)):
+    for v in _byte_ticks(ymax):
+        yy = round(top + plot_h - plot_h * v / ymax, 1)
+        inner.append(f'<line class="grid" x1="0" y1="{yy}" x2="{XS}" y2="{yy}"/>')
+        outer.append(f'<text class="tlabel" x="{LEFT - 6}" y="{yy + 4}" text-anchor="end">{human_bytes(v)}</text>')
+    for i, row in enumerate(pts.iter_rows(named=True)):  # one row per process
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
         label = f"pid {row['pid']}"
-        end_y = round(top + plot_h - row["last"] * plot_h / ymax, 1)
-        parts.append(
+        inner.append(
             f'<path class="series" data-series="{escape(label)}" fill="none" stroke="{colour}" stroke-width="1.6" '
-            f'd="M{LEFT},{base} {row["seg"]} H{LEFT + PLOT_W} V{end_y}"><title>{escape(label)}</title></path>'
+            f'd="M0,{base} {row["seg"]} H{XS}"><title>{escape(label)}</title></path>'
         )
-        peak_y = round(top + plot_h - row["peak"] * plot_h / ymax, 1)
-        parts.append(
-            f'<circle class="peak" cx="{LEFT + row["peak_px"]}" cy="{peak_y}" r="3.5" fill="{colour}">'
-            f'<title>{escape(label)} peak {human_bytes(row["peak"])}</title></circle>'
+        # a round cap on a line of no length: a dot that stays round however the view stretches
+        px, py = round(row["peak_bin"] * bin_w, 1), round(top + plot_h - row["peak"] * plot_h / ymax, 1)
+        inner.append(
+            f'<line class="peak" x1="{px}" y1="{py}" x2="{px}" y2="{py}" stroke="{colour}">'
+            f'<title>{escape(label)} peak {human_bytes(row["peak"])} at '
+            f'{(row["peak_ts"] - w.origin) / 1e9:.6f} s</title></line>'
         )
         legend.append(
             f'<span class="key"><svg width="14" height="10"><line x1="0" y1="5" x2="14" y2="5" stroke="{colour}" '
             f'stroke-width="2"/></svg>{escape(label)} (peak {human_bytes(row["peak"])})</span>'
         )
-    for v in _byte_ticks(ymax):
-        yy = round(top + plot_h - plot_h * v / ymax, 1)
-        parts.append(
-            f'<line class="grid" x1="{LEFT}" y1="{yy}" x2="{LEFT + PLOT_W}" y2="{yy}"/>'
-            f'<text class="tlabel" x="{LEFT - 6}" y="{yy + 4}" text-anchor="end">{human_bytes(v)}</text>'
-        )
-    return (
-        f'<svg id="memory-plot" class="plot" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
-        f'role="img" aria-label="live device memory">'
-        + "".join(parts) + _time_axis(height - AXIS_H, span) + "</svg>"
-        + f'<div class="legend">{"".join(legend)}</div>'
-    )
+    return (_plot("memory-plot", "live device memory", w, height, outer, inner)
+            + f'<div class="legend">{"".join(legend)}</div>')
 
 
-_LIGHT = (255, 245, 235)
-_DARK = (127, 39, 4)
-
-
-def heatmap_svg(matrix: pl.DataFrame) -> str:
-    """Pages (rows, address order) x kernel executions (columns, in launch time order);
-    colour is log(1 + accesses) against the hottest cell."""
-    rows = matrix.select("pid", "page", "page_shift").unique(["pid", "page"]).sort(["pid", "page"]).with_row_index("r")
-    cols = (
-        matrix.select("pid", "launch_id", "name", "launch_ts_ns").unique(["pid", "launch_id"])
-        .sort(["launch_ts_ns", "pid", "launch_id"], nulls_last=True).with_row_index("c")
-    )
-    cw = max(min(16.0, PLOT_W / max(cols.height, 1)), 2.0)
-    ch = max(min(12.0, 640 / max(rows.height, 1)), 2.0)
-    top = 8
-    col_label_h = 70
-    height = int(top + rows.height * ch + col_label_h)
-    peak = math.log1p(int(matrix["count"].max()))
-    t = pl.col("count").log1p() / peak
-    channel = [(_LIGHT[i] + (pl.lit(_DARK[i] - _LIGHT[i]) * t)).round(0).cast(pl.Int64) for i in range(3)]
-    cells = (
-        matrix.join(rows.select("pid", "page", "r"), on=["pid", "page"])
-        .join(cols.select("pid", "launch_id", "c"), on=["pid", "launch_id"])
-        .select(
-            pl.format(
-                '<rect class="cell" x="{}" y="{}" width="{}" height="{}" fill="rgb({},{},{})">'
-                "<title>pid {} page {} · launch {} {} · {} accesses</title></rect>",
-                (LEFT + pl.col("c") * cw).round(1), (top + pl.col("r") * ch).round(1), pl.lit(round(cw - 0.5, 1)),
-                pl.lit(round(ch - 0.5, 1)), *channel, "pid", "page", "launch_id", _esc(pl.col("name")), "count",
-            ).alias("svg")
-        )["svg"]
-    )
-    step = max(1, math.ceil(12 / ch))  # label every page only when rows are tall enough
-    labels = [
-        f'<text class="lane" x="{LEFT - 6}" y="{top + r * ch + ch - 1:.1f}" text-anchor="end">'
-        f"pid {pid} 0x{page << shift:x}</text>"
-        for r, pid, page, shift in rows.select("r", "pid", "page", "page_shift").iter_rows()
-        if r % step == 0
-    ]
-    cstep = max(1, math.ceil(12 / cw))
-    yl = top + rows.height * ch + 6
-    labels += [
-        f'<text class="tlabel" transform="translate({LEFT + c * cw + cw / 2:.1f},{yl:.1f}) rotate(60)">'
-        f"{pid}#{lid} {escape(str(name or '?'))[:14]}</text>"
-        for c, pid, lid, name in cols.select("c", "pid", "launch_id", "name").iter_rows()
-        if c % cstep == 0
-    ]
-    return (
-        f'<svg id="heatmap-plot" class="plot" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
-        f'role="img" aria-label="hotness heat map">' + "".join(labels) + "".join(cells) + "</svg>"
-        + '<div class="legend"><span class="key">fewer accesses</span>'
-        + '<span class="ramp"></span><span class="key">more (log scale)</span></div>'
-    )
+def time_span_note(w: Window) -> str:
+    late = w.t0 - w.origin
+    return f" ({human_ns(late)} after tracing started)" if late > 0 else ""

@@ -16,6 +16,8 @@ import polars as pl
 import pytest
 
 from cli_run import ROOT, cli, one_error_line  # tests/fixtures/cli_run.py
+from pasta_trace.capture import checks
+from pasta_trace.device.inject import DEFAULT_MANIFEST, built_artefacts
 
 NOBODY = 65534
 
@@ -35,13 +37,15 @@ def _skip_reason() -> str | None:
 pytestmark = [pytest.mark.live, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
 
 
-def test_not_root_is_exit_77_with_the_sudo_hint_and_the_capabilities(sleeper, tmp_path):
-    r = cli("-p", str(sleeper.pid), "-o", str(tmp_path / "cap"),
-            prefix=("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"))
+def test_not_root_is_exit_77_with_the_command_to_run_and_the_capabilities(sleeper, tmp_path):
+    args = ["-p", str(sleeper.pid), "-o", str(tmp_path / "cap")]
+    r = cli(*args, prefix=("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"))
     assert r.returncode == 77
-    line = one_error_line(r)
-    assert "tracing needs CAP_BPF and CAP_PERFMON (not root)" in line
-    assert "sudo pasta-trace" in line
+    # sudo would not find a venv's pasta-trace (nor this python): the hint names what to run, by path
+    rerun = checks.rerun_as_root([str(ROOT / "pasta_trace" / "cli.py"), *args])
+    assert rerun.endswith(f"{sys.executable} -m pasta_trace.cli {' '.join(args)}")
+    assert one_error_line(r) == ("pasta-trace: error: tracing needs CAP_BPF and CAP_PERFMON (not root) "
+                                 f"(run it as root: `{rerun}`, or grant CAP_BPF and CAP_PERFMON)")
     assert not (tmp_path / "cap").exists()
 
 
@@ -134,7 +138,7 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
         proc.kill()
         proc.wait()
     assert r.returncode == 0, r.stderr
-    assert (f"PID {proc.pid} has not loaded libcuda.so or libamdhip64.so yet (it maps libcudart.so.12): "
+    assert (f"PID {proc.pid} has not loaded libcuda.so, libamdhip64.so or libc10.so yet (it maps libcudart.so.12): "
             "waiting for it to load one; its first call will be traced") in r.stderr
     assert f"Wrote {out}" in r.stderr
     assert r.stdout == ""  # messages on stderr only
@@ -143,7 +147,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
 
 
 def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
-    short = subprocess.Popen(["sleep", "120"])
+    # a rank of a distributed job, as torchrun starts one: processes.parquet says which
+    short = subprocess.Popen(["sleep", "120"], env={**os.environ, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
     out = tmp_path / "cap"
     tracer = subprocess.Popen([sys.executable, "-m", "pasta_trace.cli", "-p", str(short.pid), "-o", str(out),
                                "-d", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -168,6 +173,7 @@ def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
     procs = pl.read_parquet(out / "processes.parquet")
     row = procs.filter(pl.col("pid") == short.pid).row(0, named=True)
     assert row["comm"] == "sleep" and row["exit_ns"] is not None and row["exit_ns"] > row["start_ns"]
+    assert (row["rank"], row["local_rank"], row["world_size"]) == (2, 0, 4)
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 
@@ -191,7 +197,7 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
         mine.kill()
         mine.wait()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64 mapped yet (no GPU library); "
+    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64/libc10 mapped yet (no GPU library); "
                                         "would wait for one")
 
 
@@ -206,3 +212,33 @@ def test_launch_under_sudo_runs_as_the_invoking_user_who_owns_the_files(tmp_path
     assert m["mode"] == "launch" and m["launched"]["exit_code"] == 3 and m["complete"] is True
     owners = {(p.stat().st_uid, p.stat().st_gid) for p in [out, *out.iterdir()]}
     assert owners == {(NOBODY, NOBODY)}
+
+
+@pytest.mark.skipif(not (built_artefacts(DEFAULT_MANIFEST).get("sanitizer") or ""),
+                    reason="the sanitizer backend is not built (scripts/build_gpu_probes.sh)")
+def test_start_and_end_say_what_happens_and_an_empty_device_backend_says_so(tmp_path):
+    out = tmp_path / "cap"
+    r = cli("-o", str(out), "--device", "sanitizer", "--", "true")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert (m["device"], m["device_files"]) == ("sanitizer", [])
+    probed = [lib for lib in m["libraries"] if lib["symbols_attached"]]
+    functions = sum(len(lib["symbols_attached"]) for lib in probed)
+    ready = (f"{functions} functions ready in {len(probed)} librar{'y' if len(probed) == 1 else 'ies'}" if probed
+             else "no libcuda/libamdhip64/libc10 found yet: attaching when it loads one")
+    lines = r.stderr.splitlines()
+    expected = [
+        "compiling the BPF program...",
+        f"attaching probes to {len(m['libraries'])} librar{'y' if len(m['libraries']) == 1 else 'ies'} "
+        "the command can load...",
+        f"Tracing command true (PID {m['launched']['pid']}): {ready}... Ctrl-C to end.",
+        "writing 0 events, the names and the process table...",
+        f"removing {functions} probes...",
+        "device (--device sanitizer): nothing recorded (the command made no GPU work the backend saw, "
+        "or the backend did not load in it)",
+        f"Wrote {out}",
+    ]
+    assert [line for line in lines if line in expected] == expected, r.stderr
+    r = cli("report", str(out), "--tool", "kernels")
+    assert r.returncode == 0, r.stderr
+    assert " device data  none: --device sanitizer recorded nothing\n" in r.stdout

@@ -1,8 +1,11 @@
 """Open the HTML report in headless Chromium (Debian's `chromium`), driven over
 the DevTools protocol on a pipe: the page must load with no console errors, no
-uncaught exceptions and no network request, and its plots must render (SVG
-marks with non-empty boxes, in the expected numbers, and a screenshot that is
-not blank)."""
+uncaught exceptions and no network request; its plots must render (SVG marks
+with non-empty boxes, in the expected numbers, and a screenshot that is not
+blank) and fill the window's width; and what a person does must work on
+screen: dragging across the timeline zooms it (and the memory plot with it),
+a click on a header sorts a table, and hovering a flame graph's frame names
+its function (file:line)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pasta_trace import cli
-from test_tools_capture import write_device_capture
+from test_flame import write_stacked_capture
 
 CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
@@ -28,8 +31,9 @@ TIMEOUT_S = 60
 #: Evaluated in the page: marks per plot and how many of them have an empty box.
 MEASURE = """JSON.stringify(Object.fromEntries(
   [["ev", "#timeline-plot rect.ev"], ["kern", "#timeline-plot rect.kern"], ["lanes", "#timeline-plot text.lane"],
-   ["series", "#memory-plot path.series"], ["peaks", "#memory-plot circle.peak"],
-   ["cells", "#heatmap-plot rect.cell"], ["tables", "table.tool"]]
+   ["series", "#memory-plot path.series"], ["cells", "#heatmap-plot rect.cell"], ["tables", "table.tool"],
+   ["flame_sync", "#flame-sync rect.fr"], ["flame_allocated", "#flame-allocated rect.fr"],
+   ["flame_peak", "#flame-peak rect.fr"]]
   .map(([k, sel]) => {
     const els = [...document.querySelectorAll(sel)];
     const empty = els.filter(e => { const r = e.getBoundingClientRect(); return !(r.width > 0 && r.height > 0); });
@@ -127,25 +131,42 @@ class DevTools:
         os.close(self._w)
 
 
-def load(page: Path, profile: Path) -> dict:
-    """Load `page`; return its console/exception/log errors, non-file requests,
-    mark measurements and the screenshot's pixel statistics."""
-    dt = DevTools(profile)
-    try:
-        target = dt.call("Target.createTarget", url="about:blank")["targetId"]
-        s = dt.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            dt.call(f"{domain}.enable", s)
-        dt.call("Emulation.setDeviceMetricsOverride", s, width=1100, height=1600, deviceScaleFactor=1, mobile=False)
-        dt.call("Page.navigate", s, url=page.as_uri())
-        dt.wait_for("Page.loadEventFired")
-        measured = json.loads(dt.call("Runtime.evaluate", s, expression=MEASURE, returnByValue=True)["result"]["value"])
-        shot = dt.call("Page.captureScreenshot", s, format="png", captureBeyondViewport=False)["data"]
-        pixels = json.loads(dt.call("Runtime.evaluate", s, expression=PIXELS % shot, awaitPromise=True,
-                                    returnByValue=True)["result"]["value"])
-        events = list(dt.events)
-    finally:
-        dt.close()
+class Page:
+    """One page open in a DevTools session."""
+
+    def __init__(self, dt: DevTools, session: str) -> None:
+        self.dt, self.s = dt, session
+
+    def js(self, expression: str) -> object:
+        """The value of `expression`; a JSON string comes back decoded."""
+        value = self.dt.call("Runtime.evaluate", self.s, expression=expression, returnByValue=True,
+                             awaitPromise=True)["result"].get("value")
+        return json.loads(value) if isinstance(value, str) and value[:1] in "[{" else value
+
+    def box(self, selector: str) -> dict:
+        return self.js(f"JSON.stringify(document.querySelector({json.dumps(selector)}).getBoundingClientRect())")
+
+    def mouse(self, kind: str, x: float, y: float, **extra) -> None:
+        self.dt.call("Input.dispatchMouseEvent", self.s, type=kind, x=x, y=y, **extra)
+
+    def click(self, x: float, y: float) -> None:
+        for kind in ("mousePressed", "mouseReleased"):
+            self.mouse(kind, x, y, button="left", buttons=1, clickCount=1)
+
+
+def open_page(dt: DevTools, page: Path, width: int, height: int) -> Page:
+    target = dt.call("Target.createTarget", url="about:blank")["targetId"]
+    s = dt.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+    for domain in ("Page", "Runtime", "Log", "Network"):
+        dt.call(f"{domain}.enable", s)
+    dt.call("Emulation.setDeviceMetricsOverride", s, width=width, height=height, deviceScaleFactor=1, mobile=False)
+    dt.call("Page.navigate", s, url=page.as_uri())
+    dt.wait_for("Page.loadEventFired")
+    return Page(dt, s)
+
+
+def problems(events: list[dict]) -> tuple[list[dict], list[str]]:
+    """The page's console errors and uncaught exceptions, and its requests for anything not in the file."""
     errors = [
         e["params"] for e in events
         if e.get("method") == "Runtime.exceptionThrown"
@@ -156,32 +177,157 @@ def load(page: Path, profile: Path) -> dict:
         e["params"]["request"]["url"] for e in events
         if e.get("method") == "Network.requestWillBeSent" and not e["params"]["request"]["url"].startswith(("file:", "data:"))
     ]
-    return {"errors": errors, "requests": requests, "marks": measured, "pixels": pixels,
-            "png": base64.b64decode(shot)}
+    return errors, requests
+
+
+def screenshot(p: Page) -> tuple[bytes, dict]:
+    """The viewport as PNG, and its pixel statistics."""
+    shot = p.dt.call("Page.captureScreenshot", p.s, format="png", captureBeyondViewport=False)["data"]
+    return base64.b64decode(shot), p.js(PIXELS % shot)
+
+
+def load(page: Path, profile: Path) -> dict:
+    """Load `page`; return its console/exception/log errors, non-file requests,
+    mark measurements and the screenshot's pixel statistics."""
+    dt = DevTools(profile)
+    try:
+        p = open_page(dt, page, 1100, 1600)
+        measured = p.js(MEASURE)
+        png, pixels = screenshot(p)
+        events = list(dt.events)
+    finally:
+        dt.close()
+    errors, requests = problems(events)
+    return {"errors": errors, "requests": requests, "marks": measured, "pixels": pixels, "png": png}
+
+
+WIDTH = 1280  # a laptop's window
+#: section margin 28 px and padding 18 px on each side; the time plots' lane labels 190 px, right margin 20 px
+CONTENT_W = WIDTH - 2 * 28 - 2 * 18
+VIEW_W = CONTENT_W - 190 - 20
+
+
+def texts(p: Page, selector: str) -> list[str]:
+    return p.js(f"JSON.stringify([...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent))")
 
 
 def test_report_renders_in_chromium(tmp_path: Path, capsys) -> None:
     page = tmp_path / "report.html"
-    assert cli.main(["report", str(write_device_capture(tmp_path / "cap")), "--html", str(page)]) == 0
+    assert cli.main(["report", str(write_stacked_capture(tmp_path / "cap")), "--html", str(page)]) == 0
     capsys.readouterr()
-    got = load(page, tmp_path / "profile")
-    (tmp_path / "report.png").write_bytes(got["png"])
-    assert got["errors"] == []
-    assert got["requests"] == []
-    # [marks, marks with an empty box]: 18 host events at distinct pixels; 4 kernel executions;
-    # 2 thread lanes + 2 stream lanes; one memory series and one peak per process;
-    # 8 (page, launch) cells; one table per tool with rows (20 tools; copy_storms and api_errors found nothing)
-    assert got["marks"] == {
-        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "peaks": [2, 0],
-        "cells": [8, 0], "tables": [18, 0],
+    dt = DevTools(tmp_path / "profile")
+    try:
+        p = open_page(dt, page, WIDTH, 1600)
+        marks = p.js(MEASURE)
+        png, pixels = screenshot(p)
+        (tmp_path / "report.png").write_bytes(png)
+        # the plots fill the window's width, and the time plots' text is not scaled: one drawing unit per pixel
+        widths = {sel: p.box(sel)["width"] for sel in ("#timeline-plot", "#memory-plot", "#heatmap-plot",
+                                                          "#flame-sync", "#timeline-plot svg.view")}
+        scale = p.js("document.querySelector('#timeline-plot').viewBox.baseVal.width")
+        # key findings first, then the plots
+        sections = p.js("JSON.stringify([...document.querySelectorAll('section')].slice(0, 4).map(s => s.id))")
+        findings = texts(p, "#findings dt")
+        # processes: the numbers before the command line
+        proc_heads = texts(p, "#table-processes th")
+        zoom = check_zoom(p)
+        sort = check_sort(p)
+        hover = check_flame_hover(p)
+        events = list(dt.events)
+    finally:
+        dt.close()
+    errors, requests = problems(events)
+    assert errors == []
+    assert requests == []
+    # [marks, marks with an empty box]: 18 host events at distinct times; 4 kernel executions;
+    # 2 thread lanes + 2 stream lanes; one memory series per process; 8 (page, launch) cells; one table per tool
+    # with rows (24 tools; copy_storms and api_errors found nothing); flame graph frames (test_flame.py):
+    # 7 of time blocked in syncs, 12 of bytes allocated, 10 of bytes live at the peak
+    assert marks == {
+        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "cells": [8, 0], "tables": [22, 0],
+        "flame_sync": [7, 0], "flame_allocated": [12, 0], "flame_peak": [10, 0],
     }
-    px = got["pixels"]
-    assert (px["width"], px["height"]) == (1100, 1600)
+    assert widths == {"#timeline-plot": CONTENT_W, "#memory-plot": CONTENT_W, "#heatmap-plot": CONTENT_W,
+                      "#flame-sync": CONTENT_W, "#timeline-plot svg.view": VIEW_W}
+    assert scale == CONTENT_W
+    assert sections == ["findings", "timeline", "memory", "flames"]
+    assert findings == ["top kernel", "syncs", "peak memory", "errors", "leaks"]
+    assert proc_heads[:4] == ["pid", "process", "threads", "calls"] and proc_heads[-1] == "command line"
+    assert zoom == ZOOMED
+    assert sort == SORTED
+    assert hover == "Model.step (model.py:31) · 2.0 µs (57.1%)"
+    assert (pixels["width"], pixels["height"]) == (WIDTH, 1600)
     # a blank page has one colour; this one has the plots' and tables' colours
-    assert px["colours"] > 50
-    assert px["differ"] > 100_000
+    assert pixels["colours"] > 50
+    assert pixels["differ"] > 100_000
 
 
+#: The timeline's window is 1 µs to 20.5 µs after the capture's start (its first and last call); at 978 px the
+#: kernels are 130 px (hip_fill), 50 px (each axpy) and 30 px (reduce: too narrow for its name) wide.
+#: Dragging across the middle third of the plot shows 7.5 µs to 14 µs: three times as wide, only reduce in
+#: full view, now with its name; the memory plot follows.
+ZOOMED = {
+    "before": {"view": "1000 20500", "ticks": ["5 µs", "10 µs", "15 µs", "20 µs"],
+               "labels": ["hip_fill", "axpy", "axpy"], "reduce": 30.1},
+    "selecting": VIEW_W / 6,
+    "after": {"view": "7500 14000", "ticks": ["8 µs", "9 µs", "10 µs", "11 µs", "12 µs", "13 µs", "14 µs"],
+              "labels": ["reduce"], "reduce": 90.3},
+    "memory": "7500 14000",
+}
+
+
+def check_zoom(p: Page) -> dict:
+    def state() -> dict:
+        return {
+            "view": p.js("document.querySelector('#timeline-plot').dataset.view"),
+            "ticks": texts(p, "#timeline-plot g.taxis text"),
+            "labels": texts(p, "#timeline-plot text.klabel"),
+            "reduce": round(p.js("document.querySelectorAll('#timeline-plot rect.kern')[3].getBoundingClientRect()"
+                                 ".width"), 1),
+        }
+
+    before = state()
+    view = p.box("#timeline-plot svg.view")
+    y = view["y"] + 10
+    # whole pixels (mouse events carry whole pixels): a third and two thirds of the plot
+    x0, x1 = view["x"] + VIEW_W / 3, view["x"] + VIEW_W * 2 / 3
+    assert (x0, x1) == (int(x0), int(x1))
+    p.mouse("mousePressed", x0, y, button="left", buttons=1, clickCount=1)
+    p.mouse("mouseMoved", (x0 + x1) / 2, y, button="left", buttons=1)
+    selecting = p.box("#timeline-plot rect.sel")["width"]  # the range being selected shows while dragging
+    p.mouse("mouseMoved", x1, y, button="left", buttons=1)
+    p.mouse("mouseReleased", x1, y, button="left", buttons=1, clickCount=1)
+    return {"before": before, "selecting": selecting, "after": state(),
+            "memory": p.js("document.querySelector('#memory-plot').dataset.view")}
+
+
+#: The kernels table, in the tool's order, then sorted by a click on "GPU time (µs)", then by a second click.
+SORTED = {
+    "heads": ["pid", "kernel", "launches", "launches/s", "shapes", "top grid", "top block", "first at (s)",
+              "last at (s)", "API time (ns)", "API mean (ns)", "GPU time (µs)", "GPU mean (µs)"],
+    "rows": [["axpy", "reduce", "hip_fill"], ["reduce", "axpy", "hip_fill"], ["hip_fill", "axpy", "reduce"]],
+}
+
+
+def check_sort(p: Page) -> dict:
+    heads = texts(p, "#table-kernels th")
+    names = "JSON.stringify([...document.querySelectorAll('#table-kernels tbody tr')].map(r => r.cells[1].textContent))"
+    rows = [p.js(names)]
+    p.js("document.querySelector('#table-kernels').scrollIntoView()")
+    th = p.box(f"#table-kernels th:nth-child({heads.index('GPU time (µs)') + 1})")
+    for _ in range(2):
+        p.click(th["x"] + th["width"] / 2, th["y"] + th["height"] / 2)
+        rows.append(p.js(names))
+    return {"heads": heads, "rows": rows}
+
+
+def check_flame_hover(p: Page) -> str:
+    """Move the pointer over the frame of Model.step (model.py:31); the line under the graph names it."""
+    p.js("document.querySelector('#flame-sync').scrollIntoView()")
+    r = p.js("""JSON.stringify([...document.querySelectorAll('#flame-sync rect.fr')]
+      .find(e => e.querySelector('title').textContent.startsWith('Model.step (model.py:31)')).getBoundingClientRect())""")
+    p.mouse("mouseMoved", r["x"] + r["width"] / 2, r["y"] + r["height"] / 2)
+    return p.js("document.querySelector('#flame-sync-detail').textContent")
 def test_the_check_catches_a_broken_page(tmp_path: Path) -> None:
     # the same measurement on a page with a script error and a network request must fail loudly
     bad = tmp_path / "bad.html"
@@ -192,3 +338,41 @@ def test_the_check_catches_a_broken_page(tmp_path: Path) -> None:
     assert any("no_such_function" in json.dumps(e) for e in got["errors"])
     assert got["requests"] == ["http://192.0.2.1/x.png"]
     assert got["marks"]["series"] == [0, 0]
+
+
+def test_tensor_memory_plots_render_and_zoom_with_the_timeline(tmp_path: Path, capsys) -> None:
+    """A PyTorch-like capture (synthetic tensors, two processes): one stacked plot per process and device, each
+    band drawn, as wide as the page, zoomed with the timeline."""
+    from pasta_trace import synthetic
+
+    synthetic.write_capture(tmp_path / "cap", synthetic.Spec(pids=2, launches=20, allocations=8, accesses=200,
+                                                             stacks=True, tensors=60))
+    page = tmp_path / "report.html"
+    assert cli.main(["report", str(tmp_path / "cap"), "--html", str(page)]) == 0
+    capsys.readouterr()
+    dt = DevTools(tmp_path / "profile")
+    try:
+        p = open_page(dt, page, WIDTH, 1600)
+        plots = p.js("JSON.stringify([...document.querySelectorAll('#tensors svg.tplot')].map(s => s.id))")
+        bands = p.js("""JSON.stringify([...document.querySelectorAll('#tensors path.band')].map(e => {
+          const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }))""")
+        widths = {p.box(f"#{pid}")["width"] for pid in plots}
+        nav = texts(p, "nav a")
+        view = p.box("#timeline-plot svg.view")
+        x0, x1, y = view["x"] + VIEW_W // 4, view["x"] + VIEW_W // 2, view["y"] + 10
+        p.mouse("mousePressed", x0, y, button="left", buttons=1, clickCount=1)
+        p.mouse("mouseMoved", x1, y, button="left", buttons=1)
+        p.mouse("mouseReleased", x1, y, button="left", buttons=1, clickCount=1)
+        views = {p.js(f"document.querySelector('#{pid}').dataset.view") for pid in [*plots, "timeline-plot"]}
+        events = list(dt.events)
+    finally:
+        dt.close()
+    assert problems(events) == ([], [])
+    # pids 4242 and 4259, each with CPU tensors and CUDA tensors
+    assert plots == ["tensor-plot-4242-cpu", "tensor-plot-4242-cuda-0", "tensor-plot-4259-cpu",
+                     "tensor-plot-4259-cuda-0"]
+    # cpu: the activations; cuda:0: bytes from before the capture, weights, activations, the growing cache
+    assert bands == [True] * (1 + 4 + 1 + 4)
+    assert widths == {CONTENT_W}
+    assert nav[:5] == ["key findings", "timeline", "memory", "tensor memory", "flame graphs"]
+    assert len(views) == 1  # every time plot shows the range dragged across the timeline

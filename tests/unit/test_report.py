@@ -24,21 +24,38 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
-def test_terminal_report_has_facts_and_every_tool(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_terminal_report_has_findings_facts_and_every_tool(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "160")
     rc, out, err = run(capsys, str(write_capture(tmp_path / "cap")))
     assert (rc, err) == (EXIT_OK, "")  # no progress bar: stderr is not a terminal
-    assert "INCOMPLETE" not in out
-    assert "command  pasta-trace -a -d 1" in out
-    assert "duration  0.000025 s" in out
-    assert "processes  100, 200" in out
-    for tool in REGISTRY.values():
-        assert tool.title in out
-    # device tools say why they are empty
-    assert out.count("needs device data (gpu_probes or CUPTI); this capture has none") == 6
+    lines = out.splitlines()
+    # it opens with the key findings, then the capture's facts
+    assert lines[:7] == [
+        "Key findings",
+        "  top kernel  axpy: 2 launches, pid 100 (GPU time needs device data)",
+        "       syncs  3.5 µs blocked in 3 sync calls; most in cuStreamSynchronize (2 µs, pid 100)",
+        " peak memory  24.0 KiB live on the device, pid 100 at 0.000014 s",
+        "      errors  no failed calls",
+        "       leaks  4 allocations never freed, 26.0 KiB",
+        "",
+    ]
+    assert "     command  pasta-trace -a -d 1" in lines
+    assert "    duration  0.000025 s" in lines
+    assert "   processes  100, 200" in lines
+    # a table per tool that found something, one line for those that did not, one for those that need device data
+    shown = [t.title for t in REGISTRY.values() if t.title in lines]
+    assert lines[-4:] == [
+        "Nothing found: api_errors, copy_storms",
+        "Needs tensor events (a PyTorch program); this capture has none: tensor_memory, tensor_peaks, "
+        "tensor_peak_call_sites, tensor_fragmentation, tensor_leaks,",
+        "tensors_never_freed",
+        "Needs device data (gpu_probes or CUPTI); this capture has none: launch_gaps, gpu_idle, working_set, "
+        "alloc_hotness, page_hotness, prefetch",
+    ]
+    assert len(shown) == len(REGISTRY) - 2 - 6 - 6
     # memory renderer: peak and end per process
-    assert "pid 100: peak 24.0 KiB, end 24.0 KiB, 4 steps" in out
-    assert "pid 200: peak 2.0 KiB, end 1.0 KiB, 3 steps" in out
+    assert "pid 100: peak 24.0 KiB, end 24.0 KiB, 4 steps" in lines
+    assert "pid 200: peak 2.0 KiB, end 1.0 KiB, 3 steps" in lines
     assert "cudaMemPrefetchAsync" not in out
 
 
@@ -61,14 +78,17 @@ def test_json_is_the_only_thing_on_stdout(tmp_path: Path, capsys) -> None:
     doc = json.loads(out)
     assert list(doc["tools"]) == list(REGISTRY)
     assert doc["incomplete"] == "INCOMPLETE: 3 events lost"
+    assert doc["key_findings"][1] == {
+        "topic": "syncs", "text": "3.5 µs blocked in 3 sync calls; most in cuStreamSynchronize (2 µs, pid 100)",
+        "subject": None, "tool": "sync"}
     facts = doc["capture"]
     assert (facts["start_ts_ns"], facts["end_ts_ns"], facts["duration_ns"]) == (T0, T0 + 25_000, 25_000)
     assert (facts["pids"], facts["events"], facts["lost_events"], facts["complete"]) == ([100, 200], 18, 3, True)
     assert facts["started_utc"] == "2026-12-02T12:00:00+00:00"
     leaks = doc["tools"]["leaks"]
-    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns"]
+    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns", "call_site"]
     assert leaks["rows"][0] == {"pid": 100, "tid": 101, "api": "cuMemAlloc_v2", "kind": "device", "base": 0x30000,
-                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000}
+                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000, "call_site": None}
     assert doc["tools"]["prefetch"]["rows"] == []
     assert doc["tools"]["prefetch"]["note"] == "needs device data (gpu_probes or CUPTI); this capture has none"
 
@@ -104,7 +124,9 @@ def test_html_written_once_then_refused_without_force(tmp_path: Path, capsys) ->
     assert err == f"Wrote {out_html}  (open it in a browser; no network needed)\n"
     page = out_html.read_text()
     assert page.startswith("<!DOCTYPE html>")
-    assert "<script" not in page and "http://" not in page and "https://" not in page
+    # self-contained: one inline script, nothing loaded from anywhere (no src=, no <link>, no address at all)
+    assert page.count("<script") == 1 and "<script>" in page
+    assert " src=" not in page and "<link" not in page and "http://" not in page and "https://" not in page
     assert page.count('class="series"') == 2 and page.count('class="cell"') == 8
     out_html.write_text("keep me")
     rc, out, err = run(capsys, cap, "--html", str(out_html))
@@ -142,6 +164,16 @@ def test_errors_are_one_line_with_exit_codes(tmp_path: Path, capsys, argv, code,
     assert (rc, out, err) == (code, "", message.format(tmp=tmp_path))
 
 
+def test_html_into_a_directory_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    cap = str(write_capture(tmp_path / "cap"))
+    d = tmp_path / "out"
+    d.mkdir()
+    for force in ([], ["--force"]):
+        assert run(capsys, cap, "--html", str(d), *force) == (
+            EXIT_USAGE, "", f"pasta-trace: error: {d} is a directory (give a file name, e.g. {d}/report.html)\n")
+    assert list(d.iterdir()) == []
+
+
 def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
     cap = write_capture(tmp_path / "cap")
     (cap / "manifest.json").write_text("{not json")
@@ -152,10 +184,11 @@ def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_unknown_tool_is_a_usage_error(tmp_path: Path, capsys) -> None:
-    with pytest.raises(SystemExit) as e:
-        cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
-    assert e.value.code == EXIT_USAGE
-    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+    rc = cli.main(["report", str(write_capture(tmp_path / "cap")), "--tool", "nosuch"])
+    assert rc == EXIT_USAGE
+    choices = ", ".join(f"'{name}'" for name in REGISTRY)
+    assert capsys.readouterr().err == (f"pasta-trace: error: argument --tool: invalid choice: 'nosuch' "
+                                       f"(choose from {choices})\n")
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
@@ -186,9 +219,10 @@ def test_a_capture_without_events_reports_nothing_found(tmp_path: Path, capsys) 
     cap = str(write_capture(tmp_path / "cap", rows=[], names=[], processes=[]))
     rc, out, _ = run(capsys, cap)
     assert rc == EXIT_OK
-    assert "processes  none" in out and "events  0" in out
-    host_tools = sum(not t.needs_device for t in REGISTRY.values())
-    assert out.count(": nothing found") == host_tools  # the device tools say they need device data
+    assert "   processes  none" in out and "      events  0" in out
+    host_tools = [name for name, t in REGISTRY.items() if not t.needs_device and not t.needs_tensors]
+    # the device tools need device data, the tensor tools tensor events
+    assert f"Nothing found: {', '.join(host_tools)}" in out.replace("\n", " ")
     rc, out, _ = run(capsys, cap, "--json")
     assert all(t["rows"] == [] for t in json.loads(out)["tools"].values())
     rc, _, _ = run(capsys, cap, "--html", str(tmp_path / "r.html"))
