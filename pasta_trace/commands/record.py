@@ -22,8 +22,9 @@ EXAMPLES = """\
   sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
   sudo pasta-trace --no-stacks -p 1234      without the caller's Python stack on each event
   sudo pasta-trace --stack-depth 16 -- python train.py   keep the 16 innermost Python frames
-  sudo pasta-trace --native-stacks -- ./app      also the C/C++ stack of allocations, frees,
-                                            copies, syncs and failed calls (costly)
+  sudo pasta-trace --native-stacks -- ./app also the C/C++ stack of allocations,
+                                            frees, copies, syncs and failed calls
+                                            (costly: README's OVERHEAD)
   sudo pasta-trace --device cupti -- ./app  add device-side data (docs/device.md)
   pasta-trace --print-bpf                   show the BPF program (no root needed)
   pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
@@ -126,9 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"ring buffer for new stacks, in pages, a power of two (default {DEFAULT_STACK_PAGES}); "
                         "raise it when stacks are lost")
     p.add_argument("--native-stacks", nargs="?", const="default", choices=("default", "all"), metavar="all",
-                   help="also record the caller's native (C/C++) stack, unwound offline from .eh_frame: of "
+                   help="also record the caller's native (C/C++) stack, unwound by the tracer from .eh_frame: of "
                         "allocations, frees, copies, syncs and failed calls; =all: of every event, launches "
-                        f"included.  Costly: a {schema.NATIVE_STACK_BYTES // 1024} KiB stack copy per event")
+                        f"included.  Costly: an {schema.NATIVE_STACK_BYTES // 1024} KiB stack copy per event")
     p.add_argument("--native-stack-buffer-pages", type=_pages, default=DEFAULT_NATIVE_PAGES, metavar="N",
                    help=f"ring buffer for native stacks, in pages, a power of two (default {DEFAULT_NATIVE_PAGES}); "
                         "raise it when native stacks are lost")
