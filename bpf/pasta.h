@@ -38,15 +38,22 @@ BPF_TASK_STORAGE(inflight, struct pt_frames);
 #ifdef PT_AGGREGATE
 BPF_HASH(agg, struct pt_agg_key, struct pt_agg_val, PT_AGG_MAX);
 #endif
-#if defined(PT_AGGREGATE) || defined(PT_PYSTACKS)
+#if defined(PT_PYSTACKS) || defined(PT_NATIVESTACKS)
+#define PT_STACKS 1
+#endif
+#if defined(PT_AGGREGATE) || defined(PT_STACKS)
 /* The event is built here; --aggregate folds it into agg, stacks hand it to
- * the one program that walks the caller's stack and writes it (pystack.h). */
+ * the programs that record the caller's stack and write it (pystack.h,
+ * nativestack.h). */
 BPF_PERCPU_ARRAY(scratch, struct pt_event, 1);
 #endif
-#ifdef PT_PYSTACKS
+#ifdef PT_STACKS
 /* A tail call keeps a single copy of the stack walker: inlined into every
- * handler it made the program take 20 s more to compile and load. */
-BPF_PROG_ARRAY(pt_stack_tail, 1);
+ * handler it made the program take 20 s more to compile and load.  Slot 0:
+ * the first stack program (Python's, else the native one); slot
+ * PT_TAIL_NATIVE: the native one, tail-called by the Python one. */
+#define PT_TAIL_NATIVE 1
+BPF_PROG_ARRAY(pt_stack_tail, 2);
 #endif
 
 static __always_inline void pt_lost(u32 idx)
@@ -84,7 +91,7 @@ static __always_inline void pt_comm(char *dst)
  * itself (ring memory holds older records). */
 static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int clear)
 {
-#if defined(PT_AGGREGATE) || defined(PT_PYSTACKS)
+#if defined(PT_AGGREGATE) || defined(PT_STACKS)
     u32 zero = 0;
     struct pt_event *e = scratch.lookup(&zero);
     if (!e)
@@ -148,15 +155,21 @@ static __always_inline void pt_aggregate(struct pt_event *e)
 }
 #endif
 
+/* Write an event built in `scratch` (the stack programs' last step). */
+static __always_inline void pt_event_out(struct pt_event *e)
+{
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
+        pt_lost(PT_LOST_EVENTS);
+}
+
 static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
 {
 #ifdef PT_AGGREGATE
     pt_aggregate(e);
-#elif defined(PT_PYSTACKS)
+#elif defined(PT_STACKS)
     pt_stack_tail.call(ctx, 0);
     /* reached only if the tail call failed: the event without its stack */
-    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
-        pt_lost(PT_LOST_EVENTS);
+    pt_event_out(e);
 #else
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 #endif

@@ -218,7 +218,9 @@ int pt_stack_event(struct pt_regs *ctx)
     if (!e)
         return 0;
     e->stack_id = pt_pystack_id(bpf_get_current_pid_tgid());
-    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
-        pt_lost(PT_LOST_EVENTS);
+#ifdef PT_NATIVESTACKS
+    pt_stack_tail.call(ctx, PT_TAIL_NATIVE); /* nativestack.h: copies the user stack too, writes the event */
+#endif
+    pt_event_out(e);
     return 0;
 }

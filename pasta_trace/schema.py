@@ -241,6 +241,7 @@ LAYER_NAMES = [k.name for k in Layer]
 FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
 FLAG_HAS_DUR = 1 << 1  # `dur_ns` is entry->return
 FLAG_OUTPTR_FAULT = 1 << 2  # the out-pointer could not be read at return
+FLAG_NATIVE_STACK = 1 << 3  # stack_id is a native sample number (pt_native), replaced by the tracer before writing
 
 #: Bit positions in the event's `valid` mask: which payload columns the probe
 #: set.  The decoder turns unset ones into nulls.
@@ -558,6 +559,64 @@ def py_stack_record(depth: int = DEFAULT_STACK_DEPTH) -> Record:
     )
 
 
+# --------------------------------------------------------------------------- native stacks
+
+#: --native-stacks: bytes of the user stack copied per event, from the stack
+#: pointer up (perf's default dump size).  A multiple of 4 KiB: near the top of
+#: the stack the copy is cut at the last readable page.
+NATIVE_STACK_BYTES = 8192
+
+#: Kinds whose events carry a native stack under plain --native-stacks; a
+#: failed call (non-zero return) always does, and --native-stacks=all covers
+#: every event, launches included.
+NATIVE_STACK_KINDS = (Kind.alloc, Kind.free, Kind.memcpy, Kind.sync)
+
+#: pt_native `flags` bits.
+NATIVE_AT_ENTRY = 1 << 0  # copied at the function's entry: ip is in the callee, [sp] the return address
+
+#: Indices of the per-CPU `native_stats` counters of bpf/nativestack.h.
+NATIVE_STATS = {
+    "lost_native_stacks": 0,  # the nativestacks ring was full: the event carries its Python stack only
+    "unreadable_native_stacks": 1,  # not one byte of the user stack could be read: the same
+    "short_native_stacks": 2,  # copies cut at the top of the stack (shallow threads; not a loss)
+}
+
+NATIVE_SAMPLE = Record(
+    "pt_native",
+    _fields(
+        [
+            ("sample", "u64", "", "the event's stack_id until the tracer replaces it (FLAG_NATIVE_STACK)"),
+            ("py_stack_id", "u64", "", "the Python stack of the same event (pt_pystack.stack_id), 0: none"),
+            ("pid", "u32", "", "tgid"),
+            ("tid", "u32", "", ""),
+            ("ip", "u64", "", "instruction pointer at the probe"),
+            ("sp", "u64", "", "stack pointer at the probe: stack[0] is the byte at this address"),
+            ("bp", "u64", "", "rbp at the probe (frame pointer, where the code keeps one)"),
+            ("size", "u32", "bytes", "bytes of stack copied"),
+            ("flags", "u32", "", "NATIVE_* bits"),
+            ("stack", f"u8[{NATIVE_STACK_BYTES}]", "", "the user stack from sp up"),
+        ]
+    ),
+    "one event's user stack and registers, written into the nativestacks ring; unwound by the tracer",
+)
+
+
+def native_stacks_c_header(kinds: Iterable[Kind] | None = NATIVE_STACK_KINDS) -> str:
+    """C text bpf/nativestack.h needs; ``kinds`` None: every event."""
+    mask = 0xFFFFFFFF if kinds is None else sum(1 << int(k) for k in kinds)
+    out = [
+        "/* Generated from pasta_trace/schema.py: do not edit. */",
+        f"#define PT_NATIVE_STACK_BYTES {NATIVE_STACK_BYTES}",
+        f"#define PT_NATIVE_KINDS 0x{mask:x}u",
+        f"#define PT_NATIVE_AT_ENTRY {NATIVE_AT_ENTRY}",
+        f"#define PT_FLAG_NATIVE_STACK {FLAG_NATIVE_STACK}",
+        *(f"#define PT_NATIVE_{name.upper()} {i}" for name, i in NATIVE_STATS.items()),
+        f"#define PT_NATIVE_NSTATS {len(NATIVE_STATS)}",
+        NATIVE_SAMPLE.c_struct(),
+    ]
+    return "\n".join(out) + "\n"
+
+
 def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
     """C text bpf/pystack.h needs: its records, flags and counter indices."""
     out = [
@@ -634,6 +693,16 @@ LOSSES: tuple[Loss, ...] = (
     Loss("unreadable_stacks", "py_stats", PY_STATS["unreadable_stacks"], "unreadable Python stacks",
          "frames changed or were freed while read",
          "no option changes it; their events are kept, without a stack", section="stacks"),
+    Loss("lost_native_stacks", "native_stats", NATIVE_STATS["lost_native_stacks"], "native stacks",
+         "the native stacks ring buffer was full", "raise --native-stack-buffer-pages",
+         "--native-stack-buffer-pages", section="stacks"),
+    Loss("unreadable_native_stacks", "native_stats", NATIVE_STATS["unreadable_native_stacks"],
+         "unreadable native stacks", "not one byte of the user stack could be read",
+         "no option changes it; their events keep their Python stack only", section="stacks"),
+    # counted by the tracer (capture.native_collector): a library's unwind tables not built when the capture ended
+    Loss("unresolved_native_stacks", "", -1, "unresolved native stacks",
+         "a library's unwind tables were not ready when the capture ended",
+         "no option changes it; their events keep their Python stack only", section="stacks"),
     Loss("unpaused_opens", "discover_lost", 0, "unpaused library opens",
          "too many processes waited for probes at once",
          "no option changes it; the first calls after those opens may be missing"),

@@ -7,14 +7,22 @@ stack depth 10 and 30:
 
 * untraced;
 * traced with ``--no-stacks`` (the probe alone);
-* traced with Python stacks (the default).
+* traced with Python stacks (the default);
+* traced with ``--no-stacks --native-stacks`` (an 8 KiB copy of the user
+  stack per event, unwound by the tracer), with fewer calls (--native-calls)
+  and a native ring big enough that no copy is lost (a lost one costs less
+  and would flatter the figure), each Python level also nesting C frames
+  (through ``map``) so that a full 8 KiB is copied (``short`` counts the
+  copies cut at the top of the stack): its baseline is the probe alone
+  measured with the same calls and callers.
 
 Each figure is the calling thread's CPU time per call (the kernel runs the
 probe in that thread), the median of --batches batches of --calls calls; the
 probe's cost is traced minus untraced, the stacks' cost is stacks minus
-no-stacks, and the cost per extra frame is (depth 30 - depth 10) / 20.
+no-stacks (and their ratio: traced with stacks / the probe alone, both from
+this run), and the cost per extra frame is (depth 30 - depth 10) / 20.
 Targets (docs/performance.md): stacks <= 1.0 us per event at depth 10 and
-<= 60 ns per extra frame.  Every call site makes the same stack, so after the
+<= 60 ns per extra frame; native stacks <= 5 us per event.  Every call site makes the same stack, so after the
 first event each one costs the walk and one hash lookup (identical stacks are
 sent once).
 
@@ -37,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 CALLER = r"""
 import ctypes, json, sys, time
-lib = ctypes.CDLL(sys.argv[1]); calls, batches, depth = map(int, sys.argv[2:5])
+lib = ctypes.CDLL(sys.argv[1]); calls, batches, depth, via_c = map(int, sys.argv[2:6])
 free = lib.cuMemFree_v2
 def batch():
     t = time.thread_time_ns()
@@ -45,22 +53,33 @@ def batch():
         free(0)
     return (time.thread_time_ns() - t) / calls
 def down(n):
-    return down(n - 1) if n > 1 else [batch() for _ in range(batches)]
+    if n <= 1:
+        return [batch() for _ in range(batches)]
+    # via_c: each level through map() also nests C frames, so that the native stack is deeper than 8 KiB
+    return next(map(down, [n - 1])) if via_c else down(n - 1)
 print(json.dumps(down(depth - 1)))  # the module frame counts: `depth` frames at the call
 """
 
 
-def measure(cmd_prefix: list[str], stub: Path, calls: int, batches: int, depth: int, tmp: Path) -> float:
+#: --native-stack-buffer-pages for the native row: 128 MiB, ~16k stacks of 8 KiB
+NATIVE_PAGES = 32768
+
+
+def measure(cmd_prefix: list[str], stub: Path, calls: int, batches: int, depth: int, tmp: Path,
+            counts: dict | None = None, via_c: bool = False) -> float:
+    """Median CPU ns per call; ``counts``: filled with the capture's stack counts."""
     script = tmp / "caller.py"
     script.write_text(CALLER)
     out = tmp / f"out-{depth}.json"
-    inner = [sys.executable, str(script), str(stub), str(calls), str(batches), str(depth)]
+    inner = [sys.executable, str(script), str(stub), str(calls), str(batches), str(depth), str(int(via_c))]
+    cap = tmp / f"cap-{len(os.listdir(tmp))}"
     if cmd_prefix:
-        cap = tmp / f"cap-{len(os.listdir(tmp))}"
         cmd = [*cmd_prefix, "-o", str(cap), "--", "sh", "-c", " ".join(inner) + f" > {out}"]
     else:
         cmd = ["sh", "-c", " ".join(inner) + f" > {out}"]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=600)
+    if counts is not None:
+        counts.update(json.loads((cap / "manifest.json").read_text())["counts"].get("stacks", {}))
     return statistics.median(json.loads(out.read_text()))
 
 
@@ -70,6 +89,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--native-calls", type=int, default=2000, help="calls per batch of the native-stack row")
     a = ap.parse_args()
     stub = build.cuda_stub()
     tracer = [sys.executable, "-m", "pasta_trace.cli"]
@@ -82,13 +102,28 @@ def main() -> int:
                 "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
                 "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
                 "stacks": measure(tracer, stub, a.calls, a.batches, depth, tmp),
+                "native_probe": measure([*tracer, "--no-stacks"], stub, a.native_calls, a.batches, depth, tmp,
+                                        via_c=True),
+                "native": measure([*tracer, "--no-stacks", "--native-stacks", "--native-stack-buffer-pages",
+                                   str(NATIVE_PAGES)], stub, a.native_calls, a.batches, depth, tmp,
+                                  counts=(native_counts := {}), via_c=True),
+                "native_counts": native_counts,
             }
     for depth, r in res.items():
         print(f"depth {depth}: untraced {r['untraced']:.0f} ns/call; probe +{r['probe'] - r['untraced']:.0f} ns; "
               f"with Python stacks +{r['stacks'] - r['untraced']:.0f} ns "
-              f"(stacks alone +{r['stacks'] - r['probe']:.0f} ns per event)")
+              f"(stacks alone +{r['stacks'] - r['probe']:.0f} ns per event; "
+              f"{r['stacks'] / r['probe']:.2f}x the probe alone)")
     slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
     print(f"per extra frame: {slope:.0f} ns")
+    for depth, r in res.items():
+        c = r["native_counts"]
+        print(f"depth {depth}, {a.native_calls} calls per batch: probe alone {r['native_probe']:.0f} ns/call; "
+              f"with native stacks {r['native']:.0f} ns/call (native stacks alone "
+              f"+{r['native'] - r['native_probe']:.0f} ns per event, {r['native'] / r['native_probe']:.2f}x "
+              f"the probe alone; {c.get('native_samples', 0):,} copied, "
+              f"{c.get('lost_native_stacks', 0):,} lost, {c.get('short_native_stacks', 0):,} short, "
+              f"{c.get('native_stacks', 0)} distinct)")
     return 0
 
 

@@ -93,6 +93,12 @@ def real_libs_program(build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def native_chain(build_dir: Path) -> Path:
+    """tests/fixtures/native_chain.c; its libnativechain.so lies beside it."""
+    return _built("native_chain", build_dir)
+
+
+@pytest.fixture(scope="session")
 def torch_cpu() -> torch_env.TorchEnv:
     """PyTorch's CPU build in a private cache (installed on first use), or a skip saying why."""
     try:

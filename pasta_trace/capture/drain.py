@@ -3,7 +3,9 @@ handles late-loaded libraries, and decides when the capture ends.
 
 With Python stacks on, the loop also wakes as soon as a new stack is written
 (the BPF side sends each distinct stack once, with a wake-up): its code
-objects are read from the process at once, while they still exist."""
+objects are read from the process at once, while they still exist.  With
+native stacks on, the first native stack of each process wakes it too: the
+process's maps are read while it runs."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from .. import schema
 from .bpf_maps import read_lost
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand
+from .native_collector import NativeCollector
 from .ringbuf import open_table
 from .stack_collector import StackCollector
 from .tracker import ProcessTracker
@@ -48,9 +51,10 @@ class DrainLoop:
 
     def __init__(self, bpf, writer: CaptureWriter, tracker: ProcessTracker, watcher: LateLoadWatcher, *,
                  on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None,
-                 stacks: StackCollector | None = None):
+                 stacks: StackCollector | None = None, native: NativeCollector | None = None):
         self._bpf = bpf
         self._stacks = stacks
+        self._native = native
         self._say = say
         self._writer = writer
         self._tracker = tracker
@@ -60,18 +64,21 @@ class DrainLoop:
         self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
         self._wake = None
-        if stacks is not None:
-            self._wake = select.poll()
-            self._wake.register(stacks.fd, select.POLLIN)
+        for c in (stacks, native):
+            if c is not None:
+                self._wake = self._wake or select.poll()
+                self._wake.register(c.fd, select.POLLIN)
         self._open = True
 
     def _sleep(self) -> None:
-        """Wait POLL_INTERVAL_S, or less when a new stack arrives."""
+        """Wait POLL_INTERVAL_S, or less when a new stack (or a new process's native stack) arrives."""
         if self._wake is None:
             time.sleep(POLL_INTERVAL_S)
             return
         self._wake.poll(POLL_INTERVAL_S * 1000)
-        self._stacks.drain()
+        for c in (self._stacks, self._native):
+            if c is not None:
+                c.drain()
 
     def run(self, *, stop: Callable[[], bool], held: HeldCommand | None, mode: str,
             duration: float | None) -> int | None:
@@ -103,13 +110,19 @@ class DrainLoop:
             self._sleep()
         # what the probes wrote before we stopped
         self.drain()
+        if self._native is not None and (held_events := self._native.settle()) is not None:
+            self._writer.add_events(held_events)
         self._watcher.disarm()
         return exit_code
 
     def drain(self) -> None:
         if self._stacks is not None:  # first: a stack is symbolized while its process is alive
             self._stacks.drain()
+        if self._native is not None:  # then the native ones, which name the Python ones
+            self._native.drain()
         recs = self._events.drain()
+        if self._native is not None:
+            recs = self._native.resolve(recs)  # less the events whose native stack is not unwound yet
         if recs.size:
             self._writer.add_events(recs)
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())

@@ -16,7 +16,9 @@ from .targets import check_pids, launch_candidates, unreadable
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max)
+                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max,
+                        native_stacks=None if args.aggregate else args.native_stacks,
+                        native_pages=args.native_stack_buffer_pages)
 
 
 def probe_plan(path: str, family: str) -> tuple[list[str], list[str]]:

@@ -22,8 +22,9 @@ from . import manifest as mf
 from .bpf_maps import read_aggregate, read_lost
 from .launch import HeldCommand
 from .options import Options, Result
+from .native_collector import NativeCollector
 from .probe_set import ProbeSet
-from .stack_collector import StackCollector
+from .stack_collector import StackCollector, write_stacks
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
 
@@ -31,8 +32,10 @@ from .writer import CaptureWriter
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
                  tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
-                 say: Callable[[str], None] = lambda _msg: None, known_full: Callable[[], int] = lambda: 0):
+                 native: NativeCollector | None = None, say: Callable[[str], None] = lambda _msg: None,
+                 known_full: Callable[[], int] = lambda: 0):
         self._stacks = stacks
+        self._native = native
         self._say = say
         self._known_full = known_full
         self._opts = opts
@@ -51,10 +54,14 @@ class Finisher:
         writer.flush_async()
         writer.close()
         bpf = self._probes.bpf
-        if self._stacks is not None:
-            self._stacks.close()
-            self._stacks.write(writer)
-            manifest.stacks = self._stacks.manifest()
+        if self._stacks is not None or self._native is not None:
+            if self._native is not None:
+                self._native.add_sources()
+            for c in (self._native, self._stacks):
+                if c is not None:
+                    c.close()
+            write_stacks(writer, self._stacks, self._native)
+            manifest.stacks = self._stacks_manifest()
         if self._opts.aggregate:
             self._write_aggregate(writer, bpf)
         processes = self._tracker.processes
@@ -72,9 +79,11 @@ class Finisher:
         manifest.pids = sorted(self._tracker.traced_pids)
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
         lost |= {"lost_writer_behind": writer.lost_behind, "lost_unwritten": writer.unwritten}
+        stacks = None
+        if self._stacks is not None or self._native is not None:
+            stacks = {**(self._stacks.counts() if self._stacks else {}), **(self._native.counts() if self._native else {})}
         manifest.counts = mf.counts(events=writer.written, names=writer.names, lost=lost, by_kind=by_kind,
-                                    known_full=self._known_full(),
-                                    stacks=self._stacks.counts() if self._stacks is not None else None)
+                                    known_full=self._known_full(), stacks=stacks)
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:
@@ -89,6 +98,14 @@ class Finisher:
         self._out.close()
         return Result(self._opts.out_dir, manifest, by_kind, writer.written, names, exit_code,
                       write_error=completed or write_error, manifest_written=completed is None)
+
+    def _stacks_manifest(self) -> dict:
+        """The manifest's `stacks` object: Python settings and processes, then the native settings."""
+        out = self._stacks.manifest() if self._stacks is not None else {"python": False, "processes": {}}
+        out["native"] = False
+        if self._native is not None:
+            out.update(self._native.manifest())
+        return out
 
     def _write_aggregate(self, writer: CaptureWriter, bpf) -> None:
         from .decode import aggregate_frame

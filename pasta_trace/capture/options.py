@@ -17,6 +17,7 @@ from . import manifest as mf
 DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
 MIN_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # 1 MiB for new stacks only (~1 KiB each at depth 64): identical ones are not resent
+DEFAULT_NATIVE_PAGES = 2048  # 8 MiB: ~1000 native stacks (8 KiB each, one per event) between drains
 #: A BPF ring buffer's size is its map's max_entries, a u32 that must be a
 #: power of two (kernel/bpf/ringbuf.c): 2 GiB at most (2 GiB loads, 4 GiB
 #: wraps to 0 in BCC's BPF_RINGBUF_OUTPUT and fails to compile).
@@ -44,6 +45,13 @@ class Options:
     stacks: bool = True  # the caller's Python stack on every event (--no-stacks: off)
     stack_depth: int = schema.DEFAULT_STACK_DEPTH
     stack_pages: int = DEFAULT_STACK_PAGES
+    native_stacks: str | None = None  # --native-stacks: "default" or "all"; None: off
+    native_pages: int = DEFAULT_NATIVE_PAGES
+
+    @property
+    def native_stacks_loaded(self) -> str | None:
+        """The native-stack setting the BPF program has, None when off (--aggregate keeps no events)."""
+        return self.native_stacks if not self.aggregate else None
 
     @property
     def stack_depth_loaded(self) -> int | None:
@@ -54,7 +62,7 @@ class Options:
     def settings(self) -> dict[str, int]:
         """The value of each option a loss's remedy raises (schema.Loss.flag)."""
         return {"--buffer-pages": self.buffer_pages, "--stack-buffer-pages": self.stack_pages,
-                "--aggregate-max": self.aggregate_max}
+                "--aggregate-max": self.aggregate_max, "--native-stack-buffer-pages": self.native_pages}
 
 
 def names_pages(buffer_pages: int) -> int:

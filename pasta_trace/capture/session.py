@@ -23,9 +23,10 @@ from .drain import DrainLoop
 from .finish import Finisher
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand, check_command
+from .native_collector import NativeCollector
 from .options import CAPTURE_FILES, Options, Result
 from .probe_set import ProbeSet, load_program
-from .stack_collector import StackCollector
+from .stack_collector import StackCollector, write_stacks
 from .targets import check_pids, check_readable, launch_candidates
 from .tracker import ProcessTracker
 from .writer import CaptureWriter
@@ -48,6 +49,7 @@ class Session:
         self._drain: DrainLoop | None = None
         self._out: OutputDir | None = None
         self._stacks: StackCollector | None = None
+        self._native: NativeCollector | None = None
 
     def check(self) -> None:
         """Everything that can refuse the capture before anything is loaded:
@@ -79,11 +81,14 @@ class Session:
         opts = self.opts
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
+        if opts.native_stacks_loaded is not None:
+            self._native = NativeCollector(self.bpf, opts.native_stacks_loaded, python=self._stacks, say=self.say,
+                                           verbose=opts.verbose, saved_maps=self._saved_maps)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
         self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
-                                       stacks=self._stacks)
+                                       stacks=self._stacks, native=self._native)
         if opts.mode == "launch":
             env = env if env is not None else dict(os.environ)
             held = HeldCommand(opts.command, env)
@@ -110,6 +115,10 @@ class Session:
             self._tracker.start_system()
         self._banner(f"{self._probes.functions} functions in {_libraries(len(self._probes.attached))} of {who}")
         return None
+
+    def _saved_maps(self, pid: int) -> str | None:
+        """The maps the tracker saved for ``pid`` (native stacks of a process that has exited)."""
+        return self._tracker.maps.get(pid) if self._tracker is not None else None
 
     # the discover program's callbacks go to the tracker, which exists only after setup()
     def _on_library(self, lib) -> bool:
@@ -183,10 +192,10 @@ class Session:
                 self._tracker.processes.add(held.pid)
             self._drain = DrainLoop(self.bpf, writer, self._tracker, self._watcher,
                                     on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status,
-                                    stacks=self._stacks)
+                                    stacks=self._stacks, native=self._native)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
-                                say=self.say, known_full=lambda: self._watcher.known_full)
+                                self._native, say=self.say, known_full=lambda: self._watcher.known_full)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped
@@ -209,8 +218,8 @@ class Session:
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
         self._tracker.save_recent_maps()
-        if self._stacks is not None and self._stacks.changed:
-            self._stacks.write(writer)
+        if any(c is not None and c.rows.changed for c in (self._stacks, self._native)):
+            write_stacks(writer, self._stacks, self._native)
 
     def _device_session(self):
         try:

@@ -19,6 +19,7 @@ import polars as pl
 from .. import schema
 from ..probes import uprobe_link
 from ..stacks import interpreter
+from ..stacks.native import Frame, activations
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
 from .ringbuf import open_table
@@ -50,9 +51,11 @@ class StackCollector:
         #: pid -> what the manifest says about it: interpreter and version, or why there are no stacks
         self.status: dict[int, dict] = {}
         self._seen: set[tuple[int, int]] = set()
-        self._rows: list[pl.DataFrame] = []
+        #: (pid, stack_id) -> (frames cut where each eval-loop activation starts, truncated): native stacks
+        #: put each group in place of its activation (stacks.native.interleave)
+        self._groups: dict[tuple[int, int], tuple[list[list[Frame]], bool]] = {}
+        self.rows = StackRows()
         self._unsymbolized = 0
-        self.changed = False
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -157,49 +160,40 @@ class StackCollector:
         return p.codes[addr]
 
     def _symbolize(self, recs: np.ndarray) -> None:
-        rows: dict[str, list] = {c: [] for c in schema.STACKS_SCHEMA}
         for rec in recs:  # one record per distinct stack, not per event
             pid, sid = int(rec["pid"]), int(rec["stack_id"])
             if (pid, sid) in self._seen:
                 continue  # evicted from the BPF dedup table and reported again
             self._seen.add((pid, sid))
-            p = self._procs.get(pid)
-            n = int(rec["depth"])
             truncated = bool(rec["flags"] & schema.STACK_FLAG_TRUNCATED)
-            shim = p.interp.layout.shim_owner if p is not None else None
-            depth = 0
-            for code_addr, instr, owner in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(),
-                                               rec["owner"][:n].tolist()):
-                if shim is not None and owner >= shim:
-                    continue  # a C-stack shim frame, not Python code
-                code = self._code(p, code_addr) if p is not None else None
-                if code is None:
-                    self._unsymbolized += 1
-                rows["pid"].append(pid)
-                rows["stack_id"].append(sid)
-                rows["depth"].append(depth)
-                rows["kind"].append("python")
-                rows["function"].append(code.qualname if code else None)
-                rows["file"].append(code.filename if code else None)
-                rows["line"].append(code.line_at(instr) if code else None)
-                rows["module"].append(None)
-                rows["addr"].append(code_addr)
-                rows["truncated"].append(truncated)
-                depth += 1
-        if rows["pid"]:
-            self._rows.append(pl.DataFrame(rows, schema=schema.STACKS_SCHEMA))
-            self.changed = True
+            groups = self._frames(self._procs.get(pid), rec)
+            self._groups[(pid, sid)] = (groups, truncated)
+            self.rows.add(pid, sid, [f for g in groups for f in g], truncated)
 
-    def frame(self) -> pl.DataFrame:
-        if not self._rows:
-            return schema.empty_frame(schema.STACKS_SCHEMA)
-        self._rows = [pl.concat(self._rows)]
-        return self._rows[0]
+    def _frames(self, p: _Process | None, rec) -> list[list[Frame]]:
+        """The stack's Python frames, cut where each activation of the eval
+        loop begins: 3.12+ mark it with a C-stack shim frame (dropped, as
+        traceback drops it), 3.11 with is_entry on the activation's first frame."""
+        n = int(rec["depth"])
+        owners = rec["owner"][:n].tolist()
+        layout = p.interp.layout if p is not None else None
+        where = activations(owners, layout.shim_owner if layout else None,
+                            layout is not None and layout.frame_entry is not None)
+        groups: list[list[Frame]] = [[] for _ in range(max((g for g in where if g is not None), default=0) + 1)]
+        for code_addr, instr, g in zip(rec["code"][:n].tolist(), rec["instr"][:n].tolist(), where):
+            if g is None:
+                continue  # a C-stack shim frame, not Python code
+            code = self._code(p, code_addr) if p is not None else None
+            if code is None:
+                self._unsymbolized += 1
+            groups[g].append(Frame("python", code.qualname if code else None, code.filename if code else None,
+                                   code.line_at(instr) if code else None, None, code_addr))
+        return groups
 
-    def write(self, writer) -> None:
-        """(Re)write stacks.parquet with every stack so far."""
-        self.changed = False
-        writer.write_frame(writer.dir / "stacks.parquet", self.frame())
+    def groups(self, pid: int, stack_id: int) -> tuple[list[list[Frame]], bool] | None:
+        """The Python stack ``stack_id`` of ``pid`` by eval-loop activation,
+        innermost first, and whether it was truncated; None if not seen yet."""
+        return self._groups.get((pid, stack_id))
 
     def manifest(self) -> dict:
         """The manifest's `stacks` object: settings and each Python process's status."""
@@ -220,3 +214,40 @@ class StackCollector:
         for p in self._procs.values():
             p.mem.close()
         self._procs.clear()
+
+
+class StackRows:
+    """The rows of stacks.parquet gathered so far: column lists for the
+    stacks added since the last frame(), one frame for the rest."""
+
+    def __init__(self) -> None:
+        self._cols: dict[str, list] = {c: [] for c in schema.STACKS_SCHEMA}
+        self._done = schema.empty_frame(schema.STACKS_SCHEMA)
+        #: rows were added since stacks.parquet was last written
+        self.changed = False
+
+    def add(self, pid: int, sid: int, frames: list[Frame], truncated: bool) -> None:
+        """One stack, innermost frame first."""
+        cols = self._cols
+        for depth, f in enumerate(frames):
+            for name, value in (("pid", pid), ("stack_id", sid), ("depth", depth), ("kind", f.kind),
+                                ("function", f.function), ("file", f.file), ("line", f.line),
+                                ("module", f.module), ("addr", f.addr), ("truncated", truncated)):
+                cols[name].append(value)
+        self.changed = self.changed or bool(frames)
+
+    def frame(self) -> pl.DataFrame:
+        if self._cols["pid"]:
+            new = pl.DataFrame(self._cols, schema=schema.STACKS_SCHEMA)
+            self._cols = {c: [] for c in schema.STACKS_SCHEMA}
+            self._done = pl.concat([self._done, new])
+        return self._done
+
+
+def write_stacks(writer, *collectors) -> None:
+    """(Re)write stacks.parquet with every stack the collectors (Python, native; None: off) have so far."""
+    rows = [c.rows for c in collectors if c is not None]
+    for r in rows:
+        r.changed = False
+    writer.write_frame(writer.dir / "stacks.parquet",
+                       pl.concat([r.frame() for r in rows]) if rows else schema.empty_frame(schema.STACKS_SCHEMA))

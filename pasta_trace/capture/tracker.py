@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from . import discovery
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
+from .native_collector import NativeCollector
 from .stack_collector import StackCollector
 from .processes import ProcessTable
 from .targets import alive, unreadable
@@ -20,9 +21,10 @@ RESCAN_INTERVAL_S = 1.0
 
 class ProcessTracker:
     def __init__(self, probes: ProbeSet, *, mode: str, pids: list[int], say: Callable[[str], None],
-                 stacks: StackCollector | None = None):
+                 stacks: StackCollector | None = None, native: NativeCollector | None = None):
         self._probes = probes
         self._stacks = stacks
+        self._native = native
         self._mode = mode
         self._pids = list(pids)  # the ones asked for with -p
         self._say = say
@@ -68,6 +70,7 @@ class ProcessTracker:
                 return  # start_pids ends it like any exit; the other PIDs are traced
             raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
+        self.save_maps([pid])  # native stacks of a process that exits before the first drain need them
         self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)
@@ -102,6 +105,8 @@ class ProcessTracker:
             self.save_maps([pid])
         if self._stacks is not None:
             self._stacks.exec(pid)
+        if self._native is not None:
+            self._native.exec(pid)
 
     def on_exit(self, pid: int, ts: int) -> None:
         if pid in self.processes:

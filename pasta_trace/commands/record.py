@@ -22,6 +22,9 @@ EXAMPLES = """\
   sudo pasta-trace --aggregate -p 1234      counts per kernel and shape in the kernel, no events
   sudo pasta-trace --no-stacks -p 1234      without the caller's Python stack on each event
   sudo pasta-trace --stack-depth 16 -- python train.py   keep the 16 innermost Python frames
+  sudo pasta-trace --native-stacks -- ./app also the C/C++ stack of allocations,
+                                            frees, copies, syncs and failed calls
+                                            (costly: README's OVERHEAD)
   sudo pasta-trace --device cupti -- ./app  add device-side data (docs/device.md)
   pasta-trace --print-bpf                   show the BPF program (no root needed)
   pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
@@ -92,7 +95,7 @@ def _depth(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
+    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
 
     who = p.add_argument_group("what to trace (one of)")
     who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
@@ -123,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack-buffer-pages", type=_pages, default=DEFAULT_STACK_PAGES, metavar="N",
                    help=f"ring buffer for new stacks, in pages, a power of two (default {DEFAULT_STACK_PAGES}); "
                         "raise it when stacks are lost")
+    p.add_argument("--native-stacks", nargs="?", const="default", choices=("default", "all"), metavar="all",
+                   help="also record the caller's native (C/C++) stack, unwound by the tracer from .eh_frame: of "
+                        "allocations, frees, copies, syncs and failed calls; =all: of every event, launches "
+                        f"included.  Costly: an {schema.NATIVE_STACK_BYTES // 1024} KiB stack copy per event")
+    p.add_argument("--native-stack-buffer-pages", type=_pages, default=DEFAULT_NATIVE_PAGES, metavar="N",
+                   help=f"ring buffer for native stacks, in pages, a power of two (default {DEFAULT_NATIVE_PAGES}); "
+                        "raise it when native stacks are lost")
     p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),
                    help="also record device-side data with this backend (only with -- CMD)")
     p.add_argument("--print-bpf", action="store_true", help="print the BPF program and exit (no root needed)")
@@ -145,6 +155,7 @@ def _options(args: argparse.Namespace):
         buffer_pages=args.buffer_pages, aggregate=args.aggregate, aggregate_max=args.aggregate_max,
         verbose=args.verbose, device=args.device,
         stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
+        native_stacks=args.native_stacks, native_pages=args.native_stack_buffer_pages,
     )
 
 

@@ -24,10 +24,14 @@ BPF_DIR = _bpf_dir()
 SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c", "nccl.bpf.c")
 STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
+NATIVE_SOURCE = "nativestack.h"  # after STACK_SOURCE: the Python walker tail-calls it
+NATIVE_PROGRAM = "pt_native_event"
+NATIVE_TAIL_SLOT = 1  # PT_TAIL_NATIVE of bpf/pasta.h; slot 0 when it is the only stack program
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
+DEFAULT_NATIVE_PAGES = 2048  # the nativestacks ring: ~1000 samples of 8 KiB between drains
 PID_FILTER_MAX = 4096
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
@@ -92,12 +96,17 @@ def build_bpf_text(
     apis: tuple[catalog.Api, ...] = catalog.APIS,
     stack_depth: int | None = None,
     stack_pages: int = DEFAULT_STACK_PAGES,
+    native_stacks: str | None = None,
+    native_pages: int = DEFAULT_NATIVE_PAGES,
 ) -> str:
     """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
     are compiled (attach only those); their ids stay the catalog's.
     ``stack_depth``: record the caller's Python stack on every event, up to
     that many frames (bpf/pystack.h); None: no stacks.  ``aggregate_max``:
-    rows the --aggregate map holds (calls of further rows count in lost_agg)."""
+    rows the --aggregate map holds (calls of further rows count in lost_agg).
+    ``native_stacks``: copy the user stack of the events of
+    schema.NATIVE_STACK_KINDS and of failed calls ("default"), or of every
+    event ("all"); None: none (bpf/nativestack.h)."""
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
     if aggregate_max < 1:
@@ -119,11 +128,21 @@ def build_bpf_text(
     if stacks:
         _power_of_two("stack_pages", stack_pages)
         config += ["#define PT_PYSTACKS 1", f"#define PT_PYSTACK_PAGES {stack_pages}"]
+    native = native_stacks is not None and not aggregate
+    if native:
+        if native_stacks not in ("default", "all"):
+            raise ValueError(f"native_stacks must be 'default' or 'all', got {native_stacks!r}")
+        _power_of_two("native_pages", native_pages)
+        config += ["#define PT_NATIVESTACKS 1", f"#define PT_NATIVE_PAGES {native_pages}"]
     parts = [schema.bpf_c_header(), "\n".join(config) + "\n", offsets.c_defines()]
     if stacks:
         parts.append(schema.stacks_c_header(stack_depth))
+    if native:
+        parts.append(schema.native_stacks_c_header(None if native_stacks == "all" else schema.NATIVE_STACK_KINDS))
     parts += [(BPF_DIR / s).read_text() for s in SOURCES]
     if stacks:
         parts.append((BPF_DIR / STACK_SOURCE).read_text())
+    if native:
+        parts.append((BPF_DIR / NATIVE_SOURCE).read_text())
     parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(instantiation(a) + "\n" for a in apis))
     return "\n".join(parts)

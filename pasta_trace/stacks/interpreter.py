@@ -43,25 +43,30 @@ class Interpreter:
 
 
 @dataclass(frozen=True)
-class _Mapping:
+class Mapping:
     start: int
     end: int
     offset: int
     path: str
 
 
-def _mappings(pid: int, proc: Path) -> list[_Mapping]:
+def parse_maps(text: str, *, executable: bool = False) -> list[Mapping]:
+    """The file mappings of a /proc/PID/maps text (``executable``: only those that hold code), by address."""
     out = []
-    for line in (proc / str(pid) / "maps").read_text().splitlines():
+    for line in text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
+        if len(parts) < 6 or not parts[5].startswith("/") or (executable and "x" not in parts[1]):
             continue
         lo, _, hi = parts[0].partition("-")
-        out.append(_Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
-    return out
+        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
+    return sorted(out, key=lambda m: m.start)
 
 
-def _open_mapped(pid: int, proc: Path, path: str, maps: list[_Mapping]):
+def _mappings(pid: int, proc: Path) -> list[Mapping]:
+    return parse_maps((proc / str(pid) / "maps").read_text())
+
+
+def _open_mapped(pid: int, proc: Path, path: str, maps: list[Mapping]):
     """A binary file object of ``path`` as mapped by ``pid``."""
     m = next((m for m in maps if m.path == path), None)
     if m is not None:
@@ -102,7 +107,7 @@ def _elf_facts(f) -> _ElfFacts:
                      seg["p_vaddr"] - seg["p_offset"] if seg else 0)
 
 
-def _bias(facts: _ElfFacts, maps: list[_Mapping], path: str) -> int:
+def _bias(facts: _ElfFacts, maps: list[Mapping], path: str) -> int:
     """Load bias: where the file's address 0 is in the process."""
     if not facts.dynamic:
         return 0
@@ -128,7 +133,7 @@ class Finder:
         self.proc = proc
         self._facts: dict[tuple[int, int], _ElfFacts] = {}
 
-    def _facts_of(self, pid: int, path: str, maps: list[_Mapping]) -> _ElfFacts:
+    def _facts_of(self, pid: int, path: str, maps: list[Mapping]) -> _ElfFacts:
         with _open_mapped(pid, self.proc, path, maps) as f:
             st = os.fstat(f.fileno())
             key = (st.st_dev, st.st_ino)

@@ -42,6 +42,10 @@ class PyLayout:
     code_tag: int = 0  # low bits of a tagged _PyStackRef (3.14)
     #: owner values from this one up are C-stack shims, not Python frames; None: no shims (3.11)
     shim_owner: int | None = None
+    #: 3.11, which has no shim frames: _PyInterpreterFrame.is_entry, the last frame of each C activation
+    #: of the eval loop (native stacks interleave with it).  The walker records it instead of the owner,
+    #: which 3.11 stacks do not use.
+    frame_entry: int | None = None
     # read offline (pasta_trace.stacks.pycode)
     code_filename: int = 112
     code_name: int = 120
@@ -63,6 +67,8 @@ class PyLayout:
         names = [f.name for f in rec.fields]
         values = {n: getattr(self, n, 0) for n in names}
         values.update(runtime=runtime, version=version, pad=0)
+        if self.frame_entry is not None:
+            values["frame_owner"] = self.frame_entry
         arr = np.zeros(1, rec.dtype)
         for n in names:
             arr[n] = values[n]
@@ -74,7 +80,7 @@ TABLE: dict[tuple[int, int], PyLayout] = {
     (3, 11): PyLayout(
         runtime_interp_head=40, interp_next=0, interp_threads_head=16, tstate_next=8, tstate_native_tid=160,
         tstate_frame=56, cframe_frame=8, frame_code=32, frame_previous=48, frame_instr=56, frame_owner=69,
-        shim_owner=None, code_firstlineno=72, code_adaptive=184, ascii_size=48, compact_size=72,
+        shim_owner=None, frame_entry=68, code_firstlineno=72, code_adaptive=184, ascii_size=48, compact_size=72,
     ),
     (3, 12): PyLayout(
         runtime_interp_head=40, interp_next=0, interp_threads_head=72, tstate_next=8, tstate_native_tid=144,
@@ -201,7 +207,7 @@ def layout_from_debug_offsets(d: dict[str, int], minor: tuple[int, int]) -> PyLa
 def check_bpf_range(layout: PyLayout) -> PyLayout:
     """The BPF walker reads 80 bytes per frame and keeps offsets in u16."""
     frame = (layout.frame_code, layout.frame_previous, layout.frame_instr)
-    if max(frame) > 72 or layout.frame_owner > 79 or any(v % 8 for v in frame):
+    if max(frame) > 72 or max(layout.frame_owner, layout.frame_entry or 0) > 79 or any(v % 8 for v in frame):
         raise Unsupported(f"frame layout outside what the walker reads ({frame}, owner {layout.frame_owner})")
     walk = (layout.runtime_interp_head, layout.interp_next, layout.interp_threads_head, layout.tstate_next,
             layout.tstate_native_tid, layout.tstate_frame)

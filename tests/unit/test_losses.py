@@ -25,17 +25,20 @@ from pasta_trace.probes import program
 from pasta_trace.read import open_capture
 from test_tools_capture import write_capture
 
-SETTINGS = {"--buffer-pages": 4096, "--stack-buffer-pages": 256, "--aggregate-max": 4}
+SETTINGS = {"--buffer-pages": 4096, "--stack-buffer-pages": 256, "--aggregate-max": 4,
+            "--native-stack-buffer-pages": 2048}
 BPF_SOURCES = sorted(program.BPF_DIR.glob("*.[ch]"))
 
 
-def test_loss_slots_are_dense_and_the_stack_ones_are_py_stats() -> None:
-    for counter in ("lost", "discover_lost", "py_stats"):
+def test_loss_slots_are_dense_and_the_stack_ones_are_py_stats_and_native_stats() -> None:
+    for counter in ("lost", "discover_lost"):
         rows = schema.loss_counters(counter)
-        if counter != "py_stats":
-            assert [loss.index for loss in rows] == list(range(len(rows)))
+        assert [loss.index for loss in rows] == list(range(len(rows)))
     assert {loss.name: loss.index for loss in schema.loss_counters("py_stats")} == {
         "lost_stacks": schema.PY_STATS["lost_stacks"], "unreadable_stacks": schema.PY_STATS["unreadable_stacks"]}
+    assert {loss.name: loss.index for loss in schema.loss_counters("native_stats")} == {
+        "lost_native_stacks": schema.NATIVE_STATS["lost_native_stacks"],
+        "unreadable_native_stacks": schema.NATIVE_STATS["unreadable_native_stacks"]}
     assert len(schema.LOSS_BY_NAME) == len(schema.LOSSES)
 
 
@@ -89,9 +92,10 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     assert counts == {
         "events": 5, "names": 2,
         "stacks": {"lost_stacks": 50, "unreadable_stacks": 60, "no_python_thread": 3, "truncated_stacks": 1,
-                   "stacks": 9},
+                   "stacks": 9, "lost_native_stacks": 70, "unreadable_native_stacks": 80,
+                   "unresolved_native_stacks": 90},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
-        "unpaused_opens": 70, "lost_notifications": 80, "lost_writer_behind": 90, "lost_unwritten": 100,
+        "unpaused_opens": 100, "lost_notifications": 110, "lost_writer_behind": 120, "lost_unwritten": 130,
         "known_full": 2, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
@@ -100,7 +104,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
     assert c.losses == lost
-    assert c.lost_events == 550
+    assert c.lost_events == sum(lost.values()) == 910
 
 
 def test_without_stacks_the_manifest_has_no_stack_losses() -> None:
@@ -123,19 +127,25 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  raise --stack-buffer-pages (now 256)",
         "LOST: 1,005 unreadable Python stacks: frames changed or were freed while read",
         "  no option changes it; their events are kept, without a stack",
-        "LOST: 1,006 unpaused library opens: too many processes waited for probes at once",
+        "LOST: 1,006 native stacks: the native stacks ring buffer was full",
+        "  raise --native-stack-buffer-pages (now 2048)",
+        "LOST: 1,007 unreadable native stacks: not one byte of the user stack could be read",
+        "  no option changes it; their events keep their Python stack only",
+        "LOST: 1,008 unresolved native stacks: a library's unwind tables were not ready when the capture ended",
+        "  no option changes it; their events keep their Python stack only",
+        "LOST: 1,009 unpaused library opens: too many processes waited for probes at once",
         "  no option changes it; the first calls after those opens may be missing",
-        "LOST: 1,007 process notifications: the fork/exec/exit ring buffer was full",
+        "LOST: 1,010 process notifications: the fork/exec/exit ring buffer was full",
         "  no option changes it; processes.parquet may miss those processes",
-        "LOST: 1,008 events: the events writer fell behind",
+        "LOST: 1,011 events: the events writer fell behind",
         "  use --aggregate or trace fewer processes",
-        "LOST: 1,009 events: they could not be written: the disk was full",
+        "LOST: 1,012 events: they could not be written: the disk was full",
         "  free space or choose another -o",
     ]
     assert summary.loss_lines({"lost_events": 0}, SETTINGS) == ["lost: 0"]
     assert Options(mode="pid", out_dir=Path("x"), command_line=[], buffer_pages=8, stack_pages=16,
-                   aggregate_max=32).settings == {"--buffer-pages": 8, "--stack-buffer-pages": 16,
-                                                  "--aggregate-max": 32}
+                   aggregate_max=32, native_pages=64).settings == {
+        "--buffer-pages": 8, "--stack-buffer-pages": 16, "--aggregate-max": 32, "--native-stack-buffer-pages": 64}
 
 
 def test_summary_reads_every_loss_and_the_known_files_overflow_from_the_counts(tmp_path: Path) -> None:

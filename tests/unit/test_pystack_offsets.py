@@ -48,12 +48,13 @@ def _expected(layout: offsets.PyLayout, c: dict[str, int]) -> None:
                interp_threads_head=layout.interp_threads_head, tstate_next=layout.tstate_next,
                tstate_native_thread_id=layout.tstate_native_tid, frame=layout.tstate_frame,
                cframe=layout.cframe_frame, frame_code=layout.frame_code, frame_previous=layout.frame_previous,
-               frame_instr=layout.frame_instr, frame_owner=layout.frame_owner, code_filename=layout.code_filename,
+               frame_instr=layout.frame_instr, frame_owner=layout.frame_owner, frame_entry=layout.frame_entry,
+               code_filename=layout.code_filename,
                code_name=layout.code_name, code_qualname=layout.code_qualname,
                code_firstlineno=layout.code_firstlineno, code_linetable=layout.code_linetable,
                code_adaptive=layout.code_adaptive, ascii_size=layout.ascii_size, bytes_sval=layout.bytes_sval)
     want = {k: c[k] for k in got if k in c}
-    want.update(frame=frame, cframe=cframe)
+    want.update(frame=frame, cframe=cframe, frame_entry=c.get("frame_entry"))  # is_entry: 3.11 only
     assert got == want
 
 
