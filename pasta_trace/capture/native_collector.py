@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from .. import schema
+from ..probes import uprobe_link
 from ..stacks import native
 from .ringbuf import open_table
 from .stack_collector import StackCollector, StackRows
@@ -75,11 +76,9 @@ class NativeCollector:
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
-        from bcc import BPF  # noqa: PLC0415 - only reached with a loaded program
-
         from ..probes.program import NATIVE_PROGRAM, NATIVE_TAIL_SLOT
 
-        fn = self.bpf.load_func(NATIVE_PROGRAM.encode(), BPF.KPROBE)
+        fn = uprobe_link.load(self.bpf, NATIVE_PROGRAM)  # the handlers' attach type: they tail-call it
         slot = NATIVE_TAIL_SLOT if self._python is not None else 0  # alone, it is the handlers' tail call
         self.bpf["pt_stack_tail"][ctypes.c_int(slot)] = ctypes.c_int(fn.fd)
 
