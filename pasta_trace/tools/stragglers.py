@@ -2,7 +2,7 @@
 collectives some ranks entered and others never did (hangs).
 
 A collective is one (comm_id, seq) on every rank of the communicator
-(tools.collectives.collective_calls).  Entering is the host call: NCCL's
+(merge.collective_calls).  Entering is the host call: NCCL's
 collectives return once enqueued, so a rank that calls late holds up every
 rank's kernel of that collective, and a rank that never calls hangs them."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .collectives import collective_calls
+from ..merge import collective_entries as _entries
 from .registry import Tool, columns, returns
 from .span import bounds
 
@@ -20,13 +20,6 @@ _COLL = (
     ("seq", pl.Int64, "", "the collective's number on it (the same on every rank)"),
     ("api", pl.String, "", "the collective"),
 )
-
-
-def _entries(cap: Capture) -> pl.LazyFrame:
-    """One row per rank that entered each numbered collective."""
-    return collective_calls(cap).filter(
-        (pl.col("kind") == "collective") & pl.col("seq").is_not_null() & pl.col("comm_id").is_not_null()
-        & pl.col("rank").is_not_null())
 
 
 STRAGGLERS = columns(
