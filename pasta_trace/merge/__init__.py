@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .allocations import allocations
 from .attribution import Segments, segments
+from .cluster import load_cluster, write_cluster
 from .collectives import collective_calls, collective_entries
 from .kernels import (TOLERANCE_NS, aggregate_launches, device_executions, host_launches, kernel_executions,
                       kernel_names)
@@ -21,6 +22,6 @@ __all__ = [
     "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "aggregate_launches", "alloc_touches",
     "allocations", "collective_calls", "collective_entries",
     "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
-    "kernel_names",
+    "kernel_names", "load_cluster", "write_cluster",
     "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",
 ]

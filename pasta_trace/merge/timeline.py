@@ -47,6 +47,10 @@ def load(path: str | Path) -> Capture:
     except json.JSONDecodeError as e:
         raise FormatError(f"{p / MARKER}: damaged timeline header ({e.msg} at line {e.lineno})") from None
     check_version(meta.get("format_version"), schema.TIMELINE_FORMAT_VERSION, str(p / MARKER))
+    if meta.get("kind") == "pasta-trace cluster timeline":
+        from .cluster import load_cluster  # the cluster layout builds on this module's marker
+
+        return load_cluster(p, meta)
     one = lambda n: [p / f"{n}.parquet"] if (p / f"{n}.parquet").exists() else []  # noqa: E731
     device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
     device.update(device_parquet(p / "device"))
