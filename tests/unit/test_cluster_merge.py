@@ -105,3 +105,16 @@ def test_merge_command_prints_the_offsets(cluster, capsys):
     assert err[3:] == [f"Wrote {out}", f"You can now run: pasta-trace report {out}"]
     assert main(["merge", str(tmp / "a"), str(tmp / "b"), "x.bin", "-o", str(out), "--force"]) == 1
     assert capsys.readouterr().err == "pasta-trace: error: x.bin: no such device record file\n"
+
+
+def test_duckdb_reads_the_layout_as_it_is(cluster):
+    duckdb = pytest.importorskip("duckdb", reason="duckdb (the dev extra) is not installed")
+    events = cluster["out"] / "events" / "*" / "*" / "*.parquet"
+    rows = duckdb.sql(f"""
+        SELECT node, rank, count(*) AS calls, min(ts_ns) AS first
+        FROM read_parquet('{events}', hive_partitioning = true)
+        WHERE kind = 'collective' GROUP BY node, rank ORDER BY rank""").fetchall()
+    first = merge.load(cluster["src"]).events.filter(pl.col("kind") == "collective").group_by("pid").agg(
+        pl.len(), pl.col("ts_ns").min()).sort("pid").collect().rows()
+    assert rows == [("synthetic", r, n, t) for r, (_, n, t) in enumerate(first)]
+    assert [n for *_, n, _ in rows] == [300, 300, 300, 299]  # the last rank never entered the last one
