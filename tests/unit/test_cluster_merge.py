@@ -118,3 +118,43 @@ def test_duckdb_reads_the_layout_as_it_is(cluster):
         pl.len(), pl.col("ts_ns").min()).sort("pid").collect().rows()
     assert rows == [("synthetic", r, n, t) for r, (_, n, t) in enumerate(first)]
     assert [n for *_, n, _ in rows] == [300, 300, 300, 299]  # the last rank never entered the last one
+
+
+def _coll_flows(events: list[dict]) -> dict[str, dict[str, tuple]]:
+    flows: dict[str, dict[str, tuple]] = {"s": {}, "f": {}}
+    for e in events:
+        if e.get("cat") == "nccl":
+            flows[e["ph"]][e["id"]] = (e["pid"], e["ts"])
+    return flows
+
+
+def test_chrome_export_groups_by_node_and_rank_with_collective_arrows(cluster):
+    import json
+
+    from pasta_trace.cli import main
+
+    out = cluster["tmp"] / "cluster.json"
+    assert main(["export", str(cluster["out"]), "--format", "chrome", "-o", str(out), "--force"]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events if e.get("name") == "process_name")
+    assert names == [f"synthetic rank {r}: worker {p}" for r, p in enumerate(cluster["pids"])]
+    flows = _coll_flows(events)
+    # 300 collectives of 4 ranks, the last of 3: one arrow from each rank in to the next
+    assert len(flows["s"]) == 299 * 3 + 2
+    assert flows["s"].keys() == flows["f"].keys()
+    assert all(flows["s"][i][1] <= flows["f"][i][1] and flows["s"][i][0] != flows["f"][i][0] for i in flows["s"])
+
+
+def test_perfetto_export_has_the_collective_flows(cluster):
+    from test_export_perfetto import Parsed
+
+    from pasta_trace.cli import main
+    from pasta_trace.export.trace_model import COLLECTIVE_FLOW_BASE
+
+    out = cluster["tmp"] / "cluster.pftrace"
+    assert main(["export", str(cluster["out"]), "--format", "perfetto", "-o", str(out), "--force"]) == 0
+    t = Parsed(out.read_bytes())
+    coll = {f for f in t.flows_out if f >= COLLECTIVE_FLOW_BASE}
+    assert len(coll) == 299 * 3 + 2 and coll == {f for f in t.flows_in if f >= COLLECTIVE_FLOW_BASE}
+    procs = sorted(n for n in t.tracks.values() if n.startswith("process"))
+    assert procs == [f"process {p} synthetic rank {r}: worker {p}" for r, p in enumerate(cluster["pids"])]
