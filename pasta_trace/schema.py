@@ -920,6 +920,13 @@ CLOCK_OFFSETS_SCHEMA: dict[str, pl.DataType] = {
     "collectives": pl.UInt32,  # collectives (comm_id, seq) shared with the reference capture
 }
 
+#: events/node=<host>/rank=<r>/*.parquet of a cluster timeline: EVENTS_SCHEMA
+#: with its `rank` (the rank argument of a communicator-making call) as
+#: `comm_rank`, since the hive path's `rank` (the process's) is a column
+#: too, and Spark, Dask and Arrow refuse a file column named like a partition.
+CLUSTER_EVENTS_SCHEMA: dict[str, pl.DataType] = {
+    ("comm_rank" if k == "rank" else k): v for k, v in EVENTS_SCHEMA.items()}
+
 #: ranks.parquet of a cluster timeline: one row per process, its node and
 #: rank (the hive partition its events are under).
 CLUSTER_RANKS_SCHEMA: dict[str, pl.DataType] = {

@@ -5,7 +5,7 @@
     clocks.parquet           schema.CLOCK_OFFSETS_SCHEMA: each capture's fitted offset and uncertainty
     ranks.parquet            schema.CLUSTER_RANKS_SCHEMA: each process's node and rank
     events/node=<host>/rank=<r>/capture-<i>.parquet
-                             schema.EVENTS_SCHEMA, hive-partitioned; ts_ns on the timeline's clock
+                             schema.CLUSTER_EVENTS_SCHEMA, hive-partitioned; ts_ns on the timeline's clock
     communicators.parquet, processes.parquet, names.parquet, stacks.parquet, libraries.parquet
                              the captures' frames, concatenated, on the same clock and pids
 
@@ -109,7 +109,8 @@ def write_cluster(caps: list[Capture], staged: StagedDir, *, sync_ns: int) -> pl
             events = frames["events"].join(rk.lazy().select("pid", "rank"), on="pid", how="left")
             # one file per (capture, rank): a handful of processes, not rows
             for r in sorted(set(rk["rank"].to_list()) | {-1}):
-                part = events.filter(pl.col("rank_right").fill_null(-1) == r).drop("rank_right").sort("ts_ns")
+                part = (events.filter(pl.col("rank_right").fill_null(-1) == r).drop("rank_right").sort("ts_ns")
+                        .rename({"rank": "comm_rank"}))
                 if part.select(pl.len()).collect().item():
                     d = node.subdir(f"rank={r}").pinned
                     part.sink_parquet(d / f"capture-{off['capture']}.parquet", engine="streaming")
@@ -137,15 +138,16 @@ def write_cluster(caps: list[Capture], staged: StagedDir, *, sync_ns: int) -> pl
 
 
 def load_cluster(p: Path, meta: dict) -> Capture:
-    """A cluster timeline as one Capture (events read without the hive columns:
-    the files' own columns, as schema.EVENTS_SCHEMA)."""
+    """A cluster timeline as one Capture (events read without the hive columns,
+    the files' comm_rank as schema.EVENTS_SCHEMA's rank)."""
     one = lambda n: [p / f"{n}.parquet"] if (p / f"{n}.parquet").exists() else []  # noqa: E731
     events = sorted((p / "events").glob("node=*/rank=*/*.parquet"))
     sch = {"names": schema.NAMES_SCHEMA, "processes": schema.PROCESSES_SCHEMA, "stacks": schema.STACKS_SCHEMA,
            "communicators": schema.COMMUNICATORS_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
     cap = Capture(
         path=p, manifest=dict(meta.get("capture_manifest") or {}),
-        events=scan_frames(events, schema.EVENTS_SCHEMA).select(list(schema.EVENTS_SCHEMA)),
+        events=scan_frames(events, schema.CLUSTER_EVENTS_SCHEMA).select(list(schema.CLUSTER_EVENTS_SCHEMA)).rename(
+            {"comm_rank": "rank"}),
         **{k: scan_frames(one(k), v) for k, v in sch.items()},
         aggregate=None, problems=list(meta.get("problems", [])),
     )
