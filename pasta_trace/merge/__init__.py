@@ -11,7 +11,7 @@ from __future__ import annotations
 from .allocations import allocations
 from .attribution import Segments, segments
 from .cluster import load_cluster, write_cluster
-from .collectives import collective_calls, collective_entries
+from .collectives import calls_on_communicators, collective_calls, collective_entries, entered
 from .kernels import (TOLERANCE_NS, aggregate_launches, device_executions, host_launches, kernel_executions,
                       kernel_names)
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
@@ -20,7 +20,7 @@ from .timeline import is_timeline, load, timeline_output, write_timeline
 
 __all__ = [
     "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "aggregate_launches", "alloc_touches",
-    "allocations", "collective_calls", "collective_entries",
+    "allocations", "calls_on_communicators", "collective_calls", "collective_entries", "entered",
     "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
     "kernel_names", "load_cluster", "write_cluster",
     "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",

@@ -17,10 +17,16 @@ from ..read import Capture
 def collective_calls(cap: Capture) -> pl.LazyFrame:
     """Collective and p2p calls with the host, comm_id, rank and nranks of
     the communicator they were made on (null where its creation was not seen)."""
-    comms = cap.communicators.select(
+    return calls_on_communicators(cap.events, cap.communicators)
+
+
+def calls_on_communicators(events: pl.LazyFrame, communicators: pl.LazyFrame) -> pl.LazyFrame:
+    """collective_calls from the events (all, or some processes' whole
+    histories: pasta_trace.cluster runs it per partition) and communicators."""
+    comms = communicators.select(
         "pid", "communicator", "host", "comm_id", "rank", "nranks",
         pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end"))
-    calls = cap.events.filter(pl.col("kind").is_in(["collective", "p2p"])).drop("comm_id", "rank", "nranks")
+    calls = events.filter(pl.col("kind").is_in(["collective", "p2p"])).drop("comm_id", "rank", "nranks")
     alive = (pl.col("ts_ns") >= pl.col("_made")) & (pl.col("_end").is_null() | (pl.col("ts_ns") <= pl.col("_end")))
     matched = calls.join(comms, on=["pid", "communicator"], how="inner").filter(alive)
     unmatched = calls.join(matched.select("pid", "ts_ns", "tid"), on=["pid", "ts_ns", "tid"], how="anti")
@@ -30,6 +36,11 @@ def collective_calls(cap: Capture) -> pl.LazyFrame:
 
 def collective_entries(cap: Capture) -> pl.LazyFrame:
     """One row per rank that entered each numbered collective (comm_id, seq)."""
-    return collective_calls(cap).filter(
+    return entered(collective_calls(cap))
+
+
+def entered(calls: pl.LazyFrame) -> pl.LazyFrame:
+    """collective_calls' rows that are numbered collectives of a known communicator and rank."""
+    return calls.filter(
         (pl.col("kind") == "collective") & pl.col("seq").is_not_null() & pl.col("comm_id").is_not_null()
         & pl.col("rank").is_not_null())

@@ -35,23 +35,39 @@ COLLECTIVES = columns(
 )
 
 
+_PER_RANK_KEYS = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
+
+
 @returns(COLLECTIVES)
 def collectives(cap: Capture) -> pl.DataFrame:
     """Per communicator, rank and NCCL call: how many, bytes, time in the call."""
-    keys = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
+    return finish_per_rank(per_rank(collective_calls(cap)))
+
+
+def per_rank(calls: pl.LazyFrame) -> pl.LazyFrame:
+    """COLLECTIVES' columns, unsorted, from merge.collective_calls rows (or a
+    part of them: combine_per_rank adds the parts up)."""
+    return calls.group_by(_PER_RANK_KEYS).agg(
+        pl.len().alias("calls"),
+        (~done()).sum().alias("failed"),
+        pl.col("size").filter(done()).sum().alias("bytes"),
+        pl.col("dur_ns").sum().alias("call_ns"),
+        pl.col("dur_ns").max().alias("max_call_ns"),
+        pl.col("ts_ns").min().alias("first_ts_ns"),
+        pl.col("ts_ns").max().alias("last_ts_ns"),
+    )
+
+
+def combine_per_rank(parts: pl.LazyFrame) -> pl.LazyFrame:
+    """per_rank of the whole from per_rank of its parts."""
+    return parts.group_by(_PER_RANK_KEYS).agg(
+        pl.col("calls", "failed", "bytes", "call_ns").sum(), pl.col("max_call_ns").max(),
+        pl.col("first_ts_ns").min(), pl.col("last_ts_ns").max())
+
+
+def finish_per_rank(per: pl.LazyFrame) -> pl.DataFrame:
     return (
-        collective_calls(cap)
-        .group_by(keys)
-        .agg(
-            pl.len().alias("calls"),
-            (~done()).sum().alias("failed"),
-            pl.col("size").filter(done()).sum().alias("bytes"),
-            pl.col("dur_ns").sum().alias("call_ns"),
-            pl.col("dur_ns").max().alias("max_call_ns"),
-            pl.col("ts_ns").min().alias("first_ts_ns"),
-            pl.col("ts_ns").max().alias("last_ts_ns"),
-        )
-        .sort(["comm_id", "rank", "pid", "communicator", "api"], nulls_last=True)
+        per.sort(["comm_id", "rank", "pid", "communicator", "api"], nulls_last=True)
         .select([pl.col(c).cast(col.dtype) for c, col in COLLECTIVES.items()])
         .collect(engine="streaming")
     )

@@ -33,10 +33,13 @@ STRAGGLERS = columns(
 )
 
 
-def _per_collective(cap: Capture) -> pl.LazyFrame:
+def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
+    """STRAGGLERS' columns, unsorted, from merge.collective_entries rows (or
+    any part of them holding whole collectives: pasta_trace.cluster runs it
+    on each partition)."""
     ts = pl.col("ts_ns").sort()
     return (
-        _entries(cap)
+        entries
         .group_by("comm_id", "seq")
         .agg(
             pl.col("api").first(),
@@ -55,8 +58,12 @@ def _per_collective(cap: Capture) -> pl.LazyFrame:
 def stragglers(cap: Capture) -> pl.DataFrame:
     """Per collective entered by two ranks or more, in order: the rank that
     entered last, and by how much."""
+    return finish_stragglers(per_collective(_entries(cap)))
+
+
+def finish_stragglers(per: pl.LazyFrame) -> pl.DataFrame:
     return (
-        _per_collective(cap).sort("comm_id", "seq")
+        per.sort("comm_id", "seq")
         .select([pl.col(c).cast(col.dtype) for c, col in STRAGGLERS.items()])
         .collect(engine="streaming")
     )
@@ -76,9 +83,13 @@ STRAGGLER_RANKS = columns(
 @returns(STRAGGLER_RANKS)
 def straggler_ranks(cap: Capture) -> pl.DataFrame:
     """Per communicator and rank: how often it entered last and the waits it caused, worst first."""
-    per = _per_collective(cap)
+    entries = _entries(cap)
+    return rank_table(per_collective(entries), entries.select("comm_id", "rank", "pid").unique())
+
+
+def rank_table(per: pl.LazyFrame, ranks: pl.LazyFrame) -> pl.DataFrame:
+    """STRAGGLER_RANKS from per_collective's rows and the (comm_id, rank, pid) that entered any."""
     totals = per.group_by("comm_id").agg(pl.len().alias("collectives"))
-    ranks = _entries(cap).select("comm_id", "rank", "pid").unique()
     last = per.group_by("comm_id", pl.col("last_rank").alias("rank")).agg(
         pl.len().alias("times_last"), pl.col("late_ns").sum(), pl.col("late_ns").max().alias("max_late_ns"),
         pl.col("seq").sort_by("late_ns").last().alias("worst_seq"))
@@ -108,9 +119,21 @@ def hangs(cap: Capture) -> pl.DataFrame:
     """Collectives that some ranks entered and other ranks of the same
     communicator (seen joining it) never did before the capture ended."""
     _, end = bounds(cap)
-    members = cap.communicators.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null()).select(
+    members = members_of(cap.communicators)
+    return finish_hangs(unentered(_entries(cap), members), members, end)
+
+
+def members_of(communicators: pl.LazyFrame) -> pl.LazyFrame:
+    """comm_id, rank, pid of every rank seen joining a communicator."""
+    return communicators.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null()).select(
         "comm_id", "rank", "pid").unique()
-    entered = _entries(cap).select("comm_id", "seq", "api", "rank", "ts_ns")
+
+
+def unentered(entries: pl.LazyFrame, members: pl.LazyFrame) -> pl.LazyFrame:
+    """Per collective that some members never entered: comm_id, seq, api,
+    entered, first_ts_ns, missing, missing_ranks, missing_pids (from whole
+    collectives, as per_collective)."""
+    entered = entries.select("comm_id", "seq", "api", "rank", "ts_ns")
     collectives = entered.group_by("comm_id", "seq").agg(
         pl.col("api").first(), pl.col("rank").n_unique().alias("entered"), pl.col("ts_ns").min().alias("first_ts_ns"))
     absent = (
@@ -120,9 +143,13 @@ def hangs(cap: Capture) -> pl.DataFrame:
         .agg(pl.len().alias("missing"), pl.col("rank").sort().cast(pl.String).str.join(",").alias("missing_ranks"),
              pl.col("pid").sort_by("rank").cast(pl.String).str.join(",").alias("missing_pids"))
     )
+    return collectives.join(absent, on=["comm_id", "seq"])
+
+
+def finish_hangs(parts: pl.LazyFrame, members: pl.LazyFrame, end: int | None) -> pl.DataFrame:
     nranks = members.group_by("comm_id").agg(pl.len().alias("nranks"))
     return (
-        collectives.join(absent, on=["comm_id", "seq"]).join(nranks, on="comm_id")
+        parts.join(nranks, on="comm_id")
         .with_columns((pl.lit(end, pl.Int64) - pl.col("first_ts_ns")).alias("waiting_ns"))
         .sort("comm_id", "seq")
         .select([pl.col(c).cast(col.dtype) for c, col in HANGS.items()])
