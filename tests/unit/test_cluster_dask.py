@@ -52,3 +52,19 @@ def test_not_a_cluster_timeline(tmp_path, client):
     src = whole(tmp_path)
     with pytest.raises(UsageError, match="is not a cluster timeline"):
         cluster.analyse(src, client)
+
+
+def test_report_on_a_scheduler(timeline, client, capsys):
+    """`report --cluster ADDR --json` prints the tables the Polars report prints."""
+    import json
+
+    from pasta_trace.cli import main
+
+    assert main(["report", str(timeline), "--json", "--tool", "hangs", "--tool", "stragglers"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert main(["report", str(timeline), "--json", "--tool", "hangs", "--tool", "stragglers",
+                 "--cluster", client.scheduler.address]) == 0
+    assert json.loads(capsys.readouterr().out) == local
+    assert main(["report", str(timeline), "--tool", "kernels", "--cluster", client.scheduler.address]) == 2
+    assert capsys.readouterr().err == ("pasta-trace: error: --cluster runs stragglers, straggler_ranks, hangs, "
+                                       "collectives; not kernels\n")
