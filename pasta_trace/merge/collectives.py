@@ -25,10 +25,16 @@ def calls_on_communicators(events: pl.LazyFrame, communicators: pl.LazyFrame) ->
     histories: pasta_trace.cluster runs it per partition) and communicators."""
     comms = communicators.select(
         "pid", "communicator", "host", "comm_id", "rank", "nranks",
-        pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end"))
+        pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end")).collect()
     calls = events.filter(pl.col("kind").is_in(["collective", "p2p"])).drop("comm_id", "rank", "nranks")
     alive = (pl.col("ts_ns") >= pl.col("_made")) & (pl.col("_end").is_null() | (pl.col("ts_ns") <= pl.col("_end")))
-    matched = calls.join(comms, on=["pid", "communicator"], how="inner").filter(alive)
+    if comms.select(pl.struct("pid", "communicator").is_unique().all()).item():
+        # each handle made once (the usual case): one left join, no second pass over the calls
+        joined = calls.join(comms.lazy(), on=["pid", "communicator"], how="left")
+        return joined.with_columns(pl.when(alive).then(pl.col(c)).alias(c) for c in ("host", "comm_id", "rank", "nranks")
+                                   ).drop("_made", "_end").with_columns(pl.col("api").cast(pl.String))
+    # a handle reused after ncclCommDestroy: the communicator alive at each call
+    matched = calls.join(comms.lazy(), on=["pid", "communicator"], how="inner").filter(alive)
     unmatched = calls.join(matched.select("pid", "ts_ns", "tid"), on=["pid", "ts_ns", "tid"], how="anti")
     return pl.concat([matched.drop("_made", "_end"), unmatched], how="diagonal_relaxed").with_columns(
         pl.col("api").cast(pl.String))
