@@ -45,8 +45,9 @@ def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
             pl.col("api").first(),
             pl.len().alias("ranks"),
             ts.first().alias("first_ts_ns"),
-            pl.col("rank").sort_by("ts_ns").last().alias("last_rank"),
-            pl.col("pid").sort_by("ts_ns").last().alias("last_pid"),
+            # of ranks in at the same ns, the highest: the same answer whatever the row order
+            pl.col("rank").sort_by("ts_ns", "rank").last().alias("last_rank"),
+            pl.col("pid").sort_by("ts_ns", "rank").last().alias("last_pid"),
             (ts.last() - ts.tail(2).first()).alias("late_ns"),
             (ts.last() - ts.first()).alias("spread_ns"),
         )
