@@ -87,10 +87,10 @@ def _calls(timeline: Path, comms: pl.DataFrame) -> "dd.DataFrame":
         ev.rename({"comm_rank": "rank"}).with_columns(pl.col("api").cast(pl.String)), comms.lazy()))
 
 
-def analyse(path: str | Path, client: "Client") -> dict[str, pl.DataFrame]:
-    """stragglers, straggler_ranks, hangs and collectives of the cluster
-    timeline at `path` (a directory every worker can read), on `client`'s
-    cluster; each as the tool of that name gives it."""
+def analyse(path: str | Path, client: "Client", tools: tuple[str, ...] = TOOLS) -> dict[str, pl.DataFrame]:
+    """`tools` (of TOOLS) of the cluster timeline at `path` (a directory
+    every worker can read), on `client`'s cluster; each as the tool of that
+    name gives it."""
     _dask()
     timeline = Path(path)
     cap = merge.load(timeline)
@@ -99,21 +99,25 @@ def analyse(path: str | Path, client: "Client") -> dict[str, pl.DataFrame]:
                          hint="make one with: pasta-trace merge DIR1 DIR2 ... -o OUT")
     comms = cap.communicators.collect()
     members = strag.members_of(comms.lazy()).collect()
+    out: dict[str, pl.DataFrame] = {}
     with client.as_current():
         calls = _calls(timeline, comms)
-        parts = _per_partition(calls, coll.per_rank).compute()
+        if "collectives" in tools:
+            parts = _per_partition(calls, coll.per_rank).compute()
+            out["collectives"] = coll.finish_per_rank(coll.combine_per_rank(_polars(parts)))
         entries = _per_partition(calls, lambda c: merge.entered(c).select("comm_id", "seq", "api", "rank", "pid",
                                                                           "ts_ns"))
         # each collective's entries on one worker: the per-collective steps run where they meet
-        by_collective = entries.shuffle(on=["comm_id", "seq"]).persist()
-        per = _per_partition(by_collective, strag.per_collective).compute()
-        unentered = _per_partition(by_collective, lambda e: strag.unentered(e, members.lazy())).compute()
-        ranks = entries[["comm_id", "rank", "pid"]].drop_duplicates().compute()
-    per_lf = _polars(per)
-    _, end = bounds(cap)
-    return {
-        "stragglers": strag.finish_stragglers(per_lf),
-        "straggler_ranks": strag.rank_table(per_lf, _polars(ranks).unique()),
-        "hangs": strag.finish_hangs(_polars(unentered), members.lazy(), end),
-        "collectives": coll.finish_per_rank(coll.combine_per_rank(_polars(parts))),
-    }
+        by_collective = entries.shuffle(on=["comm_id", "seq"])
+        if len({"stragglers", "straggler_ranks", "hangs"} & set(tools)) > 1:
+            by_collective = by_collective.persist()
+        if {"stragglers", "straggler_ranks"} & set(tools):
+            per = _polars(_per_partition(by_collective, strag.per_collective).compute())
+            out["stragglers"] = strag.finish_stragglers(per)
+            if "straggler_ranks" in tools:
+                ranks = entries[["comm_id", "rank", "pid"]].drop_duplicates().compute()
+                out["straggler_ranks"] = strag.rank_table(per, _polars(ranks).unique())
+        if "hangs" in tools:
+            unentered = _per_partition(by_collective, lambda e: strag.unentered(e, members.lazy())).compute()
+            out["hangs"] = strag.finish_hangs(_polars(unentered), members.lazy(), bounds(cap)[1])
+    return {name: out[name] for name in TOOLS if name in tools}
