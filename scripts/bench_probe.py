@@ -9,6 +9,11 @@ One run measures, on the same functions and interleaved rep by rep:
   (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
   probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
   uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* the same stub's PyTorch tensor entry points (libc10's
+  ``c10::reportMemoryUsageToProfiler``, the CUDA caching allocator's path, and
+  ``ProfiledCPUMemoryReporter::New`` + ``Delete``, the CPU path with its size
+  map): untraced; empty uprobes on the same functions; pasta-trace's tensor
+  probes.  Target: a tensor event <= 1.3x an empty uprobe;
 * a -O0 stub ``ncclAllReduce`` (nccl.h's signature; the stream is its 7th
   argument, read from the stack): untraced; an empty uprobe + uretprobe;
   pasta-trace's collective probe (entry + return).  Target: <= 1.3x the empty pair;
@@ -74,6 +79,16 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cu
     *dptr = 0x100000 + bytesize;
     return CUDA_SUCCESS;
 }
+/* libc10's tensor entry points, under their C++ names (c10::Device: two bytes in one register) */
+struct c10_device { signed char type, index; };
+volatile unsigned long long c10_sink;
+void c10_report(void *p, long long n, size_t a, size_t r, struct c10_device d)
+    __asm__("_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+void c10_report(void *p, long long n, size_t a, size_t r, struct c10_device d) { c10_sink = (size_t)p + n + a + r; }
+void c10_new(void *self, void *p, size_t n) __asm__("_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm");
+void c10_new(void *self, void *p, size_t n) { c10_sink = (size_t)p + n; }
+void c10_delete(void *self, void *p) __asm__("_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv");
+void c10_delete(void *self, void *p) { c10_sink = (size_t)p; }
 """
 
 LOOP_C = r"""
@@ -85,6 +100,10 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
+struct c10_device { signed char type, index; };
+typedef void (*report_t)(void *, long long, size_t, size_t, struct c10_device);
+typedef void (*new_t)(void *, void *, size_t);
+typedef void (*delete_t)(void *, void *);
 typedef int (*allreduce_t)(const void *, void *, unsigned long, int, int, void *, void *);
 static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 #define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
@@ -99,6 +118,21 @@ int main(int argc, char **argv)
         launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
         START;
         for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
+        STOP;
+    } else if (!strcmp(argv[2], "tensor")) {  /* a 2 MiB block handed out, then taken back, on cuda:0 */
+        report_t f = (report_t)dlsym(h, "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+        struct c10_device d = {1, 0};
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x7f0000200000, i & 1 ? -(2 << 20) : 2 << 20, 6 << 20, 20 << 20, d);
+        STOP;
+    } else if (!strcmp(argv[2], "cpu")) {  /* one CPU tensor made and freed per iteration */
+        new_t fn = (new_t)dlsym(h, "_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm");
+        delete_t fd = (delete_t)dlsym(h, "_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv");
+        START;
+        for (long i = 0; i < n; i++) {
+            fn((void *)0x99, (void *)(0x5500000000 + i * 64), 64);
+            fd((void *)0x99, (void *)(0x5500000000 + i * 64));
+        }
         STOP;
     } else if (!strcmp(argv[2], "allreduce")) {
         allreduce_t f = (allreduce_t)dlsym(h, "ncclAllReduce");
@@ -188,26 +222,31 @@ def main() -> int:
 
     by = {x.symbol: x for x in catalog.APIS}
     launch, alloc, allreduce = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["ncclAllReduce"]
+    report, new, delete = by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE]
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=pages, apis=(launch, alloc, allreduce)).encode())
+    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages,
+                                            apis=(launch, alloc, report, new, delete, allreduce)).encode())
     empty = BPF(text=EMPTY_BPF)
 
-    def empty_probe(lib: str, sym: str, ret: bool):
+    def empty_probe(lib: str, sym: str, ret: bool, *more: str):
         def attach_it() -> None:
-            addr = elf.exported_symbols(lib)[sym].vaddr
-            empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
-            if ret:
-                empty.attach_uretprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+            exports = elf.exported_symbols(lib)
+            for name in (sym, *more):
+                addr = exports[name].vaddr
+                empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+                if ret:
+                    empty.attach_uretprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
 
         return attach_it, lambda: attach.detach_all(empty)
 
-    def pasta_probe(lib: str, api: catalog.Api, placements: dict):
+    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: catalog.Api):
         def attach_it() -> None:
-            res = attach.attach_library(pasta, lib, api.family, (api,))
-            if res.errors or res.attached != [api.symbol]:
+            apis = (api, *more)
+            res = attach.attach_library(pasta, lib, api.family, apis)
+            if res.errors or res.attached != [a.symbol for a in apis]:
                 raise SystemExit(f"attach failed: {res.errors or res.missing}")
-            placements[(lib, api.symbol)] = res.placements[api.symbol]
+            placements.update({(lib, a.symbol): res.placements[a.symbol] for a in apis})
 
         return attach_it, lambda: attach.detach_all(pasta)
 
@@ -225,6 +264,12 @@ def main() -> int:
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
+            "stub tensor untraced": (stub_s, "tensor", none(), False),
+            "stub tensor empty uprobe": (stub_s, "tensor", empty_probe(stub_s, report.symbol, False), False),
+            "stub tensor pasta-trace": (stub_s, "tensor", pasta_probe(stub_s, report, placements), True),
+            "stub cpu untraced": (stub_s, "cpu", none(), False),
+            "stub cpu empty uprobes": (stub_s, "cpu", empty_probe(stub_s, new.symbol, False, delete.symbol), False),
+            "stub cpu pasta-trace": (stub_s, "cpu", pasta_probe(stub_s, new, placements, delete), 2),
             "stub nccl untraced": (nccl_s, "allreduce", none(), False),
             "stub nccl empty uprobe+uretprobe": (nccl_s, "allreduce", empty_probe(nccl_s, "ncclAllReduce", True),
                                                  False),
@@ -256,8 +301,8 @@ def main() -> int:
                     if drain:
                         drain.ring.close()
                     detach_it()
-                if drained and captured != a.calls:
-                    raise SystemExit(f"{name}: captured {captured} events of {a.calls} calls")
+                if drained and captured != a.calls * drained:  # drained: events per loop iteration
+                    raise SystemExit(f"{name}: captured {captured} events of {a.calls * drained} calls")
             print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
         lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
 
@@ -284,6 +329,10 @@ def main() -> int:
         ("stub launch: pasta-trace / empty uprobe", "stub launch pasta-trace", "stub launch empty uprobe", "<= 1.3"),
         ("stub alloc: pasta-trace / empty uprobe+uretprobe", "stub alloc pasta-trace",
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
+        ("stub tensor (report): pasta-trace / empty uprobe", "stub tensor pasta-trace", "stub tensor empty uprobe",
+         "<= 1.3"),
+        ("stub tensor (New+Delete): pasta-trace / 2 empty", "stub cpu pasta-trace", "stub cpu empty uprobes",
+         "<= 1.3"),
         ("stub nccl: pasta-trace / empty uprobe+uretprobe", "stub nccl pasta-trace",
          "stub nccl empty uprobe+uretprobe", "<= 1.3"),
     ]  # fmt: skip

@@ -11,7 +11,8 @@
 #     module is importable, and `pip install -e .[dev]` (the test tools, Dask for the cluster analyses).
 #  4. NVIDIA's real libcuda.so.1 from Debian non-free and libnccl.so.2 from PyPI's nvidia-nccl-cu13 wheel,
 #     unpacked into a cache (not installed): for tests.
-#  5. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
+#  5. PyTorch's CPU build (torch 2.13.0+cpu) in a private cache (not installed): for the tensor tests.
+#  6. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -56,6 +57,10 @@ if ! scripts/fetch_vendor_libs.sh >/dev/null; then
 fi
 if ! scripts/fetch_nccl.sh >/dev/null; then
   say "could not fetch NVIDIA's libnccl.so.2 (PyPI nvidia-nccl-cu13): the real-NCCL tests will skip"
+fi
+
+if ! scripts/fetch_torch_cpu.sh >/dev/null; then
+  say "could not install PyTorch's CPU build: the tensor tests will skip"
 fi
 
 if [ -x scripts/build_gpu_probes.sh ]; then scripts/build_gpu_probes.sh; fi

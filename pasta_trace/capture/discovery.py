@@ -1,4 +1,4 @@
-"""Find the CUDA driver, HIP and NCCL libraries that processes have mapped.
+"""Find the CUDA driver, HIP, PyTorch (libc10) and NCCL libraries that processes have mapped.
 
 /proc/PID/maps shows each mapping's path as seen inside the process's mount
 namespace; /proc/PID/map_files/<start>-<end> gives the file actually mapped
@@ -20,13 +20,15 @@ from pathlib import Path
 TRACED = {
     "cuda": re.compile(r"^libcuda\.so(\.[0-9.]+)?$"),
     "hip": re.compile(r"^libamdhip64\.so(\.[0-9.]+)?$"),
+    # PyTorch's core library, wherever a wheel, conda or a container put it
+    "c10": re.compile(r"^libc10\.so(\.[0-9.]+)?$"),
     "nccl": re.compile(r"^libnccl\.so(\.[0-9.]+)?$"),
 }
 
 #: Other GPU libraries worth naming when a process has not loaded a traced one yet.
 OTHER_GPU = re.compile(
     r"^(libcudart|libnvrtc|libcupti|libcublas(Lt)?|libcufft|libcurand|libcusparse|libcusolver|libcudnn\w*"
-    r"|libnvidia-ml|libnvJitLink|libtorch_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
+    r"|libnvidia-ml|libnvJitLink|libtorch_cuda|libc10_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
     r"|libhiprtc|libamd_comgr|libroctracer64|librocprofiler\w*)\.so(\.[0-9.]+)?$"
 )
 

@@ -16,7 +16,7 @@ from .targets import check_pids, launch_candidates, unreadable
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages)
+                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max)
 
 
 def probe_plan(path: str, family: str) -> tuple[list[str], list[str]]:
@@ -41,13 +41,14 @@ def plan(opts: Options) -> str:
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
-                lines.append(f"PID {pid}: no libcuda/libamdhip64/libnccl mapped yet ({others}); would wait for one")
+                lines.append(f"PID {pid}: no libcuda/libamdhip64/libc10/libnccl mapped yet ({others}); "
+                             "would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
         libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
     else:
         check_command(opts.command, dict(os.environ))
-        libs = launch_candidates(dict(os.environ))
+        libs = launch_candidates(dict(os.environ), opts.command)
         lines.append(f"would start: {' '.join(opts.command)}")
     lines.append(f"mode {opts.mode}: {len(libs)} libraries")
     for lib in libs:
@@ -56,5 +57,5 @@ def plan(opts: Options) -> str:
                      f"would attach {len(attach)} functions, {len(missing)} missing")
         if opts.verbose and missing:
             lines.append("  missing: " + ", ".join(missing))
-    lines.append("later loads of libcuda.so*/libamdhip64.so*/libnccl.so* would be caught when opened")
+    lines.append("later loads of libcuda.so*/libamdhip64.so*/libc10.so*/libnccl.so* would be caught when opened")
     return "\n".join(lines) + "\n"

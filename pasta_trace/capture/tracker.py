@@ -62,16 +62,19 @@ class ProcessTracker:
     def _attach_pid(self, pid: int) -> None:
         try:
             found = discovery.scan_pid(pid)
-        except OSError as e:  # gone since check_pids, or not ours to read: say which
-            raise unreadable(pid, e) from None
+        except OSError as e:
+            if not alive(pid):  # it existed at the start (check_pids) and exited during the compile
+                self._say(f"PID {pid} exited before its probes were attached")
+                return  # start_pids ends it like any exit; the other PIDs are traced
+            raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
         self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so or libnccl.so yet{others}: waiting for it to load "
-                      "one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so, libc10.so or libnccl.so yet{others}: "
+                      "waiting for it to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-HELP = "check the kernel, BPF, BCC, headers and GPU libraries, and say what to fix"
+HELP = "check the kernel, BPF, BCC, headers and GPU libraries (and PyTorch's), and say what to fix"
 
 EXAMPLES = """\
   pasta-trace doctor                  every check (some need root to be conclusive)
@@ -105,9 +105,16 @@ def _bpf_load_check(bcc) -> Check:
     return Check(True, "BCC compiles and loads a BPF program")
 
 
+def _python_envs() -> list[str]:
+    """Interpreters whose environments may hold traced libraries (torch's
+    libc10.so): the active venv or conda environment, and python3 in PATH."""
+    envs = [os.environ.get("VIRTUAL_ENV"), os.environ.get("CONDA_PREFIX")]
+    return [str(Path(e) / "bin" / "python") for e in envs if e] + ["python3"]
+
+
 def _library_files() -> dict[str, set[str]]:
     """Traced library files on this machine -> where they were found."""
-    from ..capture import discovery
+    from ..capture import discovery, python_env
 
     found: dict[str, set[str]] = {}
     try:
@@ -122,9 +129,17 @@ def _library_files() -> dict[str, set[str]]:
         for lib in p.traced:
             found.setdefault(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, set()).add(
                 f"PID {p.pid}")
+    for name in _python_envs():
+        python = python_env.interpreter(name, dict(os.environ))
+        for f in python_env.traced_libraries(str(python), dict(os.environ)) if python else []:
+            found.setdefault(os.path.realpath(f), set()).add(f"python env {python.parent.parent}")
     for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
         if discovery.family_of(f) and os.path.isfile(f):
             found.setdefault(os.path.realpath(f), set()).add("vendor cache")
+    # PyTorch's CPU build for the tests (scripts/fetch_torch_cpu.sh)
+    for f in glob.glob(str(VENDOR_CACHE.parent / "torch-*" / "torch" / "lib" / "lib*.so*")):
+        if discovery.family_of(f):
+            found.setdefault(os.path.realpath(f), set()).add("torch test cache")
     return found
 
 
@@ -134,8 +149,8 @@ def _library_checks(verbose: bool) -> list[Check]:
 
     files = _library_files()
     if not files:
-        return [Check(True, "GPU libraries: no libcuda.so* or libamdhip64.so* found (nothing to trace yet; "
-                            "libraries loaded later are caught when opened)")]
+        return [Check(True, "GPU libraries: no libcuda.so*, libamdhip64.so*, libc10.so* or libnccl.so* found "
+                            "(nothing to trace yet; libraries loaded later are caught when opened)")]
     out = []
     for path, where in sorted(files.items()):
         fam = discovery.family_of(path)
@@ -148,7 +163,7 @@ def _library_checks(verbose: bool) -> list[Check]:
                 f"{len(missing)} probed functions missing")
         if verbose and missing:
             what += "\n     missing: " + ", ".join(missing)
-        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime library?"))
+        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime / PyTorch library?"))
     return out
 
 

@@ -2,7 +2,8 @@
 so chrome://tracing, ui.perfetto.dev and trace-analysis tools built for PyTorch
 traces (HTA and others) read it.
 
-  API calls        ph X, cat cuda_driver (CUDA) / cuda_runtime (HIP), on the calling thread
+  API calls        ph X, cat cuda_driver (CUDA) / cuda_runtime (HIP), on the calling thread;
+                   tensor events (PyTorch) ph i, cat pytorch_memory, with device and the allocator's totals
   kernels          ph X, cat kernel, on a "GPU stream 0x..." thread of the process
   copies, memsets  ph X, cat gpu_memcpy / gpu_memset (CUPTI records only)
   launch -> kernel ph s / f, cat and name ac2g, id = args.correlation on both ends
@@ -124,6 +125,8 @@ def _api(model: TraceModel) -> list[Part]:
             pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _num("aux"), _arg("correlation", pl.col("corr").cast(pl.String)),
+            _arg("device", pl.format('"{}"', pl.col("tensor_device"))), _num("allocated_bytes"),
+            _num("reserved_bytes"),
         )),
         pl.when(pl.col("stack_id").is_not_null()).then(
             pl.format('"sf":"{}:{}:0"', pl.col("pid"), pl.col("stack_id"))),

@@ -66,3 +66,13 @@ def write_tables(cap: Capture, results: list[ToolResult], out: OutputDir) -> Non
     for r in results:
         handles = [c for c, col in r.tool.columns.items() if col.unit == "handle"]
         out.write_atomic(f"{r.tool.name}.csv", flat(r.frame, handles).write_csv)
+
+
+def notes(results: list[ToolResult]) -> list[str]:
+    """One line per reason why some tables hold only their header
+    (ToolResult.note: no device data, or an --aggregate capture's counts)."""
+    by_note: dict[str, list[str]] = {}
+    for r in results:
+        if r.note:
+            by_note.setdefault(r.note, []).append(r.tool.name)
+    return [f"note: {', '.join(names)}: header only ({note})" for note, names in by_note.items()]

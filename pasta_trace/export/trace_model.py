@@ -26,6 +26,7 @@ from ..tools.memory import memory_timeline
 #: Categories of API calls, as PyTorch's profiler names them.
 CAT_CUDA = "cuda_driver"
 CAT_HIP = "cuda_runtime"  # PyTorch on ROCm files HIP runtime calls under this name
+CAT_TENSOR = "pytorch_memory"  # tensor_alloc / tensor_free of PyTorch's allocators (libc10)
 
 #: CUpti_ActivityMemcpyKind -> the name PyTorch traces give the copy
 CUPTI_COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Memcpy AtoH", 5: "Memcpy AtoA",
@@ -34,6 +35,9 @@ CUPTI_COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Me
 #: Payload columns shown as arguments of an API call, in this order.
 API_ARGS = ("stream", "func", "ptr", "size", "dst", "src", "copy_kind", "shmem",
             "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "aux")
+#: Tensor events' own columns, shown as their arguments (`device` as tensor_device:
+#: a name like "cuda:0", not the GPU index the device data calls `device`)
+TENSOR_ARGS = ("tensor_device", "allocated_bytes", "reserved_bytes")
 
 
 @dataclass
@@ -45,7 +49,7 @@ class TraceModel:
     #: pid, label ("GPU stream 0x..."): one row per GPU track
     streams: pl.DataFrame
     #: ts_ns, dur_ns (null: entry-only call), pid, tid, api, kind, cat, ret,
-    #: API_ARGS columns, stack_id (null: no stack), corr (launches only),
+    #: API_ARGS and TENSOR_ARGS columns, stack_id (null: no stack), corr (launches only),
     #: coll_in, coll_out (NCCL collectives matched across ranks: the flow ids
     #: from the rank that entered before, to the rank that entered next)
     api: pl.DataFrame
@@ -81,10 +85,12 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
             "ts_ns", "dur_ns", "pid", "tid",
             pl.col("api").cast(pl.String),
             pl.col("kind").cast(pl.String),
-            "ret", *API_ARGS, "stack_id",
+            "ret", *API_ARGS, "stack_id", pl.col("device").cast(pl.String).alias("tensor_device"), "allocated_bytes",
+            "reserved_bytes",
         )
         .with_columns(
-            cat=pl.when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
+            cat=pl.when(pl.col("kind").str.starts_with("tensor_")).then(pl.lit(CAT_TENSOR))
+            .when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
             copy_kind=pl.col("copy_kind").cast(pl.String),
         )
         .sort("ts_ns", "pid", "tid", maintain_order=True)

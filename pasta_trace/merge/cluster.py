@@ -22,7 +22,8 @@ from pathlib import Path
 import polars as pl
 
 from .. import __version__, schema
-from ..read import Capture, scan_frames
+from ..parquet_scan import Scanner
+from ..read import Capture, with_scan
 from ..safe_output import StagedDir
 from .clock_align import fit_offsets
 from .timeline import MARKER
@@ -140,18 +141,18 @@ def write_cluster(caps: list[Capture], staged: StagedDir, *, sync_ns: int) -> pl
 def load_cluster(p: Path, meta: dict) -> Capture:
     """A cluster timeline as one Capture (events read without the hive columns,
     the files' comm_rank as schema.EVENTS_SCHEMA's rank)."""
-    one = lambda n: [p / f"{n}.parquet"] if (p / f"{n}.parquet").exists() else []  # noqa: E731
+    scan = Scanner()
     events = sorted((p / "events").glob("node=*/rank=*/*.parquet"))
     sch = {"names": schema.NAMES_SCHEMA, "processes": schema.PROCESSES_SCHEMA, "stacks": schema.STACKS_SCHEMA,
            "communicators": schema.COMMUNICATORS_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
     cap = Capture(
         path=p, manifest=dict(meta.get("capture_manifest") or {}),
-        events=scan_frames(events, schema.CLUSTER_EVENTS_SCHEMA).select(list(schema.CLUSTER_EVENTS_SCHEMA)).rename(
+        events=scan.frames(events, schema.CLUSTER_EVENTS_SCHEMA).select(list(schema.CLUSTER_EVENTS_SCHEMA)).rename(
             {"comm_rank": "rank"}),
-        **{k: scan_frames(one(k), v) for k, v in sch.items()},
-        aggregate=None, problems=list(meta.get("problems", [])),
+        **{k: scan.one(p / f"{k}.parquet", v) for k, v in sch.items()},
+        aggregate=None, problems=list(meta.get("problems") or []),
     )
     cap.device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
-    cap.cluster = {"clocks": scan_frames(one("clocks"), schema.CLOCK_OFFSETS_SCHEMA),
-                   "ranks": scan_frames(one("ranks"), schema.CLUSTER_RANKS_SCHEMA)}
-    return cap
+    cap.cluster = {"clocks": scan.one(p / "clocks.parquet", schema.CLOCK_OFFSETS_SCHEMA),
+                   "ranks": scan.one(p / "ranks.parquet", schema.CLUSTER_RANKS_SCHEMA)}
+    return with_scan(cap, scan)

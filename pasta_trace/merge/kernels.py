@@ -41,9 +41,11 @@ TOLERANCE_NS = 1_000_000
 
 
 def host_launches(cap: Capture) -> pl.LazyFrame:
-    """Host launch events with launch_seq: 0-based order within the process."""
+    """Host launch events with launch_seq: 0-based order within the process.
+    Without the columns only tensor events carry (their `device` is not the
+    GPU index the device data calls `device`)."""
     return (
-        cap.events.filter(pl.col("kind") == "launch")
+        cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values())
         .sort(["pid", "ts_ns", "tid"])
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
     )

@@ -9,11 +9,11 @@ reports show them.
 """
 
 from . import (api_errors, call_sites, collectives, gpu_time, hotness, kernels, leaks, memory, overview, prefetch,
-               stragglers, sync, transfers)
+               stragglers, sync, tensors, transfers)
 from .registry import REGISTRY, Tool, register
 
-for _module in (overview, api_errors, kernels, memory, leaks, transfers, sync, collectives, stragglers, call_sites,
-                gpu_time, hotness, prefetch):
+for _module in (overview, api_errors, kernels, memory, leaks, tensors, transfers, sync, collectives, stragglers,
+                call_sites, gpu_time, hotness, prefetch):
     for _tool in _module.TOOLS:
         register(_tool)
 

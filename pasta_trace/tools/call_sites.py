@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from .. import lifetimes
 from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
@@ -21,7 +22,8 @@ CALL_SITES = columns(
     PID, ("call_site", pl.String, "", "the Python line (file:line function); (no stack): calls without one"),
     ("calls", pl.UInt32, "count", "API calls it made"),
     ("launches", pl.UInt32, "count", "kernel launches among them"),
-    ("allocated_bytes", pl.UInt64, "bytes", "bytes allocated (successful calls)"),
+    ("device_alloc_bytes", pl.UInt64, "bytes", "device memory allocated (successful calls)"),
+    ("pinned_alloc_bytes", pl.UInt64, "bytes", "pinned host memory allocated (successful calls)"),
     ("copied_bytes", pl.UInt64, "bytes", "bytes copied (successful calls)"),
     ("syncs", pl.UInt32, "count", "synchronising calls"),
     ("blocked_ns", pl.Int64, "ns", "time blocked in them (null: none measured)"),
@@ -33,13 +35,16 @@ def by_call_site(cap: Capture) -> pl.DataFrame:
     """Per process and Python line, most time blocked first, then most calls."""
     ev = with_site(cap.events, cap)
     kind = pl.col("kind")
+    alloc = (kind == "alloc") & done()
+    memory = lifetimes.memory(lifetimes.kind_from_api(pl.col("api")))
     return (
         ev.group_by("pid", "call_site")
         .agg(
             pl.len().alias("calls"),
             (kind == "launch").sum().alias("launches"),
             # a failed call allocated or copied nothing
-            pl.col("size").filter((kind == "alloc") & done()).sum().alias("allocated_bytes"),
+            pl.col("size").filter(alloc & (memory == "device")).sum().alias("device_alloc_bytes"),
+            pl.col("size").filter(alloc & (memory == "pinned host")).sum().alias("pinned_alloc_bytes"),
             pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
             (kind == "sync").sum().alias("syncs"),
             measured_sum(pl.col("dur_ns").filter(kind == "sync")).alias("blocked_ns"),
@@ -87,7 +92,7 @@ TOOLS = [
         name="call_sites",
         title="Call sites (the Python line of each call)",
         compute=by_call_site,
-        description="per process and Python line: calls, launches, bytes allocated and copied, syncs and time "
-                    "blocked in them; (no stack) gathers the calls without one",
+        description="per process and Python line: calls, launches, device and pinned host bytes allocated, "
+                    "bytes copied, syncs and time blocked in them; (no stack) gathers the calls without one",
     ),
 ]

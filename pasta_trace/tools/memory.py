@@ -27,8 +27,8 @@ PEAKS = columns(
     ("peak_bytes", pl.Int64, "bytes", "peak of live device bytes"),
     ("peak_ts_ns", pl.Int64, "ts", "when the peak was first reached"),
     ("end_bytes", pl.Int64, "bytes", "live at the end of the capture"),
-    ("allocations", pl.UInt32, "count", "allocations made"),
-    ("allocated_bytes", pl.Int64, "bytes", "their bytes"),
+    ("allocations", pl.UInt32, "count", "device allocations made (pinned host memory: memory_totals)"),
+    ("device_alloc_bytes", pl.Int64, "bytes", "their bytes"),
     ("top_call_site", pl.String, "", "the Python line whose allocations held the most bytes at the peak; null: "
                                      "none of them had a stack"),
 )
@@ -85,12 +85,12 @@ def peak_rows(cap: Capture) -> pl.DataFrame:
             pl.col("ts_ns").get(pl.col(live).arg_max()).alias("peak_ts_ns"),
             pl.col(live).last().alias("end_bytes"),
             (pl.col("delta_bytes") > 0).sum().alias("allocations"),
-            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("allocated_bytes"),
+            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("device_alloc_bytes"),
         )
 
     overall = peaks(["pid"], "live_bytes").with_columns(pl.lit("all").alias("api"))
     by_api = peaks(["pid", "api"], "api_live_bytes")
-    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "device_alloc_bytes"]
     return (
         pl.concat([overall.select(cols), by_api.select(cols)])
         .sort(["pid", pl.col("api") != "all", "api"])

@@ -78,6 +78,8 @@ class Tool:
     #: True: computes from an --aggregate capture's counts too; otherwise such a
     #: capture (no per-call events) gives an empty result and a note
     reads_aggregate: bool = False
+    #: True: reads only tensor events (PyTorch, libc10.so); empty (and a note) without them
+    needs_tensors: bool = False
     #: optional custom text renderer; default is a table of the frame
     render_text: Callable[[pl.DataFrame], str] | None = None
     description: str = ""

@@ -138,7 +138,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
         proc.kill()
         proc.wait()
     assert r.returncode == 0, r.stderr
-    assert (f"PID {proc.pid} has not loaded libcuda.so, libamdhip64.so or libnccl.so yet (it maps libcudart.so.12): "
+    assert (f"PID {proc.pid} has not loaded libcuda.so, libamdhip64.so, libc10.so or libnccl.so yet "
+            "(it maps libcudart.so.12): "
             "waiting for it to load one; its first call will be traced") in r.stderr
     assert f"Wrote {out}" in r.stderr
     assert r.stdout == ""  # messages on stderr only
@@ -197,7 +198,8 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
         mine.kill()
         mine.wait()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64/libnccl mapped yet (no GPU library); "
+    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64/libc10/libnccl mapped yet "
+                                        "(no GPU library); "
                                         "would wait for one")
 
 
@@ -225,7 +227,7 @@ def test_start_and_end_say_what_happens_and_an_empty_device_backend_says_so(tmp_
     probed = [lib for lib in m["libraries"] if lib["symbols_attached"]]
     functions = sum(len(lib["symbols_attached"]) for lib in probed)
     ready = (f"{functions} functions ready in {len(probed)} librar{'y' if len(probed) == 1 else 'ies'}" if probed
-             else "no libcuda/libamdhip64/libnccl found yet: attaching when it loads one")
+             else "no libcuda/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
     lines = r.stderr.splitlines()
     expected = [
         "compiling the BPF program...",

@@ -190,3 +190,19 @@ def test_distributed_info_names_the_rank(tmp_path: Path, ranks: dict, info: dict
     out = tmp_path / "t.json"
     assert main(["export", str(cap), "--format", "chrome", "-o", str(out)]) == 0
     assert json.loads(out.read_text()).get("distributedInfo") == info
+
+
+def test_tensor_events_are_pytorch_memory_instants_with_device_and_totals(tmp_path: Path) -> None:
+    from test_tools_tensors import M, MB, T0 as TT0, _capture
+
+    out = tmp_path / "t.json"
+    assert main(["export", str(_capture(tmp_path / "cap")), "--format", "chrome", "-o", str(out)]) == 0
+    events = validate(json.loads(out.read_text()))
+    tensors = [e for e in events if e.get("cat") == "pytorch_memory"]
+    assert len(tensors) == 14 and {e["ph"] for e in tensors} == {"i"}
+    first = min(tensors, key=lambda e: e["ts"])
+    assert (first["name"], first["ts"], first["args"]) == (
+        "c10::reportMemoryUsageToProfiler", (TT0 + 100) / 1e3,
+        {"kind": "tensor_alloc", "ptr": "0xa1", "size": M, "device": "cuda:0", "allocated_bytes": MB(5),
+         "reserved_bytes": MB(20)})
+    assert [e["cat"] for e in events if e.get("name") == "cuMemAlloc_v2"] == ["cuda_driver"]

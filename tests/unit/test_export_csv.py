@@ -32,7 +32,8 @@ def test_one_file_per_tool_plus_events(tmp_path: Path) -> None:
         "gpu_idle", "hangs", "kernel_call_sites", "kernels", "launch_gaps", "leak_call_sites", "leaks", "memory",
         "memory_peaks", "memory_totals", "page_hotness", "peak_call_sites", "prefetch", "processes",
         "repeated_copies", "repeated_copy_call_sites", "straggler_ranks", "stragglers", "sync", "sync_call_sites",
-        "transfer_call_sites", "transfers", "working_set"]
+        "tensor_fragmentation", "tensor_leaks", "tensor_memory", "tensor_peak_call_sites", "tensor_peaks",
+        "tensors_never_freed", "transfer_call_sites", "transfers", "working_set"]
 
 
 def test_events_csv(tmp_path: Path) -> None:
@@ -42,9 +43,9 @@ def test_events_csv(tmp_path: Path) -> None:
     cols.insert(cols.index("func") + 1, "kernel")
     assert lines[0] == ",".join(cols)
     assert len(lines) == 1 + 10
-    # ts, dur, pid, tid, comm, api, kind, ret, stream, func, kernel, grid, block, shmem, ptr, size, ..., aux,
-    # stack_id, layer (null: this file was written without it), then the NCCL columns
-    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096,,,,,,{',' * 10}"
+    # ts, dur, pid, tid, comm, api, kind, ret, stream, func, kernel, grid, block, shmem, ptr, size, ..., aux, stack_id,
+    # layer, device, allocated_bytes, reserved_bytes (format 1.2), then the NCCL columns (1.3): none in this file
+    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096{',' * 19}"
     events = pl.read_csv(out / "events.csv", infer_schema=False)
     assert events.filter(pl.col("kind") != "alloc").select("api", "stream", "func", "kernel", "ptr", "dst", "src").rows() == [
         # in the capture's row order

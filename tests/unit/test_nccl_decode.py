@@ -11,7 +11,10 @@ import pytest
 from pasta_trace import schema
 from pasta_trace.capture.collectives import CommunicatorTable, Sequencer
 from pasta_trace.capture.decode import events_frame
+from pasta_trace.capture.writer import CaptureWriter
 from pasta_trace.probes.catalog import API_ID, APIS
+from pasta_trace.read import open_capture
+from pasta_trace.safe_output import OutputDir
 
 NAMES = [a.symbol for a in APIS]
 K = schema.Kind
@@ -134,3 +137,19 @@ def test_communicators_table_rows_and_ends() -> None:
         ("node7", 7, 0xA, 5, 1, 4, "ncclCommInitRank", 2, 6),
         ("node7", 7, 0xB, 9, None, None, "ncclCommSplit", 4, None),
     ]
+
+
+def test_the_events_writer_numbers_collectives_across_its_files_and_writes_the_communicators(tmp_path) -> None:
+    """The events writer process keeps one Sequencer and one CommunicatorTable for the capture: `seq` goes on
+    from one events file to the next, and communicators.parquet has the row made in the first file, ended in the
+    second."""
+    w = CaptureWriter(OutputDir.claim(tmp_path, force=False), NAMES)
+    w.add_events(np.concatenate([init(1, 0xA, rank=1, nranks=2, comm_id=5), coll("ncclAllReduce", 2, 0xA)]))
+    w.flush()
+    w.add_events(np.concatenate([coll("ncclAllReduce", 3, 0xA), ev("ncclCommDestroy", 4, communicator=0xA)]))
+    w.close()
+    assert sorted(p.name for p in tmp_path.glob("events*.parquet")) == ["events-00000.parquet", "events-00001.parquet"]
+    cap = open_capture(tmp_path)
+    assert cap.events.filter(pl.col("kind") == "collective").sort("ts_ns").select("ts_ns", "seq").collect().rows() \
+        == [(2, 0), (3, 1)]
+    assert cap.communicators.drop("host").collect().rows() == [(7, 0xA, 5, 1, 2, "ncclCommInitRank", 1, 4)]

@@ -20,7 +20,7 @@ from test_export_model import write_capture
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = synthetic.Spec(pids=2, launches=200, allocations=40, accesses=4000, syncs=30, failed_allocs=4, copies=60,
-                      stacks=True, collectives=12)
+                      stacks=True, tensors=300, collectives=12)
 
 
 def _aggregate(src: Path, dst: Path) -> Path:

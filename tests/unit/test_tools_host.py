@@ -43,7 +43,7 @@ def test_memory_timeline_steps(cap) -> None:
 
 def test_memory_peaks(cap) -> None:
     df = REGISTRY["memory_peaks"].compute(cap)
-    assert df.columns == ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes",
+    assert df.columns == ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "device_alloc_bytes",
                           "top_call_site"]
     assert rows(df) == [
         # 4096 + 8192 + 16384 = 28672 allocated; live peaks after the last alloc: 8192 + 16384
