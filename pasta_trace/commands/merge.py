@@ -16,7 +16,8 @@ from ..damage import left_out, reading
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
 
-HELP = "join host events and device data into one timeline (Parquet directory)"
+HELP = ("join host events and device data into one timeline (Parquet directory), or captures of many nodes "
+        "or ranks into one cluster timeline")
 EXAMPLES = """\
   pasta-trace merge pasta-host-20261202T1200/ -o timeline.parquet
   pasta-trace merge pasta-host-20261202T1200/ gpu_probes.4242.sanitizer.bin -o timeline.parquet
