@@ -158,3 +158,15 @@ def test_perfetto_export_has_the_collective_flows(cluster):
     assert len(coll) == 299 * 3 + 2 and coll == {f for f in t.flows_in if f >= COLLECTIVE_FLOW_BASE}
     procs = sorted(n for n in t.tracks.values() if n.startswith("process"))
     assert procs == [f"process {p} synthetic rank {r}: worker {p}" for r, p in enumerate(cluster["pids"])]
+
+
+def test_realtime_offset_from_the_two_samples():
+    from pasta_trace.merge.clock_align import realtime_offset
+
+    clock = {"start_sample": {"mono_before_ns": 1000, "realtime_ns": 5000, "mono_after_ns": 1200},
+             "end_sample": {"mono_before_ns": 2000, "realtime_ns": 6010, "mono_after_ns": 2100}}
+    # realtime - mono: 3900 (+-100) at the start, 3960 (+-50) at the end: their middle, the wider
+    # half-bracket plus half the drift between them
+    got = realtime_offset({"clock": clock})
+    assert (got.offset_ns, got.uncertainty_ns) == (3930, 100 + 30)
+    assert realtime_offset({"clock": {"start_ns": 1}}) is None
