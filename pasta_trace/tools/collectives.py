@@ -55,7 +55,7 @@ def per_rank(calls: pl.LazyFrame) -> pl.LazyFrame:
         pl.col("dur_ns").max().alias("max_call_ns"),
         pl.col("ts_ns").min().alias("first_ts_ns"),
         pl.col("ts_ns").max().alias("last_ts_ns"),
-    )
+    ).with_columns(pl.col("api").cast(pl.String))
 
 
 def combine_per_rank(parts: pl.LazyFrame) -> pl.LazyFrame:

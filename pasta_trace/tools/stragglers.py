@@ -33,25 +33,37 @@ STRAGGLERS = columns(
 )
 
 
+#: ranks and pids are below this (int32 never negative, u32), so that
+#: (entry ns x this + rank) x this + pid orders by time, then rank; entry ns
+#: stay below 2^62 (146 years), inside Int128
+_SPAN = 1 << 32
+
+
 def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
     """STRAGGLERS' columns, unsorted, from merge.collective_entries rows (or
     any part of them holding whole collectives: pasta_trace.cluster runs it
     on each partition)."""
-    ts = pl.col("ts_ns").sort()
+    ts = pl.col("ts_ns")
+    # the entry time, rank and pid in one number, so that a plain max() finds the last rank (of
+    # ranks in at the same ns, the highest) without sorting each collective's rows
+    last = (ts.cast(pl.Int128) * _SPAN + pl.col("rank").cast(pl.Int128)) * _SPAN + pl.col("pid").cast(pl.Int128)
     return (
         entries
         .group_by("comm_id", "seq")
         .agg(
             pl.col("api").first(),
             pl.len().alias("ranks"),
-            ts.first().alias("first_ts_ns"),
-            # of ranks in at the same ns, the highest: the same answer whatever the row order
-            pl.col("rank").sort_by("ts_ns", "rank").last().alias("last_rank"),
-            pl.col("pid").sort_by("ts_ns", "rank").last().alias("last_pid"),
-            (ts.last() - ts.tail(2).first()).alias("late_ns"),
-            (ts.last() - ts.first()).alias("spread_ns"),
+            ts.min().alias("first_ts_ns"),
+            last.max().alias("_last"),
+            ts.top_k(2).min().alias("_before"),
         )
         .filter(pl.col("ranks") >= 2)
+        .with_columns((pl.col("_last") // (_SPAN * _SPAN)).cast(pl.Int64).alias("_last_ts"),
+                      (pl.col("_last") // _SPAN % _SPAN).cast(pl.Int32).alias("last_rank"),
+                      (pl.col("_last") % _SPAN).cast(pl.UInt32).alias("last_pid"))
+        .with_columns((pl.col("_last_ts") - pl.col("_before")).alias("late_ns"),
+                      (pl.col("_last_ts") - pl.col("first_ts_ns")).alias("spread_ns"))
+        .drop("_last", "_last_ts", "_before")
     )
 
 
