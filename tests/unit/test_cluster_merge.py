@@ -170,3 +170,14 @@ def test_realtime_offset_from_the_two_samples():
     got = realtime_offset({"clock": clock})
     assert (got.offset_ns, got.uncertainty_ns) == (3930, 100 + 30)
     assert realtime_offset({"clock": {"start_ns": 1}}) is None
+
+
+def test_report_cluster_without_dask_says_what_to_install(cluster, monkeypatch, capsys):
+    import sys
+
+    from pasta_trace.cli import main
+
+    monkeypatch.setitem(sys.modules, "dask.dataframe", None)  # as if the extra were not installed
+    assert main(["report", str(cluster["out"]), "--cluster", "tcp://127.0.0.1:8786"]) == 2
+    assert capsys.readouterr().err == ("pasta-trace: error: the cluster analyses need Dask (pip install "
+                                       "'pasta-trace[cluster]' (dask[dataframe] and distributed))\n")
