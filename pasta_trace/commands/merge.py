@@ -86,6 +86,9 @@ def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
     for cap in caps:
         for problem in cap.problems:
             print(f"pasta-trace: warning: {cap.path}: {problem}", file=sys.stderr)
+        if cap.has_device_data:
+            print(f"pasta-trace: warning: {cap.path}: its device data is not in the cluster timeline "
+                  f"(see its kernels with: pasta-trace merge {cap.path} -o OUT)", file=sys.stderr)
     print(f"{'capture':<40} {'node':<16} {'offset':>16} {'+/-':>10}  method", file=sys.stderr)
     for r in offsets.iter_rows(named=True):
         unc = "?" if r["uncertainty_ns"] is None else f"{r['uncertainty_ns'] / 1000:.1f} us"

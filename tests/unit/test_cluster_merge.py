@@ -181,3 +181,14 @@ def test_report_cluster_without_dask_says_what_to_install(cluster, monkeypatch, 
     assert main(["report", str(cluster["out"]), "--cluster", "tcp://127.0.0.1:8786"]) == 2
     assert capsys.readouterr().err == ("pasta-trace: error: the cluster analyses need Dask (pip install "
                                        "'pasta-trace[cluster]' (dask[dataframe] and distributed))\n")
+
+
+def test_device_data_left_out_is_said(cluster, capsys):
+    from pasta_trace.cli import main
+
+    tmp, src = cluster["tmp"], cluster["src"]
+    out = tmp / "with-device.parquet"
+    assert main(["merge", str(src), str(tmp / "b"), "-o", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (f"pasta-trace: warning: {src}: its device data is not in the cluster timeline "
+                      f"(see its kernels with: pasta-trace merge {src} -o OUT)")
