@@ -24,7 +24,7 @@ verbs (default: record):
   record   record a running process, the whole machine, or a launched command
   top      live per-process view
   doctor   check kernel, BPF, BCC, headers, libraries and say what to fix
-  merge    join host and device data into one timeline
+  merge    join host and device data into one timeline; many captures into one
   report   summaries in the terminal, as JSON, or as an HTML page
   export   Perfetto, Chrome trace JSON, or CSV
 """

@@ -60,6 +60,9 @@ class Capture:
     #: one row per NCCL communicator a traced process made; empty without NCCL
     communicators: pl.LazyFrame = field(
         default_factory=lambda: schema.empty_frame(schema.COMMUNICATORS_SCHEMA).lazy())
+    #: a cluster timeline's own tables (schema.CLOCK_OFFSETS_SCHEMA as "clocks",
+    #: schema.CLUSTER_RANKS_SCHEMA as "ranks"); empty for one capture
+    cluster: dict[str, pl.LazyFrame] = field(default_factory=dict)
     #: small derived tables the merge computes once per capture (device
     #: executions, allocation segments, launch times), keyed by name and options
     cache: dict[tuple, object] = field(default_factory=dict, repr=False)

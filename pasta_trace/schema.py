@@ -34,8 +34,8 @@ CAPTURE_FORMAT_VERSION = (1, 3)
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
 
-#: Version of the merged timeline layout.
-TIMELINE_FORMAT_VERSION = (1, 0)
+#: Version of the merged timeline layout (1.1: cluster timelines, many captures in one).
+TIMELINE_FORMAT_VERSION = (1, 1)
 
 DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
 
@@ -1097,6 +1097,41 @@ COMMUNICATORS_SCHEMA: dict[str, pl.DataType] = {
     "api": pl.String,  # the call that made it
     "ts_ns": pl.Int64,  # when that call was entered
     "end_ts_ns": pl.Int64,  # ncclCommDestroy/ncclCommAbort entered; null: alive at the end
+}
+
+#: clocks.parquet of a cluster timeline (many captures merged, docs/cluster.md):
+#: one row per capture, how its CLOCK_MONOTONIC was put on the timeline's
+#: clock (the first capture's CLOCK_MONOTONIC): timeline ns = capture ns + offset_ns.
+CLOCK_OFFSETS_SCHEMA: dict[str, pl.DataType] = {
+    "capture": pl.UInt32,  # position among the merged captures (0: the reference)
+    "path": pl.String,  # the capture directory merged
+    "node": pl.String,  # its manifest's host
+    "pid_offset": pl.UInt32,  # added to its pids and tids (0 unless they collide with an earlier capture's)
+    "offset_ns": pl.Int64,  # the fitted offset
+    "uncertainty_ns": pl.Int64,  # how far the true offset may be from it; null: not known (no clock samples)
+    "method": pl.String,  # reference | realtime | collectives | none
+    "realtime_offset_ns": pl.Int64,  # from the CLOCK_REALTIME/CLOCK_MONOTONIC samples at start and end
+    "realtime_uncertainty_ns": pl.Int64,  # their brackets, the drift between them, and --clock-sync-us across nodes
+    "collective_offset_ns": pl.Int64,  # median over shared collectives of (reference entry - this entry)
+    "collective_uncertainty_ns": pl.Int64,  # median absolute deviation of those differences
+    "collectives": pl.UInt32,  # collectives (comm_id, seq) shared with the reference capture
+}
+
+#: events/node=<host>/rank=<r>/*.parquet of a cluster timeline: EVENTS_SCHEMA
+#: with its `rank` (the rank argument of a communicator-making call) as
+#: `comm_rank`, since the hive path's `rank` (the process's) is a column
+#: too, and Spark, Dask and Arrow refuse a file column named like a partition.
+CLUSTER_EVENTS_SCHEMA: dict[str, pl.DataType] = {
+    ("comm_rank" if k == "rank" else k): v for k, v in EVENTS_SCHEMA.items()}
+
+#: ranks.parquet of a cluster timeline: one row per process, its node and
+#: rank (the hive partition its events are under).
+CLUSTER_RANKS_SCHEMA: dict[str, pl.DataType] = {
+    "capture": pl.UInt32,
+    "node": pl.String,
+    "pid": pl.UInt32,  # in the timeline (host_pid + the capture's pid_offset)
+    "host_pid": pl.UInt32,  # as the capture recorded it
+    "rank": pl.Int32,  # RANK from its environment, else its rank in its largest communicator; -1: none
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.

@@ -8,7 +8,7 @@
 #     clang finds both halves.  The uprobe programs only use pt_regs and BPF helpers, whose layout is stable
 #     across these versions.  An existing `build` link is never touched.
 #  3. A virtual environment (.venv) on Debian's python3 with --system-site-packages, so that BCC's Debian
-#     module is importable, and `pip install -e .[dev]`.
+#     module is importable, and `pip install -e .[dev]` (the test tools, Dask for the cluster analyses).
 #  4. NVIDIA's real libcuda.so.1 from Debian non-free and libnccl.so.2 from PyPI's nvidia-nccl-cu13 wheel,
 #     unpacked into a cache (not installed): for tests.
 #  5. PyTorch's CPU build (torch 2.13.0+cpu) in a private cache (not installed): for the tensor tests.

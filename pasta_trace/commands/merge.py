@@ -1,5 +1,6 @@
 """`pasta-trace merge DIR [DEVICE_FILES...] -o OUT`: one timeline from a capture
-and device record files (docs/merge.md)."""
+and device record files (docs/merge.md); `pasta-trace merge DIR1 DIR2 ... -o OUT`:
+one cluster timeline from many captures, one per node or rank (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -15,27 +16,37 @@ from ..damage import left_out, reading
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
 
-HELP = "join host events and device data into one timeline (Parquet directory)"
+HELP = ("join host events and device data into one timeline (Parquet directory), or captures of many nodes "
+        "or ranks into one cluster timeline")
 EXAMPLES = """\
   pasta-trace merge pasta-host-20261202T1200/ -o timeline.parquet
   pasta-trace merge pasta-host-20261202T1200/ gpu_probes.4242.sanitizer.bin -o timeline.parquet
   pasta-trace merge pasta-host-20261202T1200/ -o timeline.parquet --force
+  pasta-trace merge node0/pasta-host-*/ node1/pasta-host-*/ -o cluster.parquet
+  pasta-trace merge node*/pasta-host-*/ -o cluster.parquet --clock-sync-us 1
   pasta-trace report timeline.parquet
 """
+
+#: CLOCK_REALTIME of two hosts under NTP agree to within milliseconds at worst.
+CLOCK_SYNC_US = 10_000.0
 
 #: Inputs above this many rows show a progress bar (when stderr is a terminal).
 PROGRESS_ROWS = 1_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("capture", metavar="DIR", help="capture directory (from `pasta-trace record`)")
-    p.add_argument("device_files", metavar="DEVICE_FILES", nargs="*", type=Path,
-                   help="device record files (gpu_probes.*.bin) beyond those in DIR/device/")
+    p.add_argument("inputs", metavar="DIR|DEVICE_FILE", nargs="+", type=Path,
+                   help="capture directories (from `pasta-trace record`; several: one timeline of all of them, "
+                        "one per node or rank) and, with one capture, device record files (gpu_probes.*.bin) "
+                        "beyond those in DIR/device/")
     p.add_argument("-o", "--output", metavar="OUT", type=Path, required=True,
                    help="timeline directory to write (e.g. timeline.parquet)")
     p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier timeline or a file")
     p.add_argument("--tolerance-us", type=float, default=merge.TOLERANCE_NS / 1000, metavar="US",
                    help="host/device launch time tolerance for matching by time (default %(default)g)")
+    p.add_argument("--clock-sync-us", type=float, default=CLOCK_SYNC_US, metavar="US",
+                   help="several captures: how far apart the hosts' CLOCK_REALTIME may be (NTP: ~1000, PTP: ~1); "
+                        "collective entry times refine the alignment within it (default %(default)g)")
 
 
 def _rows(cap) -> int:
@@ -64,10 +75,53 @@ def _inputs(src: Path, device_files: list[Path], out):
     return cap
 
 
+def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
+    out = merge.timeline_output(args.output, force=args.force)
+    try:
+        caps = [open_capture(d) for d in dirs]
+    except BaseException:
+        out.discard()
+        raise
+    offsets = merge.write_cluster(caps, out, sync_ns=int(args.clock_sync_us * 1000))
+    for cap in caps:
+        for problem in cap.problems:
+            print(f"pasta-trace: warning: {cap.path}: {problem}", file=sys.stderr)
+        if cap.has_device_data:
+            print(f"pasta-trace: warning: {cap.path}: its device data is not in the cluster timeline "
+                  f"(see its kernels with: pasta-trace merge {cap.path} -o OUT)", file=sys.stderr)
+    print(f"{'capture':<40} {'node':<16} {'offset':>16} {'+/-':>10}  method", file=sys.stderr)
+    for r in offsets.iter_rows(named=True):
+        unc = "?" if r["uncertainty_ns"] is None else f"{r['uncertainty_ns'] / 1000:.1f} us"
+        print(f"{r['path'][-40:]:<40} {r['node'][:16]:<16} {r['offset_ns'] / 1000:>13.1f} us {unc:>10}  "
+              f"{r['method']}", file=sys.stderr)
+    if "none" in offsets["method"].to_list():
+        print("pasta-trace: warning: captures with neither clock samples nor collectives shared with the first "
+              "are not aligned (offset 0)", file=sys.stderr)
+    print(f"Wrote {args.output}", file=sys.stderr)
+    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.tolerance_us < 0:
         raise UsageError("--tolerance-us must be >= 0")
-    src = Path(args.capture)
+    if args.clock_sync_us < 0:
+        raise UsageError("--clock-sync-us must be >= 0")
+    missing = [p for p in args.inputs if not p.exists()]
+    if missing:
+        what = "device record file" if missing[0].suffix == ".bin" else "file or directory"
+        raise FormatError(f"{missing[0]}: no such {what}")
+    # the first input is the capture even when it is not a directory (open_capture says why not)
+    dirs = args.inputs[:1] + [p for p in args.inputs[1:] if p.is_dir()]
+    args.device_files = [p for p in args.inputs[1:] if not p.is_dir()]
+    if len(dirs) > 1:
+        if args.device_files:
+            raise UsageError("device record files go with one capture", hint="merge each capture with its own first")
+        timelines = [d for d in dirs if merge.is_timeline(d)]
+        if timelines:
+            raise UsageError(f"{timelines[0]} is already a merged timeline", hint="give capture directories")
+        return _cluster(args, dirs)
+    src = dirs[0]
     if merge.is_timeline(src):
         raise UsageError(f"{src} is already a merged timeline", hint="give the capture directory")
     out = merge.timeline_output(args.output, force=args.force)  # a bad -o fails before any work

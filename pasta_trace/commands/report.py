@@ -21,7 +21,7 @@ from ..reporters.json_doc import JsonReporter
 from ..reporters.terminal import TerminalReporter
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
-from ..tools.run import incomplete_banner
+from ..tools.run import ToolResult, incomplete_banner
 
 HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
 EXAMPLES = """\
@@ -29,6 +29,7 @@ EXAMPLES = """\
   pasta-trace report timeline.parquet --tool kernels --tool memory_peaks
   pasta-trace report pasta-host-20261202T1200/ --json > report.json
   pasta-trace report pasta-host-20261202T1200/ --html report.html
+  pasta-trace report cluster.parquet --cluster tcp://scheduler:8786
 """
 
 
@@ -42,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"only this tool (repeatable): {', '.join(REGISTRY)}",
     )
     p.add_argument("--limit", type=int, default=20, metavar="N", help="rows per terminal table (default 20)")
+    p.add_argument("--cluster", metavar="SCHEDULER_ADDR",
+                   help="run the cross-rank tools (stragglers, straggler_ranks, hangs, collectives) of a cluster "
+                        "timeline on this Dask scheduler (tcp://host:8786); PATH must be readable by its workers; "
+                        "needs pasta-trace[cluster]")
     p.add_argument("--stacks", action="store_true",
                    help="also print the top --limit caller stacks in full (most time blocked, then most calls)")
 
@@ -70,9 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> None:
-    names = args.tool or list(REGISTRY)
-    with _progress(len(names) + 1) as step:
-        results = gather(cap, names, step)
+    if args.cluster:
+        results = _on_cluster(args, cap)
+    else:
+        names = args.tool or list(REGISTRY)
+        with _progress(len(names) + 1) as step:
+            results = gather(cap, names, step)
     banner = incomplete_banner(results.facts)
     if args.json:
         if banner:
@@ -85,6 +93,21 @@ def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> 
         print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)
         if banner:
             print(f"pasta-trace: warning: {banner}", file=sys.stderr)
+
+
+def _on_cluster(args: argparse.Namespace, cap) -> Results:
+    from .. import cluster  # Dask only where asked for
+
+    names = args.tool or list(cluster.TOOLS)
+    others = [n for n in names if n not in cluster.TOOLS]
+    if others:
+        raise UsageError(f"--cluster runs {', '.join(cluster.TOOLS)}; not {others[0]}")
+    client = cluster.connect(args.cluster)
+    try:
+        frames = cluster.analyse(Path(args.path).resolve(), client)
+    finally:
+        client.close()
+    return Results(cap, [ToolResult(REGISTRY[n], frames[n]) for n in names])
 
 
 def _write_text(path: str, reporter: Reporter[TextIO], results: Results) -> None:

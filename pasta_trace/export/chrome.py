@@ -134,7 +134,13 @@ def _api(model: TraceModel) -> list[Part]:
     # an arrow only to a kernel that is drawn: one with device timing
     flow = _event("s", [pl.lit('"cat":"ac2g","name":"ac2g"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
-    return [(api, line), (api, pl.when(pl.col("timed")).then(flow))]
+    # NCCL collectives matched across ranks: an arrow from each rank's entry to the next rank's
+    coll = [pl.lit('"cat":"nccl","name":"collective"'), *_common(), _arg("ts", _us(pl.col("ts_ns")))]
+    c_out = _event("s", [*coll, _arg("id", pl.col("coll_out").cast(pl.String))])
+    c_in = _event("f", [pl.lit('"bp":"e"'), *coll, _arg("id", pl.col("coll_in").cast(pl.String))])
+    return [(api, line), (api, pl.when(pl.col("timed")).then(flow)),
+            (api, pl.when(pl.col("coll_out").is_not_null()).then(c_out)),
+            (api, pl.when(pl.col("coll_in").is_not_null()).then(c_in))]
 
 
 def _gpu(model: TraceModel, streams: pl.DataFrame) -> list[Part]:

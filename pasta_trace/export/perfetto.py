@@ -107,7 +107,9 @@ def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
     and argument columns, and the counter samples with their track."""
     api = model.api.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
                          maintain_order="left")
-    api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.col("corr"))
+    # a launch's arrow runs to its kernel; a collective's (never a launch) to the next rank's entry
+    api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"),
+                           flow_out=pl.coalesce("corr", "coll_out"), flow_in=pl.col("coll_in"))
     api = api.join(_stack_texts(model), on=["pid", "stack_id"], how="left", maintain_order="left")
     kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
         cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),

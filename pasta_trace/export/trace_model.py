@@ -49,7 +49,9 @@ class TraceModel:
     #: pid, label ("GPU stream 0x..."): one row per GPU track
     streams: pl.DataFrame
     #: ts_ns, dur_ns (null: entry-only call), pid, tid, api, kind, cat, ret,
-    #: API_ARGS and TENSOR_ARGS columns, stack_id (null: no stack), corr (launches only)
+    #: API_ARGS and TENSOR_ARGS columns, stack_id (null: no stack), corr (launches only),
+    #: coll_in, coll_out (NCCL collectives matched across ranks: the flow ids
+    #: from the rank that entered before, to the rank that entered next)
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
     #: cupti_correlation, device (with device timing), grid_*/block_*,
@@ -92,6 +94,28 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
             copy_kind=pl.col("copy_kind").cast(pl.String),
         )
         .sort("ts_ns", "pid", "tid", maintain_order=True)
+        .collect()
+    )
+
+
+#: Collective flow ids start here, far above the launch correlations (`corr`).
+COLLECTIVE_FLOW_BASE = 1 << 48
+
+
+def _collective_flows(cap: Capture) -> pl.DataFrame:
+    """pid, tid, ts_ns, coll_in, coll_out: each rank's entry into a
+    collective (comm_id, seq) linked to the next rank's, in entry order, so
+    the arrows run from the first rank in to the last."""
+    key = ["comm_id", "seq"]
+    return (
+        merge.collective_entries(cap).select("pid", "tid", "ts_ns", *key)
+        .sort(*key, "ts_ns", "pid", "tid")
+        .with_row_index("_i")
+        .with_columns(_first=pl.col("_i").min().over(key), _last=pl.col("_i").max().over(key))
+        .select("pid", "tid", "ts_ns",
+                coll_in=pl.when(pl.col("_i") > pl.col("_first")).then(pl.col("_i") - 1 + COLLECTIVE_FLOW_BASE),
+                coll_out=pl.when(pl.col("_i") < pl.col("_last")).then(pl.col("_i") + COLLECTIVE_FLOW_BASE))
+        .unique(["pid", "tid", "ts_ns"], keep="first")
         .collect()
     )
 
@@ -187,17 +211,19 @@ def _memory(cap: Capture) -> pl.DataFrame:
 
 
 def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
+    """pid, name, cmdline; in a cluster timeline the name leads with the
+    process's node and rank, one process group per rank."""
     from_events = cap.events.group_by("pid").agg(comm=pl.col("comm").cast(pl.String).first())
     pids = pl.concat([api.lazy().select("pid"), cap.processes.select("pid")]).unique()
-    return (
-        pids.join(cap.processes.unique("pid", keep="last").select("pid", "comm", "cmdline"),
-                  on="pid", how="left")
-        .join(from_events, on="pid", how="left", suffix="_ev")
-        .select("pid", name=pl.coalesce("comm", "comm_ev", pl.format("pid {}", "pid")),
-                cmdline=pl.col("cmdline"))
-        .sort("pid")
-        .collect()
-    )
+    name = pl.coalesce("comm", "comm_ev", pl.format("pid {}", "pid"))
+    procs = (pids.join(cap.processes.unique("pid", keep="last").select("pid", "comm", "cmdline"), on="pid", how="left")
+             .join(from_events, on="pid", how="left", suffix="_ev"))
+    if "ranks" in cap.cluster:
+        procs = procs.join(cap.cluster["ranks"].select("pid", "node", "rank", "host_pid"), on="pid", how="left")
+        name = pl.when(pl.col("node").is_not_null()).then(pl.format(
+            "{} rank {}: {} {}", "node", pl.col("rank").cast(pl.String).replace("-1", "?"), name,
+            "host_pid")).otherwise(name)
+    return procs.select("pid", name=name, cmdline=pl.col("cmdline")).sort("pid").collect()
 
 
 def _distributed(cap: Capture, api: pl.DataFrame) -> dict[str, int]:
@@ -239,6 +265,7 @@ def build(cap: Capture) -> TraceModel:
     api = _api_calls(cap)
     ex = merge.kernel_executions(cap).collect().lazy()  # used twice: computed once
     api, kernels = _kernels(api, ex)
+    api = api.join(_collective_flows(cap), on=["pid", "tid", "ts_ns"], how="left", maintain_order="left")
     kernels = serialized(kernels)
     memops = serialized(_memops(cap, ex))
     streams = (

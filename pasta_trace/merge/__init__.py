@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from .allocations import allocations
 from .attribution import Segments, segments
+from .cluster import load_cluster, write_cluster
+from .collectives import calls_on_communicators, collective_calls, collective_entries, entered
 from .kernels import TOLERANCE_NS, aggregate_launches, device_executions, kernel_executions, kernel_names
 from .launches import host_launches, launch_order
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
@@ -18,8 +20,8 @@ from .timeline import is_timeline, load, timeline_output, write_timeline
 
 __all__ = [
     "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "aggregate_launches", "alloc_touches",
-    "allocations",
+    "allocations", "calls_on_communicators", "collective_calls", "collective_entries", "entered",
     "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
-    "kernel_names",
-    "launch_order", "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",
+    "kernel_names", "launch_order", "load", "load_cluster", "segments", "stats", "timeline_output", "working_set",
+    "write_cluster", "write_timeline",
 ]

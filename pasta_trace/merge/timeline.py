@@ -48,6 +48,10 @@ def load(path: str | Path) -> Capture:
     if not is_timeline(p):
         return open_capture(p)
     meta = read_json(p / MARKER, schema.TIMELINE_SHAPE, schema.TIMELINE_FORMAT_VERSION, "timeline header")
+    if meta.get("kind") == "pasta-trace cluster timeline":
+        from .cluster import load_cluster  # the cluster layout builds on this module's marker
+
+        return load_cluster(p, meta)
     saved = meta.get("merge_stats")
     # a newer minor version may save more counts, an older one fewer (saved_stats): every one is a count
     if saved is not None and not all(type(v) is int and v >= 0 for v in saved.values()):

@@ -1,11 +1,5 @@
-"""NCCL collectives per rank and communicator, and their bus bandwidth.
-
-A collective's rank and cross-rank communicator id (comm_id) come from
-communicators.parquet, through the (pid, communicator handle) the call was
-made on while that communicator was alive.  Rows of several processes (one
-capture of many ranks, or a merged timeline of many captures) line up by
-(comm_id, seq): every rank calls a communicator's collectives in one order.
-"""
+"""NCCL collectives per rank and communicator, and their bus bandwidth
+(calls matched to communicators by merge.collective_calls)."""
 
 from __future__ import annotations
 
@@ -13,6 +7,7 @@ import polars as pl
 
 from .. import merge
 from ..call_result import done
+from ..merge import collective_calls
 from ..read import Capture
 from .registry import PID, Tool, columns, returns
 
@@ -20,20 +15,6 @@ from .registry import PID, Tool, columns, returns
 _ALGO_BYTES_X_NRANKS = ("ncclAllGather", "ncclReduceScatter", "ncclAlltoAll", "ncclGather", "ncclScatter")
 _BUS_FACTOR_2 = ("ncclAllReduce",)  # 2 (n-1)/n
 _BUS_FACTOR_1 = ("ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv")  # 1; the others: (n-1)/n
-
-
-def collective_calls(cap: Capture) -> pl.LazyFrame:
-    """Collective and p2p calls with the host, comm_id, rank and nranks of
-    the communicator they were made on (null where its creation was not seen)."""
-    comms = cap.communicators.select(
-        "pid", "communicator", "host", "comm_id", "rank", "nranks",
-        pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end"))
-    calls = cap.events.filter(pl.col("kind").is_in(["collective", "p2p"])).drop("comm_id", "rank", "nranks")
-    alive = (pl.col("ts_ns") >= pl.col("_made")) & (pl.col("_end").is_null() | (pl.col("ts_ns") <= pl.col("_end")))
-    matched = calls.join(comms, on=["pid", "communicator"], how="inner").filter(alive)
-    unmatched = calls.join(matched.select("pid", "ts_ns", "tid"), on=["pid", "ts_ns", "tid"], how="anti")
-    return pl.concat([matched.drop("_made", "_end"), unmatched], how="diagonal_relaxed").with_columns(
-        pl.col("api").cast(pl.String))
 
 
 _KEY = (
@@ -54,23 +35,39 @@ COLLECTIVES = columns(
 )
 
 
+_PER_RANK_KEYS = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
+
+
 @returns(COLLECTIVES)
 def collectives(cap: Capture) -> pl.DataFrame:
     """Per communicator, rank and NCCL call: how many, bytes, time in the call."""
-    keys = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
+    return finish_per_rank(per_rank(collective_calls(cap)))
+
+
+def per_rank(calls: pl.LazyFrame) -> pl.LazyFrame:
+    """COLLECTIVES' columns, unsorted, from merge.collective_calls rows (or a
+    part of them: combine_per_rank adds the parts up)."""
+    return calls.group_by(_PER_RANK_KEYS).agg(
+        pl.len().alias("calls"),
+        (~done()).sum().alias("failed"),
+        pl.col("size").filter(done()).sum().alias("bytes"),
+        pl.col("dur_ns").sum().alias("call_ns"),
+        pl.col("dur_ns").max().alias("max_call_ns"),
+        pl.col("ts_ns").min().alias("first_ts_ns"),
+        pl.col("ts_ns").max().alias("last_ts_ns"),
+    ).with_columns(pl.col("api").cast(pl.String))
+
+
+def combine_per_rank(parts: pl.LazyFrame) -> pl.LazyFrame:
+    """per_rank of the whole from per_rank of its parts."""
+    return parts.group_by(_PER_RANK_KEYS).agg(
+        pl.col("calls", "failed", "bytes", "call_ns").sum(), pl.col("max_call_ns").max(),
+        pl.col("first_ts_ns").min(), pl.col("last_ts_ns").max())
+
+
+def finish_per_rank(per: pl.LazyFrame) -> pl.DataFrame:
     return (
-        collective_calls(cap)
-        .group_by(keys)
-        .agg(
-            pl.len().alias("calls"),
-            (~done()).sum().alias("failed"),
-            pl.col("size").filter(done()).sum().alias("bytes"),
-            pl.col("dur_ns").sum().alias("call_ns"),
-            pl.col("dur_ns").max().alias("max_call_ns"),
-            pl.col("ts_ns").min().alias("first_ts_ns"),
-            pl.col("ts_ns").max().alias("last_ts_ns"),
-        )
-        .sort(["comm_id", "rank", "pid", "communicator", "api"], nulls_last=True)
+        per.sort(["comm_id", "rank", "pid", "communicator", "api"], nulls_last=True)
         .select([pl.col(c).cast(col.dtype) for c, col in COLLECTIVES.items()])
         .collect(engine="streaming")
     )

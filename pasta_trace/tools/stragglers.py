@@ -2,7 +2,7 @@
 collectives some ranks entered and others never did (hangs).
 
 A collective is one (comm_id, seq) on every rank of the communicator
-(tools.collectives.collective_calls).  Entering is the host call: NCCL's
+(merge.collective_calls).  Entering is the host call: NCCL's
 collectives return once enqueued, so a rank that calls late holds up every
 rank's kernel of that collective, and a rank that never calls hangs them."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .collectives import collective_calls
+from ..merge import collective_entries as _entries
 from .registry import Tool, columns, returns
 from .span import bounds
 
@@ -20,13 +20,6 @@ _COLL = (
     ("seq", pl.Int64, "", "the collective's number on it (the same on every rank)"),
     ("api", pl.String, "", "the collective"),
 )
-
-
-def _entries(cap: Capture) -> pl.LazyFrame:
-    """One row per rank that entered each numbered collective."""
-    return collective_calls(cap).filter(
-        (pl.col("kind") == "collective") & pl.col("seq").is_not_null() & pl.col("comm_id").is_not_null()
-        & pl.col("rank").is_not_null())
 
 
 STRAGGLERS = columns(
@@ -40,21 +33,37 @@ STRAGGLERS = columns(
 )
 
 
-def _per_collective(cap: Capture) -> pl.LazyFrame:
-    ts = pl.col("ts_ns").sort()
+#: ranks and pids are below this (int32 never negative, u32), so that
+#: (entry ns x this + rank) x this + pid orders by time, then rank; entry ns
+#: stay below 2^62 (146 years), inside Int128
+_SPAN = 1 << 32
+
+
+def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
+    """STRAGGLERS' columns, unsorted, from merge.collective_entries rows (or
+    any part of them holding whole collectives: pasta_trace.cluster runs it
+    on each partition)."""
+    ts = pl.col("ts_ns")
+    # the entry time, rank and pid in one number, so that a plain max() finds the last rank (of
+    # ranks in at the same ns, the highest) without sorting each collective's rows
+    last = (ts.cast(pl.Int128) * _SPAN + pl.col("rank").cast(pl.Int128)) * _SPAN + pl.col("pid").cast(pl.Int128)
     return (
-        _entries(cap)
+        entries
         .group_by("comm_id", "seq")
         .agg(
             pl.col("api").first(),
             pl.len().alias("ranks"),
-            ts.first().alias("first_ts_ns"),
-            pl.col("rank").sort_by("ts_ns").last().alias("last_rank"),
-            pl.col("pid").sort_by("ts_ns").last().alias("last_pid"),
-            (ts.last() - ts.tail(2).first()).alias("late_ns"),
-            (ts.last() - ts.first()).alias("spread_ns"),
+            ts.min().alias("first_ts_ns"),
+            last.max().alias("_last"),
+            ts.top_k(2).min().alias("_before"),
         )
         .filter(pl.col("ranks") >= 2)
+        .with_columns((pl.col("_last") // (_SPAN * _SPAN)).cast(pl.Int64).alias("_last_ts"),
+                      (pl.col("_last") // _SPAN % _SPAN).cast(pl.Int32).alias("last_rank"),
+                      (pl.col("_last") % _SPAN).cast(pl.UInt32).alias("last_pid"))
+        .with_columns((pl.col("_last_ts") - pl.col("_before")).alias("late_ns"),
+                      (pl.col("_last_ts") - pl.col("first_ts_ns")).alias("spread_ns"))
+        .drop("_last", "_last_ts", "_before")
     )
 
 
@@ -62,8 +71,12 @@ def _per_collective(cap: Capture) -> pl.LazyFrame:
 def stragglers(cap: Capture) -> pl.DataFrame:
     """Per collective entered by two ranks or more, in order: the rank that
     entered last, and by how much."""
+    return finish_stragglers(per_collective(_entries(cap)))
+
+
+def finish_stragglers(per: pl.LazyFrame) -> pl.DataFrame:
     return (
-        _per_collective(cap).sort("comm_id", "seq")
+        per.sort("comm_id", "seq")
         .select([pl.col(c).cast(col.dtype) for c, col in STRAGGLERS.items()])
         .collect(engine="streaming")
     )
@@ -83,9 +96,13 @@ STRAGGLER_RANKS = columns(
 @returns(STRAGGLER_RANKS)
 def straggler_ranks(cap: Capture) -> pl.DataFrame:
     """Per communicator and rank: how often it entered last and the waits it caused, worst first."""
-    per = _per_collective(cap)
+    entries = _entries(cap)
+    return rank_table(per_collective(entries), entries.select("comm_id", "rank", "pid").unique())
+
+
+def rank_table(per: pl.LazyFrame, ranks: pl.LazyFrame) -> pl.DataFrame:
+    """STRAGGLER_RANKS from per_collective's rows and the (comm_id, rank, pid) that entered any."""
     totals = per.group_by("comm_id").agg(pl.len().alias("collectives"))
-    ranks = _entries(cap).select("comm_id", "rank", "pid").unique()
     last = per.group_by("comm_id", pl.col("last_rank").alias("rank")).agg(
         pl.len().alias("times_last"), pl.col("late_ns").sum(), pl.col("late_ns").max().alias("max_late_ns"),
         pl.col("seq").sort_by("late_ns").last().alias("worst_seq"))
@@ -115,9 +132,21 @@ def hangs(cap: Capture) -> pl.DataFrame:
     """Collectives that some ranks entered and other ranks of the same
     communicator (seen joining it) never did before the capture ended."""
     _, end = bounds(cap)
-    members = cap.communicators.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null()).select(
+    members = members_of(cap.communicators)
+    return finish_hangs(unentered(_entries(cap), members), members, end)
+
+
+def members_of(communicators: pl.LazyFrame) -> pl.LazyFrame:
+    """comm_id, rank, pid of every rank seen joining a communicator."""
+    return communicators.filter(pl.col("comm_id").is_not_null() & pl.col("rank").is_not_null()).select(
         "comm_id", "rank", "pid").unique()
-    entered = _entries(cap).select("comm_id", "seq", "api", "rank", "ts_ns")
+
+
+def unentered(entries: pl.LazyFrame, members: pl.LazyFrame) -> pl.LazyFrame:
+    """Per collective that some members never entered: comm_id, seq, api,
+    entered, first_ts_ns, missing, missing_ranks, missing_pids (from whole
+    collectives, as per_collective)."""
+    entered = entries.select("comm_id", "seq", "api", "rank", "ts_ns")
     collectives = entered.group_by("comm_id", "seq").agg(
         pl.col("api").first(), pl.col("rank").n_unique().alias("entered"), pl.col("ts_ns").min().alias("first_ts_ns"))
     absent = (
@@ -127,9 +156,13 @@ def hangs(cap: Capture) -> pl.DataFrame:
         .agg(pl.len().alias("missing"), pl.col("rank").sort().cast(pl.String).str.join(",").alias("missing_ranks"),
              pl.col("pid").sort_by("rank").cast(pl.String).str.join(",").alias("missing_pids"))
     )
+    return collectives.join(absent, on=["comm_id", "seq"])
+
+
+def finish_hangs(parts: pl.LazyFrame, members: pl.LazyFrame, end: int | None) -> pl.DataFrame:
     nranks = members.group_by("comm_id").agg(pl.len().alias("nranks"))
     return (
-        collectives.join(absent, on=["comm_id", "seq"]).join(nranks, on="comm_id")
+        parts.join(nranks, on="comm_id")
         .with_columns((pl.lit(end, pl.Int64) - pl.col("first_ts_ns")).alias("waiting_ns"))
         .sort("comm_id", "seq")
         .select([pl.col(c).cast(col.dtype) for c, col in HANGS.items()])
