@@ -69,6 +69,11 @@ def prog_fd(bpf, fn_name: str) -> int:
 _links: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def made(bpf) -> list[int]:
+    """The fds of the links made for ``bpf`` and not yet taken."""
+    return list(_links.get(bpf, []))
+
+
 def take(bpf) -> list[int]:
     """The fds of every link made for ``bpf`` since the last call (the caller closes them)."""
     return _links.pop(bpf, [])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.probes import attach, catalog, elf, program
+from pasta_trace.probes import attach, catalog, elf, program, uprobe_link
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_probe_catalog import CUDA_ABSENT_535, HIP_ABSENT_5_2, HIP_LIB, vendor_libcuda  # noqa: E402
@@ -164,6 +164,11 @@ def test_program_compiles_in_every_mode(tracer):
         assert {f.name.decode() for f in loaded.values()} == want, kw
 
 
+def _link_type(fd: int) -> str:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return next(line.split()[1] for line in f if line.startswith("link_type:"))
+
+
 def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
     path, version, cu = libcuda
     t = tracer(ring_pages=64, names_pages=16)
@@ -173,6 +178,11 @@ def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
     assert set(res.missing) == CUDA_ABSENT_535, f"driver {version}"
     assert set(res.placements.values()) == {10}
     assert res.probes == len(attached) + sum(catalog.APIS[API[s]].ret for s in attached)
+    if uprobe_link.available():  # every probe is a uprobe_multi link (whose events are checked below)
+        links = uprobe_link.made(t.bpf)
+        assert len(links) == res.probes and not t.bpf.uprobe_fds
+        assert sorted(map(_link_type, links)).count("uretprobe_multi") == res.probes - len(attached)
+        assert {_link_type(fd) for fd in links} == {"uprobe_multi", "uretprobe_multi"}
 
     p = C.c_uint64(0)
     pitch = C.c_size_t(0)
