@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from pasta_trace import schema  # noqa: E402
 from pasta_trace.capture import ringbuf  # noqa: E402
-from pasta_trace.probes import attach, catalog, elf, program  # noqa: E402
+from pasta_trace.probes import attach, catalog, elf, program, uprobe_link  # noqa: E402
 
 CUDA_INCLUDE = "/usr/local/cuda-13.0/include"
 TRACED_CPU, DRAIN_CPU = 0, 1
@@ -233,6 +233,11 @@ def main() -> int:
         def attach_it() -> None:
             exports = elf.exported_symbols(lib)
             for name in (sym, *more):
+                if uprobe_link.available():  # the way pasta-trace attaches: same dispatch cost in the kernel
+                    uprobe_link.attach(empty, "empty", lib, exports[name].file_offset)
+                    if ret:
+                        uprobe_link.attach(empty, "empty", lib, exports[name].file_offset, retprobe=True)
+                    continue
                 addr = exports[name].vaddr
                 empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
                 if ret:
