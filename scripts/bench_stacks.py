@@ -83,6 +83,26 @@ def measure(cmd_prefix: list[str], stub: Path, calls: int, batches: int, depth: 
     return statistics.median(json.loads(out.read_text()))
 
 
+def drain_rate(tracer: list[str], stub: Path, calls: int, procs: int, tmp: Path) -> dict:
+    """``procs`` Python processes each make ``calls`` stacked calls at depth 10
+    at full speed under one tracer: the rate the capture took them at (events
+    over the span of their timestamps) and what it lost."""
+    import polars as pl
+
+    script = tmp / "caller.py"
+    script.write_text(CALLER)
+    inner = " ".join([sys.executable, str(script), str(stub), str(calls), "1", "10", "0"])
+    cap = tmp / "cap-rate"
+    cmd = [*tracer, "-o", str(cap), "--", "sh", "-c", " & ".join([f"{inner} >/dev/null"] * procs) + " & wait"]
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=600)
+    ev = pl.scan_parquet(cap / "events-*.parquet").select(
+        n=pl.len(), stacked=pl.col("stack_id").is_not_null().sum(), span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
+    ).collect().row(0, named=True)
+    counts = json.loads((cap / "manifest.json").read_text())["counts"]
+    return {**ev, "lost_events": counts.get("lost_events", 0),
+            "lost_stacks": counts.get("stacks", {}).get("lost_stacks", 0), "calls": calls * procs}
+
+
 def main() -> int:
     import build
 
@@ -90,12 +110,15 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--batches", type=int, default=7)
     ap.add_argument("--native-calls", type=int, default=2000, help="calls per batch of the native-stack row")
+    ap.add_argument("--rate-calls", type=int, default=500000,
+                    help="calls per process of the drain-rate row (2 processes; 0: skip it)")
     a = ap.parse_args()
     stub = build.cuda_stub()
     tracer = [sys.executable, "-m", "pasta_trace.cli"]
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="bench-stacks-") as d:
         tmp = Path(d)
+        rate = drain_rate(tracer, stub, a.rate_calls, 2, tmp) if a.rate_calls else None
         res = {}
         for depth in (10, 30):
             res[depth] = {
@@ -124,6 +147,11 @@ def main() -> int:
               f"the probe alone; {c.get('native_samples', 0):,} copied, "
               f"{c.get('lost_native_stacks', 0):,} lost, {c.get('short_native_stacks', 0):,} short, "
               f"{c.get('native_stacks', 0)} distinct)")
+    if rate:
+        print(f"drain: {rate['calls']:,} calls from 2 processes at depth 10 -> {rate['n']:,} events "
+              f"({rate['stacked']:,} with a stack) over {rate['span'] / 1e9:.2f} s = "
+              f"{rate['n'] / max(rate['span'], 1) * 1e9:,.0f} stacked events/s; lost: {rate['lost_events']:,} "
+              f"events, {rate['lost_stacks']:,} stacks (target: 200,000/s, 0 lost)")
     return 0
 
 

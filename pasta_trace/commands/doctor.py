@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _kernel_checks() -> list[Check]:
     from ..capture import checks
+    from ..probes import uprobe_link
 
     k = checks.kernel_support()
     tracefs = Path("/sys/kernel/tracing/events").is_dir() or Path("/sys/kernel/debug/tracing/events").is_dir()
@@ -49,6 +50,9 @@ def _kernel_checks() -> list[Check]:
               "a kernel with CONFIG_DEBUG_INFO_BTF=y"),
         # pasta-trace uses raw tracepoints only, so tracefs is informational
         Check(True, "tracefs " + ("mounted" if tracefs else "not mounted (not needed: raw tracepoints only)")),
+        Check(True, "uprobe_multi links: " + ("yes (probes are removed in under a second)" if uprobe_link.available()
+                                              else "no, Linux < 6.6 (perf-event uprobes instead, removed in the "
+                                                   "background at 0.1-0.25 s each)")),
     ]
 
 
