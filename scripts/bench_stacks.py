@@ -83,24 +83,48 @@ def measure(cmd_prefix: list[str], stub: Path, calls: int, batches: int, depth: 
     return statistics.median(json.loads(out.read_text()))
 
 
-def drain_rate(tracer: list[str], stub: Path, calls: int, procs: int, tmp: Path) -> dict:
-    """``procs`` Python processes each make ``calls`` stacked calls at depth 10
-    at full speed under one tracer: the rate the capture took them at (events
-    over the span of their timestamps) and what it lost."""
+RATE_CALLER = r"""
+import ctypes, sys, time
+lib = ctypes.CDLL(sys.argv[1]); calls, rate = int(sys.argv[2]), float(sys.argv[3])
+free = lib.cuMemFree_v2
+def down(n):  # 10 frames at each call, counting the module's
+    if n > 1:
+        return down(n - 1)
+    t0 = time.monotonic()
+    for i in range(0, calls, 1000):  # paced: 1,000 calls, then wait for the schedule
+        for _ in range(1000):
+            free(0)
+        ahead = t0 + (i + 1000) / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+down(9)
+"""
+
+
+def drain_rate(tracer: list[str], stub: Path, rate: int, seconds: float, procs: int, tmp: Path) -> dict:
+    """``procs`` Python processes make stacked calls at depth 10, ``rate``
+    calls/s in all, for ``seconds``, under one tracer: the events captured (and
+    with a stack), the rate they came at (over the span of their timestamps),
+    and every loss the manifest counts."""
     import polars as pl
 
-    script = tmp / "caller.py"
-    script.write_text(CALLER)
-    inner = " ".join([sys.executable, str(script), str(stub), str(calls), "1", "10", "0"])
+    from pasta_trace import schema
+
+    script = tmp / "rate_caller.py"
+    script.write_text(RATE_CALLER)
+    each = int(rate * seconds / procs) // 1000 * 1000
+    inner = " ".join([sys.executable, str(script), str(stub), str(each), str(rate / procs)])
     cap = tmp / "cap-rate"
-    cmd = [*tracer, "-o", str(cap), "--", "sh", "-c", " & ".join([f"{inner} >/dev/null"] * procs) + " & wait"]
+    cmd = [*tracer, "-o", str(cap), "--", "sh", "-c", " & ".join([inner] * procs) + " & wait"]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=600)
     ev = pl.scan_parquet(cap / "events-*.parquet").select(
-        n=pl.len(), stacked=pl.col("stack_id").is_not_null().sum(), span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
+        n=pl.len(), stacked=(pl.col("stack_id").fill_null(0) != 0).sum(),
+        span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
     ).collect().row(0, named=True)
     counts = json.loads((cap / "manifest.json").read_text())["counts"]
-    return {**ev, "lost_events": counts.get("lost_events", 0),
-            "lost_stacks": counts.get("stacks", {}).get("lost_stacks", 0), "calls": calls * procs}
+    lost = {loss.name: (counts.get(loss.section, {}) if loss.section else counts).get(loss.name, 0)
+            for loss in schema.LOSSES}
+    return {**ev, "calls": each * procs, "lost": {k: v for k, v in lost.items() if v}}
 
 
 def main() -> int:
@@ -108,19 +132,20 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--only-rate", action="store_true", help="only the drain row")
     ap.add_argument("--batches", type=int, default=7)
     ap.add_argument("--native-calls", type=int, default=2000, help="calls per batch of the native-stack row")
-    ap.add_argument("--rate-calls", type=int, default=500000,
-                    help="calls per process of the drain-rate row (2 processes; 0: skip it)")
+    ap.add_argument("--rate", type=int, default=200000,
+                    help="stacked calls/s of the drain row, from 2 processes, for 3 s (0: skip it)")
     a = ap.parse_args()
     stub = build.cuda_stub()
     tracer = [sys.executable, "-m", "pasta_trace.cli"]
     print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="bench-stacks-") as d:
         tmp = Path(d)
-        rate = drain_rate(tracer, stub, a.rate_calls, 2, tmp) if a.rate_calls else None
+        rate = drain_rate(tracer, stub, a.rate, 3.0, 2, tmp) if a.rate else None
         res = {}
-        for depth in (10, 30):
+        for depth in () if a.only_rate else (10, 30):
             res[depth] = {
                 "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
                 "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
@@ -137,8 +162,9 @@ def main() -> int:
               f"with Python stacks +{r['stacks'] - r['untraced']:.0f} ns "
               f"(stacks alone +{r['stacks'] - r['probe']:.0f} ns per event; "
               f"{r['stacks'] / r['probe']:.2f}x the probe alone)")
-    slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
-    print(f"per extra frame: {slope:.0f} ns")
+    if res:
+        slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
+        print(f"per extra frame: {slope:.0f} ns")
     for depth, r in res.items():
         c = r["native_counts"]
         print(f"depth {depth}, {a.native_calls} calls per batch: probe alone {r['native_probe']:.0f} ns/call; "
@@ -148,10 +174,11 @@ def main() -> int:
               f"{c.get('lost_native_stacks', 0):,} lost, {c.get('short_native_stacks', 0):,} short, "
               f"{c.get('native_stacks', 0)} distinct)")
     if rate:
-        print(f"drain: {rate['calls']:,} calls from 2 processes at depth 10 -> {rate['n']:,} events "
-              f"({rate['stacked']:,} with a stack) over {rate['span'] / 1e9:.2f} s = "
-              f"{rate['n'] / max(rate['span'], 1) * 1e9:,.0f} stacked events/s; lost: {rate['lost_events']:,} "
-              f"events, {rate['lost_stacks']:,} stacks (target: 200,000/s, 0 lost)")
+        print(f"drain: {rate['calls']:,} calls from 2 processes at depth 10, paced at {a.rate:,}/s -> "
+              f"{rate['n']:,} events ({rate['stacked']:,} with a stack) over {rate['span'] / 1e9:.2f} s = "
+              f"{rate['n'] / max(rate['span'], 1) * 1e9:,.0f} stacked events/s; lost: "
+              f"{', '.join(f'{k} {v:,}' for k, v in rate['lost'].items()) or 'nothing'} "
+              f"(target: 200,000/s, 0 lost)")
     return 0
 
 
