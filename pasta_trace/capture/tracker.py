@@ -129,9 +129,11 @@ class ProcessTracker:
     def save_maps(self, pids: Iterable[int]) -> None:
         for pid in pids:
             try:
-                self.maps[pid] = Path(f"/proc/{pid}/maps").read_text()
+                text = Path(f"/proc/{pid}/maps").read_text()
             except OSError:
-                pass
+                continue
+            if text:  # an exiting process (its memory released, not yet reaped) reads empty: keep what it had
+                self.maps[pid] = text
 
     def rescan_if_due(self) -> None:
         if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:
