@@ -5,8 +5,8 @@
  * taken from the running kernel's BTF (PT_OFF_*, capture/kernel_offsets.py),
  * never from the installed headers, which may be another kernel's.
  *
- * - open/openat/openat2 for reading, of a file named libcuda.so* or
- *   libamdhip64.so*, by a traced process, that succeeded, and whose file
+ * - open/openat/openat2 for reading, of a file named libcuda.so*,
+ *   libcudart.so* or libamdhip64.so*, by a traced process, that succeeded, and whose file
  *   (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
@@ -140,8 +140,8 @@ static __always_inline int pt_fd_file(long fd, struct pt_file *out)
     return 0;
 }
 
-/* a path component that starts with `libcuda.so` or `libamdhip64.so`, then
- * NUL or '.'.  No state besides the index, so the verifier walks the loop
+/* a path component that starts with `libcuda.so`, `libcudart.so` or
+ * `libamdhip64.so`, then NUL or '.'.  No state besides the index, so the verifier walks the loop
  * once per iteration; user space re-checks that it is the last component. */
 static __always_inline int pt_is_gpu_library(const char *p)
 {
@@ -155,6 +155,10 @@ static __always_inline int pt_is_gpu_library(const char *p)
         if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == 'u' && b[5] == 'd' && b[6] == 'a' &&
             b[7] == '.' && b[8] == 's' && b[9] == 'o' && (b[10] == 0 || b[10] == '.'))
             return 1;
+        if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == 'u' && b[5] == 'd' && b[6] == 'a' &&
+            b[7] == 'r' && b[8] == 't' && b[9] == '.' && b[10] == 's' && b[11] == 'o' &&
+            (b[12] == 0 || b[12] == '.'))
+            return 3;
         if (b[1] == 'i' && b[2] == 'b' && b[3] == 'a' && b[4] == 'm' && b[5] == 'd' && b[6] == 'h' &&
             b[7] == 'i' && b[8] == 'p' && b[9] == '6' && b[10] == '4' && b[11] == '.' && b[12] == 's' &&
             b[13] == 'o' && (b[14] == 0 || b[14] == '.'))

@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 1)
+CAPTURE_FORMAT_VERSION = (1, 2)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -173,6 +173,10 @@ class Kind(enum.IntEnum):
     graph = 6
     module = 7
     other = 8
+    #: a call made inside a traced call of a higher layer that does the same
+    #: thing (cuLaunchKernel inside cudaLaunchKernel): that outer call counts
+    #: it; `outer_ts_ns` names it (format 1.2)
+    nested = 9
 
 
 KIND_NAMES = [k.name for k in Kind]
@@ -205,9 +209,24 @@ class NameSource(enum.IntEnum):
     elf_stub = 6  # host stub's ELF symbol (runtime-API launches), found offline
     fatbin = 7  # the name exists in the process's fatbins
     unknown = 8
+    host_stub = 9  # cudaGetFuncBySymbol / cudaGetKernel: the handle of a host stub named through the ELF (1.2)
+    runtime_launch = 10  # a driver handle launched inside a named runtime launch (1.2)
 
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]
+
+
+class Layer(enum.IntEnum):
+    """Where a call was seen (the `layer` column, format 1.2): a layer calls
+    the ones below it.  Each probed API has one (probes.catalog)."""
+
+    driver = 0  # libcuda.so.1
+    runtime = 1  # libcudart (shared or linked into the executable), libamdhip64
+    framework = 2  # libraries above the runtime (PyTorch's libc10)
+    nccl = 3  # collective libraries (libnccl)
+
+
+LAYER_NAMES = [k.name for k in Layer]
 
 #: Event `flags` bits.
 FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
@@ -228,6 +247,8 @@ PAYLOAD_BITS = {
     "shmem": 8,
     "copy_kind": 9,
     "aux": 10,
+    "caller": 11,
+    "caller_fp": 12,
 }
 
 COMM_LEN = 16
@@ -270,6 +291,9 @@ HOST_EVENT = Record(
             ("aux", "u32", "", "API-specific: alloc flags, memset value, event/ctx low bits"),
             ("comm", f"char[{COMM_LEN}]", "", "task comm"),
             ("stack_id", "u64", "", "the caller's stack in stacks.parquet; 0 = none"),
+            ("outer_ts", "u64", "ns CLOCK_MONOTONIC", "entry time of the traced call this one is nested in; 0 = none"),
+            ("caller", "u64", "", "return address at entry: the call site (runtime launches)"),
+            ("caller_fp", "u64", "", "return address of the frame rbp points at (runtime launches)"),
         ]
     ),
     "one traced API call, as written into the events ring buffer",
@@ -803,6 +827,11 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "copy_kind": pl.Enum(COPY_KIND_NAMES),
     "aux": pl.UInt32,
     "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
+    # format 1.2: where the call was seen, and the runtime <-> driver pairing
+    "layer": pl.Enum(LAYER_NAMES),  # null: an API this reader does not know
+    "outer_ts_ns": pl.Int64,  # kind "nested": ts_ns of the call (same pid, tid) it is part of
+    "caller": pl.UInt64,  # runtime launches: return address at entry (in the host stub)
+    "caller_fp": pl.UInt64,  # runtime launches: return address one frame up, through the frame pointer
 }
 
 #: stacks.parquet: one row per frame of each distinct stack.
@@ -847,7 +876,7 @@ LIBRARIES_SCHEMA: dict[str, pl.DataType] = {
     "dev": pl.UInt64,
     "inode": pl.UInt64,
     "build_id": pl.String,
-    "family": pl.Categorical,  # cuda | hip
+    "family": pl.Categorical,  # cuda | hip | cudart (libcudart, or an executable it is linked into)
     "symbols_attached": pl.UInt32,
     "symbols_missing": pl.UInt32,
 }

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from . import schema
+from .probes.catalog import APIS
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -192,6 +193,8 @@ def _events(launches: pl.DataFrame, allocs: pl.DataFrame, extra: pl.DataFrame, p
     ev = ev.sort(["ts_ns", "pid", "tid"], maintain_order=True)
     if stacks:
         ev = ev.with_columns(_stack_ids(ev, pids))
+    layers = {a.symbol: a.layer.name for a in APIS}
+    ev = ev.with_columns(pl.col("api").replace_strict(layers, default=None, return_dtype=pl.String).alias("layer"))
     return ev.with_columns(pl.lit("worker").alias("comm")).select(
         [pl.col(c).cast(t) if c in ev.columns or c == "comm" else pl.lit(None, t).alias(c)
          for c, t in schema.EVENTS_SCHEMA.items()]

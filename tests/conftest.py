@@ -86,6 +86,17 @@ def real_libs_program(build_dir: Path) -> Path:
     return _built("real_libs_calls", build_dir)
 
 
+@pytest.fixture(scope="session")
+def cudart_stub(build_dir: Path) -> Path:
+    return _built("cudart_stub", build_dir)
+
+
+@pytest.fixture(scope="session")
+def cudart_launcher(build_dir: Path):
+    """Factory: cudart_launcher("shared" | "static") -> the nvcc-built launcher (tests/fixtures/cudart_launcher.cu)."""
+    return lambda cudart: _built(f"cudart_launcher_{cudart}", build_dir)
+
+
 @dataclass(frozen=True)
 class Family:
     """Everything a live test needs about one library family."""

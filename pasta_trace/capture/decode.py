@@ -28,6 +28,8 @@ _PAYLOAD_COLUMNS = {
     "block_z": "block",
     "shmem": "shmem",
     "aux": "aux",
+    "caller": "caller",
+    "caller_fp": "caller_fp",
 }
 
 
@@ -36,6 +38,15 @@ def api_table(api_names: Sequence[str], needed: int) -> list[str]:
     (a BPF program built from a newer catalog than the decoder's)."""
     names = list(api_names)
     return names + [f"api#{i}" for i in range(len(names), needed)]
+
+
+def layer_table(api_names: Sequence[str]) -> list[str | None]:
+    """The layer of each API name (schema.LAYER_NAMES), None for names the
+    catalog lacks."""
+    from ..probes.catalog import APIS
+
+    layers = {a.symbol: a.layer.name for a in APIS}
+    return [layers.get(n) for n in api_names]
 
 
 def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: str) -> pl.Series:
@@ -80,16 +91,18 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
     cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
-                          "comm", "stack_id", *_PAYLOAD_COLUMNS])
+                          "comm", "stack_id", "outer_ts", *_PAYLOAD_COLUMNS])
     kinds = np.minimum(cols.pop("kind"), len(schema.KIND_NAMES) - 1)  # unknown -> other
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
     comm = cols.pop("comm")
     cols["ts_ns"] = cols["ts_ns"].view(np.int64)
     cols["dur_ns"] = cols["dur_ns"].view(np.int64)
+    cols["outer_ts"] = cols["outer_ts"].view(np.int64)
     raw = pl.DataFrame(cols).with_columns(
         _comm(comm),
         _lookup(api, table, pl.Categorical, "api"),
+        _lookup(api, layer_table(table), schema.EVENTS_SCHEMA["layer"], "layer"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
         _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
     )
@@ -112,6 +125,8 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         **{c: pl.when(has(bit)).then(pl.col(c)) for c, bit in _PAYLOAD_COLUMNS.items()},
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
+        "layer": pl.col("layer"),
+        "outer_ts_ns": pl.when(pl.col("outer_ts") != 0).then(pl.col("outer_ts")),
     }
     return raw.select(
         [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]
@@ -143,6 +158,19 @@ def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         _lookup(recs["api"], table, pl.Categorical, "api"),
     )
     return resolve_aliases(frame)
+
+
+def host_stub_aliases(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
+    """The successful host-stub lookups (cudaGetFuncBySymbol, cudaGetKernel,
+    ...) among HOST_NAME records: pid, handle, alias (the host stub), ts_ns,
+    api.  Their names come from the stub's ELF symbol, found offline."""
+    keep = recs[(recs["source"] == int(schema.NameSource.host_stub)) & (recs["ret"] == 0) & (recs["handle"] != 0)]
+    table = api_table(api_names, int(keep["api"].max()) + 1 if keep.size else 0)
+    return pl.DataFrame({
+        "pid": keep["pid"], "handle": keep["handle"], "alias": keep["alias"],
+        "ts_ns": keep["ts_ns"].view(np.int64),
+    }, schema={"pid": pl.UInt32, "handle": pl.UInt64, "alias": pl.UInt64, "ts_ns": pl.Int64}).with_columns(
+        _lookup(keep["api"], table, pl.Categorical, "api"))
 
 
 def resolve_aliases(frame: pl.DataFrame) -> pl.DataFrame:

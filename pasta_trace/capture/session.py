@@ -82,7 +82,7 @@ class Session:
             held = HeldCommand(opts.command, env)
             self._tracker.launched(held.pid)
             try:
-                candidates = launch_candidates(env)
+                candidates = launch_candidates(env, opts.command)
                 self.say(f"attaching probes to {_libraries(len(candidates))} the command can load...")
                 for lib in candidates:
                     self._probes.attach(lib)
@@ -91,7 +91,7 @@ class Session:
                 raise
             # it has loaded none of them yet: count what is ready, not what it uses
             ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
-                     if self._probes.attached else "no libcuda/libamdhip64 found yet: attaching when it loads one")
+                     if self._probes.attached else "no libcuda/libcudart/libamdhip64 found yet: attaching when it loads one")
             self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
         who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"

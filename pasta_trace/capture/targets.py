@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -107,9 +108,10 @@ def _hidepid() -> str | None:
     return None
 
 
-def launch_candidates(env: dict[str, str]) -> list[discovery.Library]:
+def launch_candidates(env: dict[str, str], command: list[str] | None = None) -> list[discovery.Library]:
     """Traced library files a launched command can load by name: those in
-    LD_LIBRARY_PATH and in the ld.so cache (others are caught when opened)."""
+    LD_LIBRARY_PATH and in the ld.so cache (others are caught when opened),
+    and the command's executable when the CUDA runtime is linked into it."""
     paths: list[str] = []
     for d in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         p = Path(d)
@@ -131,4 +133,8 @@ def launch_candidates(env: dict[str, str]) -> list[discovery.Library]:
             continue
         if lib is not None:
             libs.setdefault(lib.key, lib)
+    exe = shutil.which(command[0], path=env.get("PATH")) if command else None
+    lib = discovery.executable_library(exe) if exe else None
+    if lib is not None:
+        libs.setdefault(lib.key, lib)
     return list(libs.values())

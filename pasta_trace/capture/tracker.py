@@ -55,6 +55,7 @@ class ProcessTracker:
             for lib in found.traced:
                 self._probes.attach(lib)
             self.processes.add(found.pid)
+            self.save_maps([found.pid])
             self._seen_pids.add(found.pid)
             self._python(found.pid)
         self._last_rescan = time.monotonic()
@@ -65,13 +66,14 @@ class ProcessTracker:
         except OSError as e:  # gone since check_pids, or not ours to read: say which
             raise unreadable(pid, e) from None
         self.processes.add(pid)
+        self.save_maps([pid])  # now, while it surely runs: offline naming reads them at the end
         self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so or libamdhip64.so yet{others}: waiting for it to load "
-                      "one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libcudart.so or libamdhip64.so yet{others}: waiting "
+                      "for it to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 
@@ -97,6 +99,11 @@ class ProcessTracker:
         self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self.traced_pids:
             self.save_maps([pid])
+            # an executable with the CUDA runtime linked in: attached as soon as
+            # its exec is seen (its first calls may run before: say so in the docs)
+            exe = discovery.static_cudart(pid)
+            if exe is not None and self._probes.attach(exe) is not None:
+                self._say(f"PID {pid} runs {exe.path}, which has the CUDA runtime linked in: attached")
         if self._stacks is not None:
             self._stacks.exec(pid)
 

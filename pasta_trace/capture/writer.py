@@ -29,7 +29,7 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
-from .decode import names_frame
+from .decode import host_stub_aliases, names_frame
 from .event_writer import frame, write_atomic
 
 #: Flush interval: at most 2 s of events may be lost to a SIGKILL; stay well inside it.
@@ -136,6 +136,11 @@ class CaptureWriter:
             self._all_names = [np.concatenate(self._all_names + self._pending_names)]
             self._pending_names.clear()
             self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
+
+    def host_stub_aliases(self) -> pl.DataFrame:
+        """Handles returned for host stubs at run time, to be named offline (decode.host_stub_aliases)."""
+        return host_stub_aliases(self._all_names[0] if self._all_names else np.empty(0, schema.HOST_NAME.dtype),
+                                 self.api_names)
 
     def pids_and_comms(self) -> list[tuple[int, str]]:
         """Each process seen in the events written (after close())."""

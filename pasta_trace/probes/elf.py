@@ -1,4 +1,4 @@
-"""Exported functions and build-id of a library, read with pyelftools."""
+"""Functions and build-id of a library or executable, read with pyelftools."""
 
 from __future__ import annotations
 
@@ -41,6 +41,34 @@ def exported_symbols(path: str) -> dict[str, Sym]:
                 continue
             out.setdefault(s.name, Sym(s["st_value"], off, s["st_size"]))
     return out
+
+
+def local_functions(path: str, names: set[str]) -> dict[str, Sym]:
+    """Defined FUNC symbols of .symtab among ``names``, of any binding: a
+    library linked statically into an executable (libcudart_static) keeps its
+    functions there, as local symbols, where the executable keeps .symtab."""
+    out: dict[str, Sym] = {}
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
+        if symtab is None:
+            return out
+        for s in symtab.iter_symbols():
+            if s.name not in names or s["st_info"]["type"] != "STT_FUNC" or s["st_shndx"] == "SHN_UNDEF":
+                continue
+            off = _vaddr_to_offset(elf, s["st_value"])
+            if off is not None:
+                out.setdefault(s.name, Sym(s["st_value"], off, s["st_size"]))
+    return out
+
+
+def probe_symbols(path: str, names: set[str]) -> dict[str, Sym]:
+    """Where each of ``names`` is defined in ``path``: its export, else its
+    .symtab entry (an executable with the library linked in)."""
+    found = {n: s for n, s in exported_symbols(path).items() if n in names}
+    if len(found) < len(names):
+        found |= {n: s for n, s in local_functions(path, names - found.keys()).items()}
+    return found
 
 
 def build_id(path: str) -> str | None:

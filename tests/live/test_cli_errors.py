@@ -117,11 +117,11 @@ def test_bcc_missing_says_how_to_install_it(tmp_path, sleeper):
 
 
 def _maps_gpu_runtime(tmp_path: Path) -> subprocess.Popen:
-    """A process that maps a library named libcudart.so.12 (a renamed libz)
-    and no libcuda: like a CUDA program before its first driver call."""
+    """A process that maps a library named libcublas.so.12 (a renamed libz)
+    and none that is traced: like a CUDA program before it loads the runtime."""
     libz = next(Path(p) for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1")
                 if Path(p).exists())
-    fake = tmp_path / "libcudart.so.12"
+    fake = tmp_path / "libcublas.so.12"
     shutil.copy(libz, fake)
     p = subprocess.Popen([sys.executable, "-c", f"import ctypes, time; ctypes.CDLL({str(fake)!r}); "
                           "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -138,8 +138,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
         proc.kill()
         proc.wait()
     assert r.returncode == 0, r.stderr
-    assert (f"PID {proc.pid} has not loaded libcuda.so or libamdhip64.so yet (it maps libcudart.so.12): "
-            "waiting for it to load one; its first call will be traced") in r.stderr
+    assert (f"PID {proc.pid} has not loaded libcuda.so, libcudart.so or libamdhip64.so yet (it maps "
+            "libcublas.so.12): waiting for it to load one; its first call will be traced") in r.stderr
     assert f"Wrote {out}" in r.stderr
     assert r.stdout == ""  # messages on stderr only
     m = json.loads((out / "manifest.json").read_text())

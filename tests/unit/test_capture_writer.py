@@ -118,7 +118,7 @@ def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
     assert ev["kind"].cast(pl.String).to_list() == ["launch", "launch", "alloc"]
     assert cap.names.collect()["name"].to_list() == ["kernA"]
     assert w.events == 3 and w.names == 1
-    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0]
+    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # one per Kind, nested last
     assert w.pids_and_comms() == [(100, "train.py")]
 
 
@@ -160,7 +160,8 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
 @pytest.mark.parametrize(
     "name,family",
     [("libcuda.so.1", "cuda"), ("libcuda.so", "cuda"), ("libcuda.so.535.261.03", "cuda"),
-     ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", None),
+     ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", "cudart"),
+     ("libcudart.so", "cudart"), ("libcudart_static.a", None), ("libcublas.so.12", None),
      ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda")],
 )
 def test_library_file_names(name, family):
@@ -224,3 +225,23 @@ def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kerne
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
         gone, "cuda_workload", f"/docker-{'cd' * 32}.scope", "cd" * 32)
+
+
+def test_nested_calls_keep_their_outer_call_and_each_event_its_layer():
+    """A driver launch made inside a runtime launch: kind nested, pointing at the
+    runtime launch's entry time; the layer comes from each API."""
+    apis = ["cudaLaunchKernel", "cuLaunchKernel", "hipMalloc", "someNewerApi"]
+    v = (1 << schema.PAYLOAD_BITS["func"]) | (1 << schema.PAYLOAD_BITS["caller"])
+    recs = np.concatenate([
+        _event(0, schema.Kind.launch, ts_ns=10, func=0x5000, caller=0x5123, caller_fp=0x6000, valid=v),
+        _event(1, schema.Kind.nested, ts_ns=12, func=0xABC, outer_ts=10, valid=v & ~(1 << schema.PAYLOAD_BITS["caller"])),
+        _event(2, schema.Kind.alloc, ts_ns=20),
+        _event(3, schema.Kind.other, ts_ns=30),
+    ])
+    df = events_frame(recs, apis).select("api", "kind", "layer", "outer_ts_ns", "func", "caller", "caller_fp")
+    assert [tuple(str(x) if i < 3 and x is not None else x for i, x in enumerate(r)) for r in df.rows()] == [
+        ("cudaLaunchKernel", "launch", "runtime", None, 0x5000, 0x5123, None),  # caller_fp's valid bit unset
+        ("cuLaunchKernel", "nested", "driver", 10, 0xABC, None, None),
+        ("hipMalloc", "alloc", "runtime", None, None, None, None),
+        ("someNewerApi", "other", None, None, None, None, None),  # not in this reader's catalog: no layer
+    ]

@@ -34,7 +34,8 @@ def test_events_csv(tmp_path: Path) -> None:
     lines = (out / "events.csv").read_text().splitlines()
     assert lines[0] == ",".join(schema.EVENTS_SCHEMA)
     assert len(lines) == 1 + 10
-    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,4096,4096,,,,,"  # ..., aux, stack_id
+    # ..., aux, stack_id, then format 1.2's layer, outer_ts_ns, caller, caller_fp (not in this file)
+    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,4096,4096,,,,,,,,,"
 
 
 def test_tool_files_hold_the_tool_frames(tmp_path: Path) -> None:
