@@ -9,6 +9,10 @@ One run measures, on the same functions and interleaved rep by rep:
   (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
   probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
   uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* a -O0 stub runtime (``cudaLaunchKernel`` from ``cuda_runtime_api.h``) that
+  calls the stub driver's ``cuLaunchKernel``: untraced; an empty uprobe on
+  each of the two; pasta-trace's runtime and driver launch probes (one launch
+  event, the driver's nested in it).  Target: <= 1.3x the two empty uprobes;
 * NVIDIA's real ``libcuda.so.1`` (no GPU: calls return an error at once):
   untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
   pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
@@ -64,6 +68,16 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cu
 }
 """
 
+RT_STUB_C = r"""
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    return cuLaunchKernel((CUfunction)func, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)smem, (CUstream)s, args, 0)
+        ? cudaErrorInvalidResourceHandle : cudaSuccess;
+}
+"""
+
 LOOP_C = r"""
 #include <dlfcn.h>
 #include <stdio.h>
@@ -73,6 +87,8 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
+typedef struct { unsigned x, y, z; } dim3;  /* by value: rsi = x | y << 32, rdx = z, like the runtime's */
+typedef int (*rt_launch_t)(const void *, dim3, dim3, void **, size_t, void *);
 static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 #define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
 #define STOP double c1 = clk(CLOCK_THREAD_CPUTIME_ID), w1 = clk(CLOCK_MONOTONIC); \
@@ -86,6 +102,12 @@ int main(int argc, char **argv)
         launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
         START;
         for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
+        STOP;
+    } else if (!strcmp(argv[2], "rtlaunch")) {
+        rt_launch_t f = (rt_launch_t)dlsym(h, "cudaLaunchKernel");
+        dim3 g = {1, 1, 1}, b = {32, 1, 1};
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x1000, g, b, 0, 0, (void *)0x99);
         STOP;
     } else {
         alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
@@ -101,21 +123,25 @@ int main(int argc, char **argv)
 #: Neither name matches libcuda.so* / libamdhip64.so*, so a pasta-trace -a
 #: running on the same machine does not discover (and probe) these copies.
 BENCH_STUB = "libbench_cuda_stub.so"
+BENCH_RT_STUB = "libbench_cudart_stub.so"
 BENCH_REAL = "libbench_nvidia_driver.so"
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
 
 
 
-def build(tmp: Path) -> tuple[Path, Path]:
+def build(tmp: Path) -> tuple[Path, Path, Path]:
     (tmp / "stub.c").write_text(STUB_C)
+    (tmp / "rt_stub.c").write_text(RT_STUB_C)
     (tmp / "loop.c").write_text(LOOP_C)
-    stub = tmp / BENCH_STUB
+    stub, rt_stub = tmp / BENCH_STUB, tmp / BENCH_RT_STUB
     loop = tmp / "loop"
     subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
                     str(tmp / "stub.c"), "-o", str(stub)], check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
+                    str(tmp / "rt_stub.c"), "-o", str(rt_stub), str(stub), f"-Wl,-rpath,{tmp}"], check=True)  # fmt: skip
     subprocess.run(["gcc", "-O2", str(tmp / "loop.c"), "-o", str(loop), "-ldl"], check=True)
-    return stub, loop
+    return stub, rt_stub, loop
 
 
 def real_libcuda() -> str | None:
@@ -165,27 +191,32 @@ def main() -> int:
     from bcc import BPF
 
     by = {x.symbol: x for x in catalog.APIS}
-    launch, alloc = by["cuLaunchKernel"], by["cuMemAlloc_v2"]
+    launch, alloc, rt_launch = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["cudaLaunchKernel"]
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=pages, apis=(launch, alloc)).encode())
+    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch, alloc, rt_launch)).encode())
     empty = BPF(text=EMPTY_BPF)
 
-    def empty_probe(lib: str, sym: str, ret: bool):
+    def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):
+        """An empty uprobe (+ uretprobe) on lib:sym, and an empty uprobe on each (lib, sym) of ``more``."""
         def attach_it() -> None:
             addr = elf.exported_symbols(lib)[sym].vaddr
             empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
             if ret:
                 empty.attach_uretprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+            for other, osym in more:
+                empty.attach_uprobe(name=other.encode(), addr=elf.exported_symbols(other)[osym].vaddr,
+                                    fn_name=b"empty")
 
         return attach_it, lambda: attach.detach_all(empty)
 
-    def pasta_probe(lib: str, api: catalog.Api, placements: dict):
+    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: tuple[str, catalog.Api]):
         def attach_it() -> None:
-            res = attach.attach_library(pasta, lib, "cuda", (api,))
-            if res.errors or res.attached != [api.symbol]:
-                raise SystemExit(f"attach failed: {res.errors or res.missing}")
-            placements[(lib, api.symbol)] = res.placements[api.symbol]
+            for where, what in ((lib, api), *more):
+                res = attach.attach_library(pasta, where, what.family, (what,))
+                if res.errors or res.attached != [what.symbol]:
+                    raise SystemExit(f"attach failed: {res.errors or res.missing}")
+                placements[(where, what.symbol)] = res.placements[what.symbol]
 
         return attach_it, lambda: attach.detach_all(pasta)
 
@@ -193,9 +224,11 @@ def main() -> int:
         return (lambda: None), (lambda: None)
 
     with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
-        stub, loop = build(Path(d))
-        stub_s = str(stub)
+        stub, rt_stub, loop = build(Path(d))
+        stub_s, rt_s = str(stub), str(rt_stub)
         placements: dict = {}
+        #: events each call of a configuration writes: a runtime launch and its nested driver launch
+        per_call = {"stub rtlaunch pasta-trace": 2}
         configs = {
             "stub launch untraced": (stub_s, "launch", none(), False),
             "stub launch empty uprobe": (stub_s, "launch", empty_probe(stub_s, "cuLaunchKernel", False), False),
@@ -203,6 +236,11 @@ def main() -> int:
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
+            "stub rtlaunch untraced": (rt_s, "rtlaunch", none(), False),
+            "stub rtlaunch two empty uprobes": (rt_s, "rtlaunch", empty_probe(rt_s, "cudaLaunchKernel", False,
+                                                                               (stub_s, "cuLaunchKernel")), False),
+            "stub rtlaunch pasta-trace": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch, placements,
+                                                                        (stub_s, launch)), True),
         }  # fmt: skip
         real = None if a.skip_real else real_libcuda()
         if real:
@@ -230,7 +268,7 @@ def main() -> int:
                     if drain:
                         drain.ring.close()
                     detach_it()
-                if drained and captured != a.calls:
+                if drained and captured != a.calls * per_call.get(name, 1):
                     raise SystemExit(f"{name}: captured {captured} events of {a.calls} calls")
             print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
         lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
@@ -258,6 +296,8 @@ def main() -> int:
         ("stub launch: pasta-trace / empty uprobe", "stub launch pasta-trace", "stub launch empty uprobe", "<= 1.3"),
         ("stub alloc: pasta-trace / empty uprobe+uretprobe", "stub alloc pasta-trace",
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
+        ("stub runtime+driver launch: pasta-trace / two empty", "stub rtlaunch pasta-trace",
+         "stub rtlaunch two empty uprobes", "<= 1.3"),
     ]  # fmt: skip
     if real:
         rows += [
