@@ -6,8 +6,9 @@
  * never from the installed headers, which may be another kernel's.
  *
  * - open/openat/openat2 for reading, of a file named libcuda.so*,
- *   libcudart.so* or libamdhip64.so*, by a traced process, that succeeded, and whose file
- *   (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
+ *   libcudart.so*, libamdhip64.so* or libc10.so* (PyTorch), by a traced
+ *   process, that succeeded, and whose file (device, inode) is not in
+ *   `known_files`: the process is stopped (SIGSTOP)
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
  *   record and sends SIGCONT, so the library's first call is traced.  If the
@@ -17,10 +18,11 @@
  *   PT_OWN_COMM: other tracers, doctor, --dry-run) are never stopped.
  * - fork: a child of a traced process joins pid_filter in its own context, at
  *   its first return to user space, before it can run any code of its own.
- * - exec and exit of traced processes are reported for processes.parquet.
+ * - exec and exit of traced processes are reported for processes.parquet; an
+ *   exec also forgets the process's Python interpreter (pystack.h, with stacks).
  *
  * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
- * table sizes, the offsets and the struct layouts are prepended by late_load.py.
+ * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py.
  */
 
 #include <uapi/linux/ptrace.h>
@@ -41,7 +43,7 @@ struct pt_open_args {
     u64 flags;
 };
 
-BPF_RINGBUF_OUTPUT(discover_events, 16);
+BPF_RINGBUF_OUTPUT(discover_events, PT_DISCOVER_PAGES);
 BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
 BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
 BPF_HASH(open_args, u32, struct pt_open_args, 16384);
@@ -51,9 +53,10 @@ BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
  * is there to resume what it stops: cleared before the tracer stops polling, so a
  * process that opens a library while the probes are being removed is never left stopped */
 BPF_ARRAY(discover_cfg, u32, 2);
-/* [PT_DLOST_STOPS] opens not paused because pt_stops was full;
- * [PT_DLOST_NOTES] fork/exec/exit notifications dropped because the ring was full */
-BPF_PERCPU_ARRAY(discover_lost, u64, 2);
+/* [PT_UNPAUSED_OPENS] opens not paused because pt_stops was full;
+ * [PT_LOST_NOTIFICATIONS] fork/exec/exit notifications dropped because the ring was full
+ * (slots from schema.LOSSES) */
+BPF_PERCPU_ARRAY(discover_lost, u64, PT_DISCOVER_LOST_N);
 
 static __always_inline void pt_dlost(int i)
 {
@@ -99,7 +102,7 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
 {
     struct pt_discover *e = discover_events.ringbuf_reserve(sizeof(struct pt_discover));
     if (!e) {
-        pt_dlost(PT_DLOST_NOTES);
+        pt_dlost(PT_LOST_NOTIFICATIONS);
         return;
     }
     e->ts_ns = bpf_ktime_get_ns();
@@ -140,9 +143,10 @@ static __always_inline int pt_fd_file(long fd, struct pt_file *out)
     return 0;
 }
 
-/* a path component that starts with `libcuda.so`, `libcudart.so` or
- * `libamdhip64.so`, then NUL or '.'.  No state besides the index, so the verifier walks the loop
- * once per iteration; user space re-checks that it is the last component. */
+/* a path component that starts with `libcuda.so`, `libcudart.so`,
+ * `libamdhip64.so` or `libc10.so`, then NUL or '.'.  No state besides the
+ * index, so the verifier walks the loop once per iteration; user space
+ * re-checks that it is the last component. */
 static __always_inline int pt_is_gpu_library(const char *p)
 {
 #pragma clang loop unroll(disable)
@@ -163,6 +167,9 @@ static __always_inline int pt_is_gpu_library(const char *p)
             b[7] == 'i' && b[8] == 'p' && b[9] == '6' && b[10] == '4' && b[11] == '.' && b[12] == 's' &&
             b[13] == 'o' && (b[14] == 0 || b[14] == '.'))
             return 2;
+        if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == '1' && b[5] == '0' && b[6] == '.' &&
+            b[7] == 's' && b[8] == 'o' && (b[9] == 0 || b[9] == '.'))
+            return 3;
     }
     return 0;
 }
@@ -244,7 +251,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     st->fd = (s32)ret;
     /* recorded before the signal: whoever resumes it learns of it from pt_stops */
     if (pt_stops.update(&tid, st)) {
-        pt_dlost(PT_DLOST_STOPS);
+        pt_dlost(PT_UNPAUSED_OPENS);
         return 0;
     }
     bpf_send_signal(PT_SIGSTOP);
@@ -265,8 +272,15 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if (!pt_traced(id >> 32))
+    u32 tgid = id >> 32;
+    if (!pt_traced(tgid))
         return 0;
+#ifdef PT_PYSTACKS
+    /* the old image's interpreter addresses mean nothing now: until user space
+     * looks at the new one, its events count as not registered (pystack.h) */
+    py_procs.delete(&tgid);
+    py_unregistered.delete(&tgid);
+#endif
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
     return 0;
 }

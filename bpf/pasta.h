@@ -15,20 +15,16 @@
  */
 #include <uapi/linux/ptrace.h>
 
-#define PT_LOST_EVENTS 0
-#define PT_LOST_NAMES 1
-#define PT_LOST_INFLIGHT 2 /* entry not kept: per-thread frame stack full */
-#define PT_LOST_AGG 3
-
+/* Loss counters: PT_LOST_* slots and PT_LOST_N from schema.LOSSES. */
 BPF_RINGBUF_OUTPUT(events, PT_RING_PAGES);
 BPF_RINGBUF_OUTPUT(names, PT_NAMES_PAGES);
-BPF_PERCPU_ARRAY(lost, u64, 4);
+BPF_PERCPU_ARRAY(lost, u64, PT_LOST_N);
 BPF_HASH(pid_filter, u32, u8, PT_PID_FILTER_MAX);
 
 /* Entry -> return state of the calls a uretprobe completes: a small stack of
  * frames per thread in task-local storage (freed with the thread).  A hash
  * keyed by thread and api cost 300-400 ns more per paired call on our VM. */
-#define PT_DEPTH 4 /* nested probed calls kept per thread; a power of two */
+/* PT_DEPTH (schema.INFLIGHT_DEPTH): nested probed calls kept per thread; a power of two */
 struct pt_frame {
     u64 api;
     u64 ts;

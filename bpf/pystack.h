@@ -20,8 +20,9 @@
  *   3. a 64-bit hash of the frames is the stack id; a stack is written into
  *      the pystacks ring only the first time (py_seen), so identical stacks
  *      cost one hash lookup.  That write wakes the tracer's drain loop.
- * A stack that cannot be written or read is counted in py_stats, never
- * silently dropped.  C-stack shim frames are kept and filtered offline: a
+ * A stack that cannot be written or read is counted in py_stats, and the
+ * events of a process not registered yet in py_unregistered: never silently
+ * dropped.  C-stack shim frames are kept and filtered offline: a
  * branchy filter here made the unrolled program too large for the verifier.
  */
 
@@ -34,6 +35,12 @@
 #define PT_PY_FRAME_BUF 128 /* offsets are masked into this buffer for the verifier */
 
 BPF_HASH(py_procs, u32, struct pt_py_proc, PT_PY_PROCS_MAX);
+/* Events of each process not in py_procs (yet): they carry no stack.  When
+ * user space registers the process as Python (just exec'd or forked, or first
+ * seen in the events) it adds its count to counts.stacks.unregistered_python;
+ * a process that is no Python leaves its count here.  Reset at exec
+ * (discover.bpf.c): the new image starts from 0. */
+BPF_TABLE("lru_hash", u32, u64, py_unregistered, PT_PY_PROCS_MAX);
 BPF_TABLE("lru_hash", u32, u64, py_tstate, PT_PY_TSTATES_MAX);
 BPF_TABLE("lru_hash", u64, u8, py_seen, PT_PY_SEEN_MAX);
 BPF_RINGBUF_OUTPUT(pystacks, PT_PYSTACK_PAGES);
@@ -116,15 +123,28 @@ static __always_inline int pt_py_emit(struct pt_pystack *s)
     return pystacks.ringbuf_output(s, sizeof(*s), BPF_RB_FORCE_WAKEUP);
 }
 
+static __always_inline void pt_py_unregistered(u32 tgid)
+{
+    u64 *n = py_unregistered.lookup(&tgid);
+    if (n) {
+        __sync_fetch_and_add(n, 1);
+        return;
+    }
+    u64 one = 1;
+    py_unregistered.insert(&tgid, &one);
+}
+
 /* Stack id of the calling thread's Python stack; 0 when the process is not a
- * registered Python process, the thread runs no Python, or the stack was
- * lost (counted). */
+ * registered Python process (counted per process), the thread runs no Python,
+ * or the stack was lost (counted). */
 static __always_inline u64 pt_pystack_id(u64 pid_tgid)
 {
     u32 tgid = pid_tgid >> 32, tid = (u32)pid_tgid;
     struct pt_py_proc *p = py_procs.lookup(&tgid);
-    if (!p)
+    if (!p) {
+        pt_py_unregistered(tgid);
         return 0;
+    }
     u64 ts = pt_py_tstate(p, tid);
     if (!ts) {
         pt_py_count(PT_PY_NO_PYTHON_THREAD);
@@ -133,8 +153,10 @@ static __always_inline u64 pt_pystack_id(u64 pid_tgid)
     u64 f = pt_py_ptr(ts + p->tstate_frame);
     if (f && p->cframe_frame != PT_PY_NO_OFFSET)
         f = pt_py_ptr(f + p->cframe_frame);
-    if (!f)
-        return 0; /* a Python thread between calls: no frames, nothing lost */
+    if (!f) {
+        pt_py_count(PT_PY_NO_PYTHON_THREAD); /* a Python thread between calls: no frames, nothing lost */
+        return 0;
+    }
     u32 zero = 0;
     struct pt_py_scratch *sc = py_scratch.lookup(&zero);
     if (!sc)

@@ -9,6 +9,8 @@ import shlex
 import sys
 import traceback
 
+from polars.exceptions import PanicException
+
 from . import __version__
 from .capture import own_process
 from .commands import VERBS
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BrokenPipeError:
         return 0
-    except Exception as e:  # a bug: still one line unless -v
+    except (Exception, PanicException) as e:  # a bug (a Polars panic is no Exception): still one line unless -v
         if getattr(args, "verbose", False):
             traceback.print_exc()
         print(f"pasta-trace: internal error: {type(e).__name__}: {e} (run with -v for the traceback)",

@@ -66,16 +66,18 @@ def host_frees(events: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame) -> pl.LazyFrame:
+def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: tuple[str, ...] = ("pid", "base")) -> pl.LazyFrame:
     """`allocs` with free_ts_ns and free_api of the free that ended each
-    instance (null: not freed during the capture)."""
+    instance (null: not freed during the capture).  An instance is keyed by
+    `by` (tensors: pid, device and base)."""
+    keys = list(by)
     # join_asof(by=...) does not check sortedness: sort both sides explicitly
-    allocs = allocs.sort(["pid", "base", "alloc_ts_ns"]).with_columns(
-        pl.col("alloc_ts_ns").shift(-1).over(["pid", "base"]).alias("_next_alloc")
+    allocs = allocs.sort([*keys, "alloc_ts_ns"]).with_columns(
+        pl.col("alloc_ts_ns").shift(-1).over(keys).alias("_next_alloc")
     )
-    frees = frees.sort(["pid", "base", "free_ts_ns"])
+    frees = frees.sort([*keys, "free_ts_ns"])
     paired = allocs.join_asof(
-        frees, left_on="alloc_ts_ns", right_on="free_ts_ns", by=["pid", "base"], strategy="forward",
+        frees, left_on="alloc_ts_ns", right_on="free_ts_ns", by=keys, strategy="forward",
         check_sortedness=False,
     )
     late = pl.col("_next_alloc").is_not_null() & (pl.col("free_ts_ns") > pl.col("_next_alloc"))

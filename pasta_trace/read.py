@@ -17,11 +17,17 @@ Capture directory (docs/formats.md):
 
 A merged timeline (pasta_trace.merge.load) is also a Capture, with its merged
 frames in `merged`.
+
+Every file is read as untrusted input (docs/formats.md, "Damaged input"): the
+manifest with a size bound and checked against schema.MANIFEST_SHAPE; each
+Parquet file checked against its schema before it is scanned (parquet_scan),
+and left out, said in `damaged`, when it fails.
 """
 
 from __future__ import annotations
 
-import json
+import fnmatch
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +35,8 @@ import polars as pl
 
 from . import schema
 from .errors import FormatError
+from .json_doc import check_shape, load_json
+from .parquet_scan import Scanner
 
 
 @dataclass
@@ -51,15 +59,27 @@ class Capture:
     #: small derived tables the merge computes once per capture (device
     #: executions, allocation segments, launch times), keyed by name and options
     cache: dict[tuple, object] = field(default_factory=dict, repr=False)
+    #: "FILE: what is wrong" for each file left out because it cannot be read
+    #: (also in `problems`); the verbs exit 1 when there is any
+    damaged: list[str] = field(default_factory=list)
+    #: the Parquet files the frames scan (to name the one a decoding error came from)
+    files: list[Path] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         return bool(self.manifest.get("complete"))
 
     @property
+    def losses(self) -> dict[str, int]:
+        """Each loss counter of the manifest that counted (schema.LOSSES), by name."""
+        c = self.manifest.get("counts")
+        c = c if isinstance(c, dict) else {}
+        return {loss.name: n for loss in schema.LOSSES if (n := loss.count_in(c))}
+
+    @property
     def lost_events(self) -> int:
-        c = self.manifest.get("counts", {})
-        return int(c.get("lost_events", 0)) + int(c.get("lost_names", 0))
+        """Everything the capture lost, every kind of loss together."""
+        return sum(self.losses.values())
 
     @property
     def has_device_data(self) -> bool:
@@ -84,26 +104,12 @@ def check_version(found: str | None, supported: tuple[int, int], what: str) -> N
         )
 
 
-def scan_frames(paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
-    if not paths:
-        return pl.DataFrame(schema=sch).lazy()
-    lf = pl.scan_parquet([str(p) for p in paths])
-    # a column added in a later minor version reads as null from older files
-    try:
-        present = lf.collect_schema().names()
-    except (pl.exceptions.ComputeError, OSError):
-        present = list(sch)  # damaged: the error comes with the first read, as for any column
-    missing = [pl.lit(None, v).alias(k) for k, v in sch.items() if k not in present]
-    return (lf.with_columns(missing) if missing else lf).cast(dict(sch), strict=False)
-
-
-def device_parquet(d: Path) -> dict[str, pl.LazyFrame]:
-    """Decoded device frames stored as d/<frame>.parquet, scanned lazily."""
-    return {
-        name: scan_frames([d / f"{name}.parquet"], sch)
-        for name, sch in schema.DEVICE_FRAMES.items()
-        if (d / f"{name}.parquet").exists()
-    }
+def read_json(path: Path, shape: dict, supported: tuple[int, int], what: str) -> dict:
+    """A manifest or timeline header: bounded, of a known major version, of the declared shape."""
+    doc = load_json(path, what)
+    check_version(doc.get("format_version"), supported, str(path))
+    check_shape(doc, shape, path, what)
+    return doc
 
 
 def read_device(paths: list[Path]) -> tuple[dict[str, pl.LazyFrame], list[str]]:
@@ -118,49 +124,83 @@ def read_device(paths: list[Path]) -> tuple[dict[str, pl.LazyFrame], list[str]]:
     return frames, list(data.problems)
 
 
+def _listing(p: Path) -> dict[str, os.DirEntry]:
+    try:
+        if not p.is_dir():
+            if not os.path.lexists(p):
+                raise FormatError(f"{p}: no such file or directory")
+            raise FormatError(f"{p}: not a capture directory")
+        with os.scandir(p) as it:
+            return {e.name: e for e in it}
+    except OSError as e:
+        raise FormatError(f"{p}: cannot read ({e.strerror})") from None
+
+
+def _device_dir(p: Path, entries: dict[str, os.DirEntry], scan: Scanner) -> tuple[Path | None, list[Path]]:
+    """The device directory (None when absent or not a directory: said in
+    `scan.damaged`) and its record files."""
+    e = entries.get("device")
+    if e is None:
+        return None, []
+    if not e.is_dir(follow_symlinks=False):
+        scan.damaged.append(f"{p / 'device'}: not a directory")
+        return None, []
+    try:
+        names = sorted(os.listdir(p / "device"))
+    except OSError as err:
+        scan.damaged.append(f"{p / 'device'}: cannot read ({err.strerror})")
+        return None, []
+    return p / "device", [p / "device" / n for n in names if n.endswith(".bin")]
+
+
 def open_capture(path: str | Path) -> Capture:
-    """Open a capture directory.  Raises FormatError with a one-line reason."""
+    """Open a capture directory.  Raises FormatError with a one-line reason
+    when it is no capture; a damaged file in it is left out and said in
+    `damaged` and `problems`."""
     p = Path(path)
-    if not p.exists():
-        raise FormatError(f"{p}: no such file or directory")
-    if not p.is_dir():
-        raise FormatError(f"{p}: not a capture directory")
-    mpath = p / "manifest.json"
+    entries = _listing(p)
     problems: list[str] = []
-    if not mpath.exists():
+    events = sorted(p / n for n in entries if fnmatch.fnmatchcase(n, "events*.parquet"))
+    if "manifest.json" not in entries:
         # a tracer killed with SIGKILL leaves Parquet files but no manifest: still readable
-        if not list(p.glob("events*.parquet")):
+        if not events:
             raise FormatError(f"{p}: not a pasta-trace capture (no manifest.json, no events*.parquet)")
         manifest: dict = {"complete": False, "format_version": "1.0"}
         problems.append("no manifest.json: the tracer did not finish; the last interval may be missing")
     else:
-        try:
-            manifest = json.loads(mpath.read_text())
-        except json.JSONDecodeError as e:
-            raise FormatError(f"{mpath}: damaged manifest ({e.msg} at line {e.lineno})") from None
-        check_version(manifest.get("format_version"), schema.CAPTURE_FORMAT_VERSION, str(mpath))
+        manifest = read_json(p / "manifest.json", schema.MANIFEST_SHAPE, schema.CAPTURE_FORMAT_VERSION,
+                             "manifest")
         if not manifest.get("complete"):
             problems.append("manifest says the capture is incomplete")
-    events = sorted(p.glob("events*.parquet"))
-    one = lambda n: [p / n] if (p / n).exists() else []  # noqa: E731
+    scan = Scanner()
     device: dict[str, pl.LazyFrame] = {
         k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()
     }
-    device.update(device_parquet(p / "device"))
-    dev_files = sorted((p / "device").glob("*.bin")) if (p / "device").is_dir() else []
+    ddir, dev_files = _device_dir(p, entries, scan)
+    if ddir is not None:
+        device.update(scan.device(ddir))
     if dev_files:
         frames, dev_problems = read_device(dev_files)
         device.update(frames)
         problems.extend(dev_problems)
-    return Capture(
+    cap = Capture(
         path=p,
         manifest=manifest,
-        events=scan_frames(events, schema.EVENTS_SCHEMA),
-        names=scan_frames(one("names.parquet"), schema.NAMES_SCHEMA),
-        processes=scan_frames(one("processes.parquet"), schema.PROCESSES_SCHEMA),
-        libraries=scan_frames(one("libraries.parquet"), schema.LIBRARIES_SCHEMA),
-        aggregate=scan_frames(one("aggregate.parquet"), schema.AGGREGATE_SCHEMA) if one("aggregate.parquet") else None,
-        stacks=scan_frames(one("stacks.parquet"), schema.STACKS_SCHEMA),
+        events=scan.frames(events, schema.EVENTS_SCHEMA),
+        names=scan.one(p / "names.parquet", schema.NAMES_SCHEMA),
+        processes=scan.one(p / "processes.parquet", schema.PROCESSES_SCHEMA),
+        libraries=scan.one(p / "libraries.parquet", schema.LIBRARIES_SCHEMA),
+        aggregate=scan.optional(p / "aggregate.parquet", schema.AGGREGATE_SCHEMA),
+        stacks=scan.one(p / "stacks.parquet", schema.STACKS_SCHEMA),
         device=device,
         problems=problems,
     )
+    return with_scan(cap, scan)
+
+
+def with_scan(cap: Capture, scan: Scanner) -> Capture:
+    """`cap` with what `scan` left out and read."""
+    cap.damaged.extend(scan.damaged)
+    cap.problems.extend(scan.damaged)
+    cap.files.extend(scan.files)
+    return cap

@@ -174,6 +174,7 @@ class OutputDir:
         self._restore: tuple[int, int, int] | None = None
         self.created: set[str] = set()
         self._subdirs: dict[str, OutputDir] = {}
+        self._reserve: int | None = None  # fd of the unnamed file holding keep_free()'s room
 
     # ---------------------------------------------------------------- opening
 
@@ -320,6 +321,32 @@ class OutputDir:
 
         self.write_atomic(final, write)
 
+    def keep_free(self, nbytes: int) -> None:
+        """Hold `nbytes` of this directory's file system in an unnamed file
+        (O_TMPFILE), until release_space(): on a full disk that room is still
+        there for the last small files.  The kernel frees it when the fd
+        closes, so a killed process leaves nothing behind.  Best effort: a file
+        system without O_TMPFILE or room gets no reserve."""
+        try:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, FILE_MODE, dir_fd=self.fd)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError:
+            os.close(fd)
+            return
+        self.release_space()
+        self._reserve = fd
+
+    def release_space(self) -> bool:
+        """Give the room of keep_free() back to the file system; False when none was held."""
+        if self._reserve is None:
+            return False
+        os.close(self._reserve)
+        self._reserve = None
+        return True
+
     # ---------------------------------------------------------------- finishing
 
     def hand_over(self, owner: tuple[int, int] | None, also: Iterable[str] = ()) -> None:
@@ -353,6 +380,7 @@ class OutputDir:
         self.close()
 
     def close(self) -> None:
+        self.release_space()
         for sub in self._subdirs.values():
             sub.close()
         for fd in (self.fd, self._parent_fd):

@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 2)
+CAPTURE_FORMAT_VERSION = (1, 3)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -173,13 +173,23 @@ class Kind(enum.IntEnum):
     graph = 6
     module = 7
     other = 8
+    #: memory a framework's allocator handed out or took back (PyTorch's
+    #: tensors, libc10): never summed with the driver's alloc/free (format 1.2)
+    tensor_alloc = 9
+    tensor_free = 10
     #: a call made inside a traced call of a higher layer that does the same
     #: thing (cuLaunchKernel inside cudaLaunchKernel): that outer call counts
-    #: it; `outer_ts_ns` names it (format 1.2)
-    nested = 9
+    #: it; `outer_ts_ns` names it (format 1.3)
+    nested = 11
 
 
 KIND_NAMES = [k.name for k in Kind]
+
+
+def kind_index(kinds: np.ndarray) -> np.ndarray:
+    """Kind values as indexes into KIND_NAMES: a value this reader does not
+    know (a newer program) reads as `other`."""
+    return np.where(kinds < len(KIND_NAMES), kinds, int(Kind.other))
 
 
 class CopyKind(enum.IntEnum):
@@ -209,8 +219,8 @@ class NameSource(enum.IntEnum):
     elf_stub = 6  # host stub's ELF symbol (runtime-API launches), found offline
     fatbin = 7  # the name exists in the process's fatbins
     unknown = 8
-    host_stub = 9  # cudaGetFuncBySymbol / cudaGetKernel: the handle of a host stub named through the ELF (1.2)
-    runtime_launch = 10  # a driver handle launched inside a named runtime launch (1.2)
+    host_stub = 9  # cudaGetFuncBySymbol / cudaGetKernel: the handle of a host stub named through the ELF (1.3)
+    runtime_launch = 10  # a driver handle launched inside a named runtime launch (1.3)
 
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]
@@ -250,6 +260,21 @@ PAYLOAD_BITS = {
     "caller": 11,
     "caller_fp": 12,
 }
+
+#: Kinds whose events carry named values in the record's generic payload
+#: slots: HOST_EVENT field -> the events column it is decoded into (format
+#: 1.2).  For these kinds the slot's own column is null, and the valid bit of
+#: the slot says whether the named column is set.
+TENSOR_PAYLOAD = {"dst": "allocated_bytes", "src": "reserved_bytes", "aux": "device"}
+KIND_PAYLOAD: dict[Kind, dict[str, str]] = {Kind.tensor_alloc: TENSOR_PAYLOAD, Kind.tensor_free: TENSOR_PAYLOAD}
+
+#: c10::DeviceType names, as PyTorch spells them (torch.device("cuda:0")).
+#: A tensor event's `aux` is c10::Device as the C++ ABI packs it: the type in
+#: bits 0-7, the index (int8, -1 = none) in bits 8-15.
+TORCH_DEVICE_TYPES = [
+    "cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "maia", "xla", "vulkan", "metal", "xpu",
+    "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuseone",
+]
 
 COMM_LEN = 16
 NAME_LEN = 208
@@ -431,7 +456,7 @@ STACK_FLAG_TRUNCATED = 1 << 0  # the thread had more frames than --stack-depth
 PY_STATS = {
     "lost_stacks": 0,  # a new stack found the stacks ring full: its events carry no stack_id
     "unreadable_stacks": 1,  # a Python thread whose frames could not be read (fault, freed memory)
-    "no_python_thread": 2,  # events of a Python process from a thread without a PyThreadState (not a loss)
+    "no_python_thread": 2,  # events of a Python process from a thread running no Python code (not a loss)
     "truncated_stacks": 3,  # events whose stack was cut at --stack-depth
 }
 
@@ -500,6 +525,104 @@ def stacks_c_header(depth: int = DEFAULT_STACK_DEPTH) -> str:
         py_stack_record(depth).c_struct(),
     ]
     return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- losses
+
+#: Probed calls one thread may have in flight at once (entered, not returned):
+#: the frame stack bpf/pasta.h keeps per thread (a power of two).  A call
+#: nested deeper is not recorded and is counted in lost_inflight.
+INFLIGHT_DEPTH = 4
+
+#: Rows (pid, API, kernel, shape, return code) the --aggregate map holds by
+#: default, and at most: the kernel allocates them all when the program loads
+#: (about 128 bytes each).
+DEFAULT_AGGREGATE_MAX = 65536
+MAX_AGGREGATE_MAX = 1 << 22
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A counter of what a capture could not keep, and what cures it.
+
+    The manifest stores each under its ``name`` in ``counts`` (in
+    ``counts[section]`` when ``section`` is set); the summary prints each that
+    counted with its ``meaning`` and ``remedy``; every report's INCOMPLETE
+    banner adds them all up.  ``counter`` is the per-CPU BPF array that counts
+    it and ``index`` its slot there (the C side's ``PT_<NAME>``); a counter
+    kept by the tracer's own code has ``counter`` "" and ``index`` -1.
+    ``flag`` is the option that ``remedy`` raises, if any."""
+
+    name: str
+    counter: str
+    index: int
+    what: str  # what was lost, as counted: "events"
+    meaning: str
+    remedy: str
+    flag: str | None = None
+    section: str | None = None
+
+    @property
+    def c_define(self) -> str:
+        return f"PT_{self.name.upper()}"
+
+    def count_in(self, counts: dict) -> int:
+        """Its value in a manifest's ``counts`` (0 when absent: an older capture, or not counted)."""
+        holder = counts.get(self.section) if self.section else counts
+        value = holder.get(self.name, 0) if isinstance(holder, dict) else 0
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+LOSSES: tuple[Loss, ...] = (
+    Loss("lost_events", "lost", 0, "events", "the events ring buffer was full",
+         "raise --buffer-pages", "--buffer-pages"),
+    Loss("lost_names", "lost", 1, "kernel names", "the names ring buffer was full",
+         "raise --buffer-pages: the names ring grows with it", "--buffer-pages"),
+    Loss("lost_inflight", "lost", 2, "nested calls",
+         f"more than {INFLIGHT_DEPTH} probed calls in flight on one thread",
+         "a fixed limit of the probes: --buffer-pages does not change it"),
+    Loss("lost_agg", "lost", 3, "aggregated calls", "the --aggregate map was full",
+         "raise --aggregate-max", "--aggregate-max"),
+    Loss("lost_stacks", "py_stats", PY_STATS["lost_stacks"], "Python stacks", "the stacks ring buffer was full",
+         "raise --stack-buffer-pages", "--stack-buffer-pages", section="stacks"),
+    Loss("unreadable_stacks", "py_stats", PY_STATS["unreadable_stacks"], "unreadable Python stacks",
+         "frames changed or were freed while read",
+         "no option changes it; their events are kept, without a stack", section="stacks"),
+    Loss("unpaused_opens", "discover_lost", 0, "unpaused library opens",
+         "too many processes waited for probes at once",
+         "no option changes it; the first calls after those opens may be missing"),
+    Loss("lost_notifications", "discover_lost", 1, "process notifications",
+         "the fork/exec/exit ring buffer was full",
+         "no option changes it; processes.parquet may miss those processes"),
+    # drained from the ring, then dropped: the tracer's queue to its events
+    # writer process was full (capture.writer_queue)
+    Loss("lost_writer_behind", "", -1, "events", "the events writer fell behind",
+         "use --aggregate or trace fewer processes"),
+    # reached the events writer process but could not be written (a full disk)
+    Loss("lost_unwritten", "", -1, "events", "they could not be written: the disk was full",
+         "free space or choose another -o"),
+)
+
+LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}
+
+
+def loss_counters(counter: str) -> tuple[Loss, ...]:
+    """The losses one BPF array counts, in slot order."""
+    return tuple(sorted((loss for loss in LOSSES if loss.counter == counter), key=lambda loss: loss.index))
+
+
+def loss_c_defines(counter: str) -> str:
+    """``#define PT_<NAME> <slot>`` for each loss ``counter`` counts, and
+    ``PT_<COUNTER>_N``, the array's size."""
+    rows = loss_counters(counter)
+    out = [f"#define {loss.c_define} {loss.index}" for loss in rows]
+    out.append(f"#define PT_{counter.upper()}_N {len(rows)}")
+    return "\n".join(out) + "\n"
+
+
+def loss_text(lost: dict[str, int]) -> str:
+    """"5 events, 2 Python stacks": each loss that counted, in table order ("" when none)."""
+    return ", ".join(f"{lost[loss.name]:,} {loss.what}" for loss in LOSSES if lost.get(loss.name))
 
 
 # --------------------------------------------------------------------------- device records (TLV)
@@ -827,8 +950,13 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "copy_kind": pl.Enum(COPY_KIND_NAMES),
     "aux": pl.UInt32,
     "stack_id": pl.UInt64,  # -> stacks.parquet (pid, stack_id); null: no stack (format 1.1+)
-    # format 1.2: where the call was seen, and the runtime <-> driver pairing
+    # format 1.2: where the call was seen
     "layer": pl.Enum(LAYER_NAMES),  # null: an API this reader does not know
+    # format 1.2: tensor_alloc / tensor_free only (KIND_PAYLOAD); null elsewhere
+    "device": pl.Categorical,  # "cpu", "cuda:0", ... (torch.device's spelling)
+    "allocated_bytes": pl.UInt64,  # the allocator's running total after this event; null: it gives none
+    "reserved_bytes": pl.UInt64,  # bytes the allocator holds from the driver (its cache); null: none given
+    # format 1.3: the runtime <-> driver pairing
     "outer_ts_ns": pl.Int64,  # kind "nested": ts_ns of the call (same pid, tid) it is part of
     "caller": pl.UInt64,  # runtime launches: return address at entry (in the host stub)
     "caller_fp": pl.UInt64,  # runtime launches: return address one frame up, through the frame pointer
@@ -868,6 +996,12 @@ PROCESSES_SCHEMA: dict[str, pl.DataType] = {
     "mnt_ns": pl.UInt64,
     "start_ns": pl.Int64,  # CLOCK_MONOTONIC (from /proc/PID/stat starttime)
     "exit_ns": pl.Int64,  # null while alive at the end of the capture
+    # the process's place in a distributed job, from RANK, LOCAL_RANK and
+    # WORLD_SIZE in its environment (torchrun, mpirun -x, SLURM wrappers);
+    # null when unset or unreadable (format 1.1+; older files read as null)
+    "rank": pl.Int32,
+    "local_rank": pl.Int32,
+    "world_size": pl.Int32,
 }
 
 LIBRARIES_SCHEMA: dict[str, pl.DataType] = {
@@ -1050,6 +1184,32 @@ def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
+# --------------------------------------------------------------------------- JSON documents
+
+#: manifest.json: the JSON type of each key a reader uses (pasta_trace.json_doc
+#: shapes: a type, [shape] for an array, {key: shape} for an object).  A
+#: manifest where one of them has another type is refused; other keys are free,
+#: and any key may be missing or null.
+MANIFEST_SHAPE: dict = {
+    "format_version": str,
+    "complete": bool,
+    "command_line": [str],
+    "mode": str,
+    "host": str,
+    "kernel_release": str,
+    "clock": {"start_ns": int, "end_ns": int, "start_sample": {"realtime_ns": int}},
+    "counts": {"lost_events": int, "lost_names": int},
+}
+
+#: timeline.json of a merged timeline (`merge_stats`: pasta_trace.merge.MergeStats's fields, all integers).
+TIMELINE_SHAPE: dict = {
+    "format_version": str,
+    "capture_manifest": MANIFEST_SHAPE,
+    "merge_stats": {},
+    "problems": [str],
+}
+
+
 # --------------------------------------------------------------------------- C header generation
 
 
@@ -1070,7 +1230,9 @@ def bpf_c_header() -> str:
         f"#define PT_FLAG_OUTPTR_FAULT {FLAG_OUTPTR_FAULT}",
         f"#define PT_COMM_LEN {COMM_LEN}",
         f"#define PT_NAME_LEN {NAME_LEN}",
+        f"#define PT_DEPTH {INFLIGHT_DEPTH}",
     ]
+    out.append(loss_c_defines("lost").rstrip("\n"))
     for r in HOST_RECORDS:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"

@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema
-from .probes.catalog import APIS
+from . import schema, synthetic_host, synthetic_tensors
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
@@ -48,6 +47,8 @@ class Spec:
     syncs: int = 0  # cuStreamSynchronize calls, all processes together, each blocking 50 µs to 5 ms
     failed_allocs: int = 0  # cuMemAlloc_v2 calls that return CUDA_ERROR_OUT_OF_MEMORY
     stacks: bool = False  # every call carries a Python stack from CALL_PATHS (stacks.parquet)
+    copies: int = 0  # h2d/d2h copies of a few host buffers (repeats), plus one storm of small copies; no stacks
+    tensors: int = 0  # PyTorch tensors (tensor_alloc/tensor_free events, synthetic_tensors), all processes together
 
 
 #: The Python stack of each kind of call when Spec.stacks is set, innermost
@@ -60,6 +61,13 @@ CALL_PATHS: dict[str, list[tuple[str, str, int]]] = {
     "free": [("Buffer.release", "buffers.py", 44), ("Trainer.step", "train.py", 95), ("main", "train.py", 120)],
     "sync": [("Trainer.step", "train.py", 90), ("main", "train.py", 120)],
     "sync_eval": [("evaluate", "eval.py", 7), ("main", "train.py", 125)],
+    # tensors (Spec.tensors): the weights, the activations of each step, a cache that keeps growing
+    "tensor_weights": [("Linear.__init__", "model.py", 10), ("Trainer.__init__", "train.py", 28),
+                       ("main", "train.py", 115)],
+    "tensor_activation": [("Model.forward", "model.py", 43), ("Trainer.step", "train.py", 88),
+                          ("main", "train.py", 120)],
+    "tensor_cache": [("Trainer.log_metrics", "train.py", 101), ("Trainer.step", "train.py", 97),
+                     ("main", "train.py", 120)],
 }
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
@@ -193,8 +201,6 @@ def _events(launches: pl.DataFrame, allocs: pl.DataFrame, extra: pl.DataFrame, p
     ev = ev.sort(["ts_ns", "pid", "tid"], maintain_order=True)
     if stacks:
         ev = ev.with_columns(_stack_ids(ev, pids))
-    layers = {a.symbol: a.layer.name for a in APIS}
-    ev = ev.with_columns(pl.col("api").replace_strict(layers, default=None, return_dtype=pl.String).alias("layer"))
     return ev.with_columns(pl.lit("worker").alias("comm")).select(
         [pl.col(c).cast(t) if c in ev.columns or c == "comm" else pl.lit(None, t).alias(c)
          for c, t in schema.EVENTS_SCHEMA.items()]
@@ -283,6 +289,18 @@ def _access_chunk(spec: Spec, rng: np.random.Generator, n: int, launches: pl.Dat
     return df, np.where(hit, inst, -1)
 
 
+def _write_processes(p: Path, pids: np.ndarray) -> None:
+    """processes.parquet: one python worker per pid, one rank each, as torchrun starts them."""
+    pl.DataFrame({
+        "pid": pids, "ppid": np.ones(pids.size, np.uint32), "comm": ["worker"] * pids.size,
+        "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
+        "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
+        "exit_ns": [None] * pids.size,
+        "rank": np.arange(pids.size, dtype=np.int32), "local_rank": np.arange(pids.size, dtype=np.int32),
+        "world_size": np.full(pids.size, pids.size, np.int32),
+    }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
+
+
 def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     """Write a capture directory with device frames under device/*.parquet."""
     p = Path(path)
@@ -293,7 +311,19 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
     launches = _launches(spec, rng, pids)
     # their own generator: the other frames stay what they were without them
     extra = _extra_calls(spec, np.random.default_rng([spec.seed, 1]), pids)
-    _events(launches, allocs, extra, pids, spec.stacks).write_parquet(p / "events-00000.parquet")
+    events = _events(launches, allocs, extra, pids, spec.stacks)
+    if spec.copies:
+        copies = synthetic_host.copies(spec.copies, pids, spec.span_ns, MONO0, np.random.default_rng([spec.seed, 2]))
+        events = pl.concat([events, copies]).sort("ts_ns")
+    if spec.tensors:
+        tensors = synthetic_tensors.tensors(spec.tensors, pids, spec.span_ns, MONO0,
+                                            np.random.default_rng([spec.seed, 3]))
+        if spec.stacks:
+            tensors = tensors.with_columns(_stack_ids(tensors, pids))
+        events = pl.concat([events, tensors.select(
+            [pl.col(c).cast(t) if c in tensors.columns else pl.lit(None, t).alias(c)
+             for c, t in schema.EVENTS_SCHEMA.items()])]).sort("ts_ns")
+    events.write_parquet(p / "events-00000.parquet")
     if spec.stacks:
         _stacks(pids).write_parquet(p / "stacks.parquet")
     funcs = launches.select("pid", "func").unique().sort(["pid", "func"])
@@ -303,12 +333,7 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         pl.lit("module_get_function").cast(pl.Enum(schema.NAME_SOURCE_NAMES)).alias("source"),
         pl.lit(MONO0, pl.Int64).alias("ts_ns"), pl.lit("cuModuleGetFunction").cast(pl.Categorical).alias("api"),
     ).write_parquet(p / "names.parquet")
-    pl.DataFrame({
-        "pid": pids, "ppid": np.ones(pids.size, np.uint32), "comm": ["worker"] * pids.size,
-        "cmdline": ["python train.py"] * pids.size, "cgroup": ["/"] * pids.size, "container_id": [None] * pids.size,
-        "mnt_ns": np.zeros(pids.size, np.uint64), "start_ns": np.full(pids.size, MONO0 - 10**9, np.int64),
-        "exit_ns": [None] * pids.size,
-    }, schema=schema.PROCESSES_SCHEMA).write_parquet(p / "processes.parquet")
+    _write_processes(p, pids)
     for name, df in _device_launches(spec, rng, launches).items():
         df.cast(schema.DEVICE_FRAMES[name]).write_parquet(p / "device" / f"{name}.parquet")
 
@@ -367,8 +392,63 @@ def write_capture(path: str | Path, spec: Spec = Spec()) -> Truth:
         "command": ["synthetic", json.dumps(spec.__dict__)], "host": "synthetic", "pids": [int(x) for x in pids],
         "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns,
         "clock": {"domain": "CLOCK_MONOTONIC", "start_ns": MONO0, "end_ns": MONO0 + spec.span_ns},
-        "counts": {"events": launches.height + allocs.height + extra.height, "lost_events": 0, "lost_names": 0},
+        "counts": {"events": events.height, "lost_events": 0, "lost_names": 0},
         "complete": True,
     }
     (p / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return truth
+
+
+# --------------------------------------------------------------------------- --aggregate captures
+
+#: The rows an --aggregate capture holds (schema.AGGREGATE_SCHEMA without the
+#: timestamps): pid, api, kind, func, grid_x, block_x, ret, count, bytes.
+#: Failed calls (ret not 0) are their own rows and moved no bytes.
+AGGREGATE_ROWS: list[tuple] = [
+    (4242, "cuLaunchKernel", "launch", 0x5555_0000_0000, 128, 256, 0, 1_000, 0),
+    (4242, "cuLaunchKernel", "launch", 0x5555_0000_0000, 64, 256, 0, 500, 0),
+    (4242, "cuLaunchKernel", "launch", 0x5555_0000_1000, 32, 128, 0, 250, 0),
+    (4242, "cuLaunchKernel", "launch", 0x5555_0000_1000, 32, 128, 1, 2, 0),
+    (4242, "cuMemAlloc_v2", "alloc", 0, 0, 0, 0, 10, 10 << 20),
+    (4242, "cuMemAlloc_v2", "alloc", 0, 0, 0, 2, 3, 0),
+    (4242, "cuMemAllocHost_v2", "alloc", 0, 0, 0, 0, 2, 1 << 20),
+    (4242, "cuMemcpyHtoD_v2", "memcpy", 0, 0, 0, 0, 40, 4 << 20),
+    (4242, "cuStreamSynchronize", "sync", 0, 0, 0, 0, 100, 0),
+    (4259, "hipModuleLaunchKernel", "launch", 0x6666_0000_0000, 8, 64, 0, 7, 0),
+    (4259, "hipMalloc", "alloc", 0, 0, 0, 0, 1, 4096),
+]
+#: names of the kernels the aggregate rows launch (4259's stays unnamed)
+AGGREGATE_NAMES = [(4242, 0x5555_0000_0000, "kernel_0"), (4242, 0x5555_0000_1000, "kernel_1")]
+
+
+def write_aggregate_capture(path: str | Path, *, lost_agg: int = 0, span_ns: int = 10_000_000_000) -> Path:
+    """An --aggregate capture directory (no events; aggregate.parquet with
+    AGGREGATE_ROWS, each row's calls spread over the first `span_ns`)."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    cols = ["pid", "api", "kind", "func", "grid_x", "block_x", "ret", "count", "bytes"]
+    rows = pl.DataFrame([dict(zip(cols, r)) for r in AGGREGATE_ROWS])
+    n = rows.height
+    rows.with_columns(
+        *(pl.lit(1, pl.UInt32).alias(c) for c in ("grid_y", "grid_z", "block_y", "block_z")),
+        (MONO0 + pl.int_range(n) * 1_000).alias("first_ts_ns"),
+        (MONO0 + span_ns - pl.int_range(n) * 1_000).alias("last_ts_ns"),
+    ).select([pl.col(c).cast(t) for c, t in schema.AGGREGATE_SCHEMA.items()]).write_parquet(p / "aggregate.parquet")
+    pl.DataFrame({
+        "pid": [r[0] for r in AGGREGATE_NAMES], "handle": [r[1] for r in AGGREGATE_NAMES],
+        "name": [r[2] for r in AGGREGATE_NAMES], "source": ["module_get_function"] * len(AGGREGATE_NAMES),
+        "ts_ns": [MONO0] * len(AGGREGATE_NAMES), "api": ["cuModuleGetFunction"] * len(AGGREGATE_NAMES),
+    }).cast({k: v for k, v in schema.NAMES_SCHEMA.items() if k != "reason"}).write_parquet(p / "names.parquet")
+    pids = sorted({r[0] for r in AGGREGATE_ROWS})
+    _write_processes(p, np.array(pids, np.uint32))
+    manifest = {
+        "format_version": ".".join(map(str, schema.CAPTURE_FORMAT_VERSION)), "tool": "pasta-trace synthetic",
+        "command_line": ["pasta-trace", "--aggregate", "-a"], "host": "synthetic", "mode": "system",
+        "pids": pids, "aggregate": True, "aggregate_max": schema.DEFAULT_AGGREGATE_MAX,
+        "clock": {"domain": "CLOCK_MONOTONIC", "start_ns": MONO0, "end_ns": MONO0 + span_ns},
+        "counts": {"events": 0, "names": len(AGGREGATE_NAMES), "lost_events": 0, "lost_names": 0,
+                   "lost_inflight": 0, "lost_agg": lost_agg, "by_kind": {k: 0 for k in schema.KIND_NAMES}},
+        "complete": True,
+    }
+    (p / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return p

@@ -15,9 +15,16 @@
     buffer; prints the achieved call rate, events captured + lost against the
     calls the workload made, and the tracer's CPU use during the flood (from
     /proc/PID/stat).  Targets: zero lost at 1 M calls/s, <= 25% of one core.
+    Also the tracer's memory during the flood (VmRSS) and when it exited.
+(c) SIGKILL under a flood (--kill-after S): the same capture, SIGKILLed S
+    seconds into the flood; once its events writer has written what reached
+    it, how far before the kill the newest event on disk is, and what the
+    files hold against the calls made by then.  The README promises all but
+    the last second.
 
-    sudo .venv/bin/python scripts/bench_capture.py                    # both, default sizes
+    sudo .venv/bin/python scripts/bench_capture.py                    # (a) and (b), default sizes
     sudo .venv/bin/python scripts/bench_capture.py --fill 200000 --calls 2000000   # quick
+    sudo .venv/bin/python scripts/bench_capture.py --skip-drain --skip-sustained --kill-after 6
 """
 
 from __future__ import annotations
@@ -174,30 +181,46 @@ def _writer_pid(tracer: int, workload: int) -> int:
     raise SystemExit("no events-writer process found under the tracer")
 
 
-def sustained(calls: int, threads: int, workdir: Path) -> dict:
+def _rss(pid: int) -> int:
+    """The process's resident memory now, bytes (VmRSS; VmHWM would be the BPF compile's peak)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _start_flood(calls: int, threads: int, workdir: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """`pasta-trace -- cuda_workload --flood` on the stub; returns once its first manifest is written."""
     sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
     import build
 
     lib, workload = build.cuda_stub(workdir / "build"), build.cuda_workload(workdir / "build")
     out, report = workdir / "cap", workdir / "report.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    per_thread = calls // threads
     tracer = subprocess.Popen(
         [sys.executable, "-m", "pasta_trace.cli", "-o", str(out), "--", str(workload), "--lib", str(lib),
-         "--report", str(report), "--threads", str(threads), "--flood", str(per_thread)],
+         "--report", str(report), "--threads", str(threads), "--flood", str(calls // threads)],
         env=env, stderr=subprocess.PIPE, text=True)
-    hz = os.sysconf("SC_CLK_TCK")
     while not (out / "manifest.json").exists():
         if tracer.poll() is not None:
             raise SystemExit("tracer failed:\n" + tracer.stderr.read())
         time.sleep(0.01)
+    return tracer, out, report
+
+
+def sustained(calls: int, threads: int, workdir: Path) -> dict:
+    tracer, out, report = _start_flood(calls, threads, workdir)
+    hz = os.sysconf("SC_CLK_TCK")
     wl_pid = json.loads((out / "manifest.json").read_text())["pids"][0]
     writer = _writer_pid(tracer.pid, wl_pid)
     c0, w0, t0 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
+    rss0 = peak = _rss(tracer.pid)
     while _running(wl_pid):
+        peak = max(peak, _rss(tracer.pid))
         time.sleep(0.05)
     c1, w1, t1 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
     stderr = tracer.communicate()[1]
+    t2 = time.monotonic()
     if tracer.returncode != 0:
         raise SystemExit("tracer failed:\n" + stderr)
     m = json.loads((out / "manifest.json").read_text())
@@ -209,9 +232,47 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
         "calls_per_s": made / (t1 - t0),
         "launch_events": launches,
         "lost_events": m["counts"]["lost_events"],
+        "lost_writer_behind": m["counts"].get("lost_writer_behind", 0),
         "tracer_cpu_fraction": (c1 - c0) / hz / (t1 - t0),
         "writer_cpu_fraction": (w1 - w0) / hz / (t1 - t0),
         "buffer_pages": m["buffer_pages"],
+        "tracer_rss": (rss0, peak),
+        "finish_seconds": t2 - t1,
+    }
+
+
+def killed(calls: int, kill_after: float, workdir: Path) -> dict:
+    """(c): SIGKILL the tracer kill_after seconds into the flood."""
+    import polars as pl
+
+    tracer, out, report = _start_flood(calls, 1, workdir)
+    wl_pid = json.loads((out / "manifest.json").read_text())["pids"][0]
+    writer = _writer_pid(tracer.pid, wl_pid)
+    rss0 = peak = _rss(tracer.pid)
+    end = time.monotonic() + kill_after
+    while time.monotonic() < end:
+        peak = max(peak, _rss(tracer.pid))
+        time.sleep(0.05)
+    if not _running(wl_pid):
+        raise SystemExit(f"the flood ended before {kill_after} s: give more --calls")
+    kill_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    tracer.kill()
+    tracer.communicate()
+    try:
+        os.kill(wl_pid, 9)  # the workload (ours, started by the tracer): its calls after the kill do not matter
+    except ProcessLookupError:
+        pass
+    while _running(writer):  # it writes what reached it, then exits
+        time.sleep(0.01)
+    files = sorted(out.glob("events-*.parquet"))
+    ev = pl.scan_parquet([str(f) for f in files]).select(pl.len(), pl.col("ts_ns").max()).collect() if files else None
+    rows, newest = (ev.row(0) if ev is not None else (0, None))
+    return {
+        "kill_after": kill_after,
+        "tracer_rss": (rss0, peak),
+        "rows": rows,
+        "files": len(files),
+        "gap_s": None if newest is None else (kill_ns - newest) / 1e9,
     }
 
 
@@ -223,6 +284,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="workload threads in (b)")
     ap.add_argument("--skip-drain", action="store_true")
     ap.add_argument("--skip-sustained", action="store_true")
+    ap.add_argument("--kill-after", type=float, metavar="S",
+                    help="(c): SIGKILL the tracer S seconds into a flood of --calls (default: no (c))")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_capture.py needs root (BPF)", file=sys.stderr)
@@ -245,11 +308,20 @@ def main() -> int:
             s = sustained(a.calls, a.threads, Path(tmp))
         print(f"(b) sustained: {s['calls_made']:,} cuLaunchKernel calls in {s['flood_seconds']:.2f} s = "
               f"{s['calls_per_s'] / 1e6:.2f} M calls/s ({a.threads} thread(s)), buffer {s['buffer_pages']} pages")
-        print(f"    captured {s['launch_events']:,} + lost {s['lost_events']:,} = "
-              f"{s['launch_events'] + s['lost_events']:,} (calls made {s['calls_made']:,})")
+        print(f"    captured {s['launch_events']:,} + lost {s['lost_events']:,} + dropped (events writer behind) "
+              f"{s['lost_writer_behind']:,} = {s['launch_events'] + s['lost_events'] + s['lost_writer_behind']:,} "
+              f"(calls made {s['calls_made']:,})")
         print(f"    drain (tracer process) CPU during the flood: {100 * s['tracer_cpu_fraction']:.1f}% of one core "
               f"(target <= 25%); events-writer process (decode + Parquet, nice {5}): "
               f"{100 * s['writer_cpu_fraction']:.1f}%")
+        print(f"    tracer memory {s['tracer_rss'][0] / 2**20:.0f} MiB at the start of the flood, at most "
+              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it; the tracer exited {s['finish_seconds']:.1f} s after it")
+    if a.kill_after is not None:
+        with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
+            k = killed(a.calls, a.kill_after, Path(tmp))
+        print(f"(c) SIGKILL {k['kill_after']:.1f} s into a 1-thread flood (tracer memory "
+              f"{k['tracer_rss'][0] / 2**20:.0f} -> at most {k['tracer_rss'][1] / 2**20:.0f} MiB): {k['rows']:,} "
+              f"events in {k['files']} files; the newest is from {k['gap_s']:.2f} s before the kill")
     return 0
 
 

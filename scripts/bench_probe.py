@@ -13,6 +13,11 @@ One run measures, on the same functions and interleaved rep by rep:
   calls the stub driver's ``cuLaunchKernel``: untraced; an empty uprobe on
   each of the two; pasta-trace's runtime and driver launch probes (one launch
   event, the driver's nested in it).  Target: <= 1.3x the two empty uprobes;
+* the same stub's PyTorch tensor entry points (libc10's
+  ``c10::reportMemoryUsageToProfiler``, the CUDA caching allocator's path, and
+  ``ProfiledCPUMemoryReporter::New`` + ``Delete``, the CPU path with its size
+  map): untraced; empty uprobes on the same functions; pasta-trace's tensor
+  probes.  Target: a tensor event <= 1.3x an empty uprobe;
 * NVIDIA's real ``libcuda.so.1`` (no GPU: calls return an error at once):
   untraced; an empty uprobe (+uretprobe for the alloc) at the symbol;
   pasta-trace at its chosen offset.  Target: pasta-trace >= 5x cheaper.
@@ -66,6 +71,16 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cu
     *dptr = 0x100000 + bytesize;
     return CUDA_SUCCESS;
 }
+/* libc10's tensor entry points, under their C++ names (c10::Device: two bytes in one register) */
+struct c10_device { signed char type, index; };
+volatile unsigned long long c10_sink;
+void c10_report(void *p, long long n, size_t a, size_t r, struct c10_device d)
+    __asm__("_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+void c10_report(void *p, long long n, size_t a, size_t r, struct c10_device d) { c10_sink = (size_t)p + n + a + r; }
+void c10_new(void *self, void *p, size_t n) __asm__("_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm");
+void c10_new(void *self, void *p, size_t n) { c10_sink = (size_t)p + n; }
+void c10_delete(void *self, void *p) __asm__("_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv");
+void c10_delete(void *self, void *p) { c10_sink = (size_t)p; }
 """
 
 RT_STUB_C = r"""
@@ -89,6 +104,10 @@ typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned
 typedef int (*alloc_t)(unsigned long long *, size_t);
 typedef struct { unsigned x, y, z; } dim3;  /* by value: rsi = x | y << 32, rdx = z, like the runtime's */
 typedef int (*rt_launch_t)(const void *, dim3, dim3, void **, size_t, void *);
+struct c10_device { signed char type, index; };
+typedef void (*report_t)(void *, long long, size_t, size_t, struct c10_device);
+typedef void (*new_t)(void *, void *, size_t);
+typedef void (*delete_t)(void *, void *);
 static double clk(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
 #define START double w0 = clk(CLOCK_MONOTONIC), c0 = clk(CLOCK_THREAD_CPUTIME_ID)
 #define STOP double c1 = clk(CLOCK_THREAD_CPUTIME_ID), w1 = clk(CLOCK_MONOTONIC); \
@@ -109,6 +128,21 @@ int main(int argc, char **argv)
         START;
         for (long i = 0; i < n; i++) f((void *)0x1000, g, b, 0, 0, (void *)0x99);
         STOP;
+    } else if (!strcmp(argv[2], "tensor")) {  /* a 2 MiB block handed out, then taken back, on cuda:0 */
+        report_t f = (report_t)dlsym(h, "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
+        struct c10_device d = {1, 0};
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x7f0000200000, i & 1 ? -(2 << 20) : 2 << 20, 6 << 20, 20 << 20, d);
+        STOP;
+    } else if (!strcmp(argv[2], "cpu")) {  /* one CPU tensor made and freed per iteration */
+        new_t fn = (new_t)dlsym(h, "_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm");
+        delete_t fd = (delete_t)dlsym(h, "_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv");
+        START;
+        for (long i = 0; i < n; i++) {
+            fn((void *)0x99, (void *)(0x5500000000 + i * 64), 64);
+            fd((void *)0x99, (void *)(0x5500000000 + i * 64));
+        }
+        STOP;
     } else {
         alloc_t f = (alloc_t)dlsym(h, "cuMemAlloc_v2");
         unsigned long long p;
@@ -127,7 +161,6 @@ BENCH_RT_STUB = "libbench_cudart_stub.so"
 BENCH_REAL = "libbench_nvidia_driver.so"
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
-
 
 
 def build(tmp: Path) -> tuple[Path, Path, Path]:
@@ -192,9 +225,11 @@ def main() -> int:
 
     by = {x.symbol: x for x in catalog.APIS}
     launch, alloc, rt_launch = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["cudaLaunchKernel"]
+    report, new, delete = by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE]
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch, alloc, rt_launch)).encode())
+    apis = (launch, alloc, rt_launch, report, new, delete)
+    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=apis).encode())
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):
@@ -227,8 +262,6 @@ def main() -> int:
         stub, rt_stub, loop = build(Path(d))
         stub_s, rt_s = str(stub), str(rt_stub)
         placements: dict = {}
-        #: events each call of a configuration writes: a runtime launch and its nested driver launch
-        per_call = {"stub rtlaunch pasta-trace": 2}
         configs = {
             "stub launch untraced": (stub_s, "launch", none(), False),
             "stub launch empty uprobe": (stub_s, "launch", empty_probe(stub_s, "cuLaunchKernel", False), False),
@@ -239,8 +272,15 @@ def main() -> int:
             "stub rtlaunch untraced": (rt_s, "rtlaunch", none(), False),
             "stub rtlaunch two empty uprobes": (rt_s, "rtlaunch", empty_probe(rt_s, "cudaLaunchKernel", False,
                                                                                (stub_s, "cuLaunchKernel")), False),
+            # two events per call: the runtime launch and the driver launch nested in it
             "stub rtlaunch pasta-trace": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch, placements,
-                                                                        (stub_s, launch)), True),
+                                                                        (stub_s, launch)), 2),
+            "stub tensor untraced": (stub_s, "tensor", none(), False),
+            "stub tensor empty uprobe": (stub_s, "tensor", empty_probe(stub_s, report.symbol, False), False),
+            "stub tensor pasta-trace": (stub_s, "tensor", pasta_probe(stub_s, report, placements), True),
+            "stub cpu untraced": (stub_s, "cpu", none(), False),
+            "stub cpu empty uprobes": (stub_s, "cpu", empty_probe(stub_s, new.symbol, False, (stub_s, delete.symbol)), False),
+            "stub cpu pasta-trace": (stub_s, "cpu", pasta_probe(stub_s, new, placements, (stub_s, delete)), 2),
         }  # fmt: skip
         real = None if a.skip_real else real_libcuda()
         if real:
@@ -268,8 +308,8 @@ def main() -> int:
                     if drain:
                         drain.ring.close()
                     detach_it()
-                if drained and captured != a.calls * per_call.get(name, 1):
-                    raise SystemExit(f"{name}: captured {captured} events of {a.calls} calls")
+                if drained and captured != a.calls * drained:  # drained: events per loop iteration
+                    raise SystemExit(f"{name}: captured {captured} events of {a.calls * drained} calls")
             print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
         lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
 
@@ -298,6 +338,10 @@ def main() -> int:
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
         ("stub runtime+driver launch: pasta-trace / two empty", "stub rtlaunch pasta-trace",
          "stub rtlaunch two empty uprobes", "<= 1.3"),
+        ("stub tensor (report): pasta-trace / empty uprobe", "stub tensor pasta-trace", "stub tensor empty uprobe",
+         "<= 1.3"),
+        ("stub tensor (New+Delete): pasta-trace / 2 empty", "stub cpu pasta-trace", "stub cpu empty uprobes",
+         "<= 1.3"),
     ]  # fmt: skip
     if real:
         rows += [

@@ -10,7 +10,8 @@
 #  3. A virtual environment (.venv) on Debian's python3 with --system-site-packages, so that BCC's Debian
 #     module is importable, and `pip install -e .[dev]`.
 #  4. NVIDIA's real libcuda.so.1 from Debian non-free, unpacked into a cache (not installed): for tests.
-#  5. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
+#  5. PyTorch's CPU build (torch 2.13.0+cpu) in a private cache (not installed): for the tensor tests.
+#  6. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { printf '[setup] %s\n' "$*" >&2; }
@@ -52,6 +53,10 @@ fi
 
 if ! scripts/fetch_vendor_libs.sh >/dev/null; then
   say "could not fetch NVIDIA's libcuda1 (non-free): the real-driver tests will skip"
+fi
+
+if ! scripts/fetch_torch_cpu.sh >/dev/null; then
+  say "could not install PyTorch's CPU build: the tensor tests will skip"
 fi
 
 if [ -x scripts/build_gpu_probes.sh ]; then scripts/build_gpu_probes.sh; fi

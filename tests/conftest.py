@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 import build  # noqa: E402  (tests/fixtures/build.py)
+import torch_env  # noqa: E402  (tests/fixtures/torch_env.py)
 from pasta_run import Tracer  # noqa: E402
 
 
@@ -82,6 +83,11 @@ def hip_workload(build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def c10_stub(build_dir: Path) -> Path:
+    return _built("c10_stub", build_dir)
+
+
+@pytest.fixture(scope="session")
 def real_libs_program(build_dir: Path) -> Path:
     return _built("real_libs_calls", build_dir)
 
@@ -95,6 +101,15 @@ def cudart_stub(build_dir: Path) -> Path:
 def cudart_launcher(build_dir: Path):
     """Factory: cudart_launcher("shared" | "static") -> the nvcc-built launcher (tests/fixtures/cudart_launcher.cu)."""
     return lambda cudart: _built(f"cudart_launcher_{cudart}", build_dir)
+
+
+@pytest.fixture(scope="session")
+def torch_cpu() -> torch_env.TorchEnv:
+    """PyTorch's CPU build in a private cache (installed on first use), or a skip saying why."""
+    try:
+        return torch_env.torch_env()
+    except torch_env.Unavailable as e:
+        pytest.skip(f"torch CPU build not available: {e}")
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,20 @@ def families(build_dir: Path) -> list[Family]:
         Family("cuda", _built("cuda_stub", build_dir), _built("cuda_workload", build_dir), "libcuda.so.1"),
         Family("hip", _built("hip_stub", build_dir), _built("hip_workload", build_dir), "libamdhip64.so"),
     ]
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):
+    """A 4 MiB tmpfs, for a disk that fills up (mounting needs root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=True)
 
 
 @pytest.fixture

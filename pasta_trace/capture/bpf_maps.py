@@ -8,15 +8,24 @@ import numpy as np
 from .. import schema
 
 
-def read_lost(bpf) -> tuple[int, int, int]:
-    """(events, names, calls without their return) lost so far, summed over CPUs."""
-    t = bpf["lost"]
-    return tuple(int(sum(t[t.Key(i)])) for i in range(3))  # type: ignore[return-value]
+def read_lost(bpf) -> dict[str, int]:
+    """Every BPF loss counter of schema.LOSSES so far, by name, summed over
+    CPUs; counters of a map the program does not have (py_stats without
+    stacks) are left out."""
+    out: dict[str, int] = {}
+    for counter in dict.fromkeys(loss.counter for loss in schema.LOSSES if loss.counter):
+        try:
+            table = bpf[counter]
+        except KeyError:
+            continue
+        for loss in schema.loss_counters(counter):
+            out[loss.name] = int(sum(table[table.Key(loss.index)]))
+    return out
 
 
 def read_aggregate(bpf) -> tuple[np.ndarray, np.ndarray]:
     """The aggregation map's keys and values (schema.AGG_KEY, schema.AGG_VAL):
-    one row per (pid, api, kernel, shape), at most PT_AGG_MAX."""
+    one row per (pid, api, kernel, shape, return code), at most --aggregate-max."""
     items = list(bpf["agg"].items())
     keys = np.frombuffer(b"".join(bytes(k) for k, _ in items), schema.AGG_KEY.dtype)
     vals = np.frombuffer(b"".join(bytes(v) for _, v in items), schema.AGG_VAL.dtype)

@@ -45,7 +45,7 @@ def layer_table(api_names: Sequence[str]) -> list[str | None]:
     catalog lacks."""
     from ..probes.catalog import APIS
 
-    layers = {a.symbol: a.layer.name for a in APIS}
+    layers = {a.api_name: a.layer.name for a in APIS}
     return [layers.get(n) for n in api_names]
 
 
@@ -85,6 +85,29 @@ def _strings(raw: np.ndarray, name: str, dtype: pl.DataType) -> pl.Series:
     return pl.Series(name, text, dtype=dtype).gather(pl.Series(inverse.astype(np.uint32)))
 
 
+def torch_device(aux: pl.Expr) -> pl.Expr:
+    """c10::Device packed as a tensor event's aux (schema.TORCH_DEVICE_TYPES)
+    -> "cpu", "cuda:3", ...: torch.device's spelling; an unknown type reads
+    "device#N"."""
+    kind = aux & 0xFF
+    index = (aux // 256) & 0xFF
+    name = kind.replace_strict(dict(enumerate(schema.TORCH_DEVICE_TYPES)), default=None, return_dtype=pl.String)
+    name = pl.coalesce(name, pl.format("device#{}", kind))
+    # index -1 (0xff): the device has none ("cpu")
+    return pl.when(index == 0xFF).then(name).otherwise(pl.format("{}:{}", name, index))
+
+
+def _kind_payload() -> tuple[dict[str, tuple[str, list[int]]], dict[str, list[int]]]:
+    """schema.KIND_PAYLOAD as (named column -> (slot, kinds), slot -> kinds that use it for a named column)."""
+    named: dict[str, tuple[str, list[int]]] = {}
+    taken: dict[str, list[int]] = {}
+    for kind, slots in schema.KIND_PAYLOAD.items():
+        for slot, col in slots.items():
+            named.setdefault(col, (slot, []))[1].append(int(kind))
+            taken.setdefault(slot, []).append(int(kind))
+    return named, taken
+
+
 def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
     """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA."""
     if recs.size == 0:
@@ -92,13 +115,14 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
     table = api_table(api_names, int(recs["api"].max()) + 1)
     cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
                           "comm", "stack_id", "outer_ts", *_PAYLOAD_COLUMNS])
-    kinds = np.minimum(cols.pop("kind"), len(schema.KIND_NAMES) - 1)  # unknown -> other
+    kinds = schema.kind_index(cols.pop("kind"))
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
     comm = cols.pop("comm")
     cols["ts_ns"] = cols["ts_ns"].view(np.int64)
     cols["dur_ns"] = cols["dur_ns"].view(np.int64)
     cols["outer_ts"] = cols["outer_ts"].view(np.int64)
+    cols["_kind"] = kinds.astype(np.uint8)
     raw = pl.DataFrame(cols).with_columns(
         _comm(comm),
         _lookup(api, table, pl.Categorical, "api"),
@@ -113,6 +137,12 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
     def flag(bit: int) -> pl.Expr:
         return (pl.col("flags") & bit) != 0
 
+    named, taken = _kind_payload()
+
+    def slot(c: str, bit: str) -> pl.Expr:
+        own = has(bit) & ~pl.col("_kind").is_in(taken[c]) if c in taken else has(bit)
+        return pl.when(own).then(pl.col(c))
+
     exprs = {
         "ts_ns": pl.col("ts_ns"),
         "dur_ns": pl.when(flag(schema.FLAG_HAS_DUR)).then(pl.col("dur_ns")),
@@ -122,12 +152,14 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         "api": pl.col("api"),
         "kind": pl.col("kind"),
         "ret": pl.when(flag(schema.FLAG_HAS_RET)).then(pl.col("ret")),
-        **{c: pl.when(has(bit)).then(pl.col(c)) for c, bit in _PAYLOAD_COLUMNS.items()},
+        **{c: slot(c, bit) for c, bit in _PAYLOAD_COLUMNS.items()},
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
         "layer": pl.col("layer"),
         "outer_ts_ns": pl.when(pl.col("outer_ts") != 0).then(pl.col("outer_ts")),
+        **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) for col, (src, ks) in named.items()},
     }
+    exprs["device"] = pl.when(exprs["device"].is_not_null()).then(torch_device(pl.col("aux")))
     return raw.select(
         [exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()]
     )
@@ -199,7 +231,7 @@ def aggregate_frame(keys: np.ndarray, vals: np.ndarray, api_names: Sequence[str]
     if keys.size == 0:
         return schema.empty_frame(schema.AGGREGATE_SCHEMA)
     table = api_table(api_names, int(keys["api"].max()) + 1)
-    kinds = np.minimum(keys["kind"], len(schema.KIND_NAMES) - 1)
+    kinds = schema.kind_index(keys["kind"])
     return pl.DataFrame(
         {
             "pid": keys["pid"],

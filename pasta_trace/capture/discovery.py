@@ -1,4 +1,4 @@
-"""Find the CUDA driver, CUDA runtime and HIP libraries that processes have mapped.
+"""Find the CUDA driver, CUDA runtime, HIP and PyTorch (libc10) libraries that processes have mapped.
 
 /proc/PID/maps shows each mapping's path as seen inside the process's mount
 namespace; /proc/PID/map_files/<start>-<end> gives the file actually mapped
@@ -26,6 +26,8 @@ TRACED = {
     "cuda": re.compile(r"^libcuda\.so(\.[0-9.]+)?$"),
     "hip": re.compile(r"^libamdhip64\.so(\.[0-9.]+)?$"),
     "cudart": re.compile(r"^libcudart\.so(\.[0-9.]+)?$"),
+    # PyTorch's core library, wherever a wheel, conda or a container put it
+    "c10": re.compile(r"^libc10\.so(\.[0-9.]+)?$"),
 }
 
 #: Functions whose definition in an executable's .symtab says the CUDA
@@ -35,7 +37,7 @@ STATIC_CUDART_MARKERS = frozenset({"cudaLaunchKernel", "cudaMalloc"})
 #: Other GPU libraries worth naming when a process has not loaded a traced one yet.
 OTHER_GPU = re.compile(
     r"^(libnvrtc|libcupti|libcublas(Lt)?|libcufft|libcurand|libcusparse|libcusolver|libcudnn\w*"
-    r"|libnccl|libnvidia-ml|libnvJitLink|libtorch_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
+    r"|libnccl|libnvidia-ml|libnvJitLink|libtorch_cuda|libc10_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
     r"|libhiprtc|libamd_comgr|libroctracer64|librocprofiler\w*)\.so(\.[0-9.]+)?$"
 )
 

@@ -38,6 +38,11 @@ def boost_drain_thread() -> None:
         pass  # without CAP_SYS_NICE: normal priority, a larger --buffer-pages helps instead
 
 
+def status_text(events: int, lost: dict[str, int]) -> str:
+    """The live status line: events so far, and every kind of loss that counted."""
+    return f"{events:,} events, lost: {schema.loss_text(lost) or 0}"
+
+
 class DrainLoop:
     """Owns the event and name rings of one capture while it runs."""
 
@@ -86,8 +91,7 @@ class DrainLoop:
             self._tracker.rescan_if_due()
             if self._status and now - last_status >= 0.25:
                 last_status = now
-                lost = read_lost(self._bpf)
-                self._status(f"{self._writer.events:,} events, {lost[0] + lost[1]:,} lost")
+                self._status(status_text(self._writer.events, read_lost(self._bpf)))
             if deadline is not None and now >= deadline:
                 break
             if held is not None and (code := held.poll()) is not None:

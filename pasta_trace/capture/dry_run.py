@@ -17,7 +17,7 @@ from .targets import check_pids, launch_candidates, unreadable
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages)
+                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max)
 
 
 @dataclass
@@ -59,7 +59,8 @@ def plan(opts: Options) -> str:
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
-                lines.append(f"PID {pid}: no libcuda/libcudart/libamdhip64 mapped yet ({others}); would wait for one")
+                lines.append(f"PID {pid}: no libcuda/libcudart/libamdhip64/libc10 mapped yet ({others}); "
+                             "would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
         libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
@@ -76,5 +77,5 @@ def plan(opts: Options) -> str:
             lines.append("  missing: " + ", ".join(p.missing))
         if opts.verbose and p.aliases:
             lines.append("  reported under another: " + ", ".join(f"{a} -> {b}" for a, b in p.aliases.items()))
-    lines.append("later loads of libcuda.so*/libcudart.so*/libamdhip64.so* would be caught when opened")
+    lines.append("later loads of libcuda.so*/libcudart.so*/libamdhip64.so*/libc10.so* would be caught when opened")
     return "\n".join(lines) + "\n"

@@ -9,15 +9,23 @@ framed messages on stdin: a type byte, a u64 length, the payload.
     b"E"  raw records: schema.HOST_EVENT, plain or as laid out in the ring
     b"F"  write what arrived since the last flush
     b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
-    b"C"  flush, answer a JSON line {"comms": {pid: comm}, "files": [...]}, exit
+    b"C"  flush, answer a JSON line and exit: {"comms": {pid: comm}, "files": [...],
+          "written": N, "unwritten": N, "by_kind": [N per schema.KIND_NAMES],
+          "error": why the first failed write failed, or null}
+
+Files are written by a thread while reading goes on (EventFiles).  A flush
+that cannot be written (a full disk) leaves no file behind: its records are
+counted as unwritten, and the next flush tries again.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +36,15 @@ from ..safe_output import OutputDir
 from . import own_process
 from .decode import events_frame
 from .ringbuf import padded_dtype
+from .tensor_sizes import TensorSizes
 
 HEADER = struct.Struct("<cQ")
 COMPRESSION = "lz4"
 NICE = 5
+#: Records held here unwritten, at most: past it a file is written before the
+#: flush interval ends, and reading waits for the write before it, so that a
+#: writer slower than the events backs up into the tracer's bounded queue.
+PENDING_BYTES = 64 << 20
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -39,8 +52,24 @@ def frame(kind: bytes, payload: bytes = b"") -> bytes:
 
 
 def write_atomic(out: OutputDir, name: str, data: pl.DataFrame) -> None:
-    """Write ``data`` to ``name`` in ``out`` via a new temporary file and a rename."""
-    out.write_atomic(name, lambda path: data.write_parquet(path, compression=COMPRESSION, statistics=False))
+    """Write ``data`` to ``name`` in ``out`` via a new temporary file and a
+    rename.  A failed write (ENOSPC, EIO, ...) raises OSError and leaves
+    nothing behind."""
+    def write(path: str) -> None:
+        # encoded in memory, then written by us: a failed write is then the
+        # OSError it is (Polars writing to the file itself reports it as a
+        # ComputeError, "Invalid thrift: transport error" when the footer fails)
+        buf = io.BytesIO()
+        data.write_parquet(buf, compression=COMPRESSION, statistics=False)
+        with open(path, "wb") as f:
+            f.write(buf.getbuffer())
+
+    out.write_atomic(name, write)
+
+
+def kind_counts(recs: np.ndarray) -> np.ndarray:
+    """Records per schema.KIND_NAMES (an unknown kind counts as other)."""
+    return np.bincount(schema.kind_index(recs["kind"]), minlength=len(schema.KIND_NAMES))
 
 
 def _read_exact(stream, n: int) -> bytes:
@@ -53,50 +82,103 @@ def _read_exact(stream, n: int) -> bytes:
     return bytes(buf)
 
 
+class EventFiles:
+    """The events files of one capture.  Each flush is written by a thread
+    of its own while the main thread goes on reading the pipe, so the tracer
+    is never kept waiting by a write: what reached this process is safe from
+    a SIGKILL of the tracer, what waits in the tracer is not."""
+
+    def __init__(self, out: OutputDir):
+        self._out = out
+        self.api_names: list[str] = []
+        self._pending: list[np.ndarray] = []
+        self._pending_bytes = 0
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self.files: list[str] = []
+        self.comms: dict[int, str] = {}
+        self.written = self.unwritten = 0
+        self.by_kind = np.zeros(len(schema.KIND_NAMES), np.int64)
+        self.error: str | None = None
+        self._sizes = TensorSizes()  # files are written one after another: frees get their sizes in order
+
+    def add(self, recs: np.ndarray) -> None:
+        self._pending.append(recs)
+        self._pending_bytes += recs.nbytes
+        if self._pending_bytes >= PENDING_BYTES:
+            self.flush()  # a file before the interval ends; waits for the write before (backpressure)
+
+    def flush(self) -> None:
+        """Start writing what arrived since the last flush, once the write before it ended."""
+        self.wait()
+        if not self._pending:
+            return
+        recs = np.concatenate(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        self._thread = threading.Thread(target=self._write, args=(recs,), name="pasta-events-file")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the write in progress ended; raises what broke it (a bug: a full disk is counted)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failure is not None:
+            raise self._failure
+
+    def _write(self, recs: np.ndarray) -> None:
+        try:
+            data = self._sizes.fill(events_frame(recs, self.api_names))
+            for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
+                self.comms.setdefault(pid, comm)
+            name = f"events-{len(self.files):05d}.parquet"
+            try:
+                write_atomic(self._out, name, data)
+            except OSError as e:  # a full disk: keep the files written so far, count these
+                self.unwritten += len(recs)
+                self.error = self.error or (e.strerror or str(e))
+                return
+            self.files.append(name)
+            self.written += len(recs)
+            self.by_kind += kind_counts(recs)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
+            self._failure = e
+
+    def reply(self) -> dict:
+        return {"comms": self.comms, "files": self.files, "written": self.written, "unwritten": self.unwritten,
+                "by_kind": self.by_kind.tolist(), "error": self.error}
+
+
 def main(argv: list[str]) -> int:
     own_process.mark()
     fd = int(argv[0])  # the capture directory, inherited open: every file is written relative to it
-    out = OutputDir(fd, Path(f"/proc/self/fd/{fd}"))
     os.nice(NICE)
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
     stdin, stdout = sys.stdin.buffer, sys.stdout
-    api_names: list[str] = []
-    pending: list[np.ndarray] = []
-    files: list[str] = []
-    comms: dict[int, str] = {}
-
-    def flush() -> None:
-        if not pending:
-            return
-        recs = np.concatenate(pending)
-        pending.clear()
-        data = events_frame(recs, api_names)
-        name = f"events-{len(files):05d}.parquet"
-        write_atomic(out, name, data)
-        files.append(name)
-        for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
-            comms.setdefault(pid, comm)
-
+    files = EventFiles(OutputDir(fd, Path(f"/proc/self/fd/{fd}")))
     while True:
         try:
             kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
             payload = _read_exact(stdin, length) if length else b""
         except EOFError:
-            flush()  # the tracer died: keep what we have
+            files.flush()  # the tracer died: keep what we have
+            files.wait()
             return 1
         if kind == b"A":
-            api_names = json.loads(payload)
+            files.api_names = json.loads(payload)
         elif kind == b"E":
             size = struct.unpack_from("<I", payload)[0]
-            pending.append(np.frombuffer(payload, dtypes[size], offset=4))
+            files.add(np.frombuffer(payload, dtypes[size], offset=4))
         elif kind in (b"F", b"S"):
-            flush()
+            files.flush()
             if kind == b"S":
+                files.wait()
                 stdout.write("ok\n")
                 stdout.flush()
         elif kind == b"C":
-            flush()
-            stdout.write(json.dumps({"comms": comms, "files": files}) + "\n")
+            files.flush()
+            files.wait()
+            stdout.write(json.dumps(files.reply()) + "\n")
             stdout.flush()
             return 0
         else:

@@ -1,6 +1,11 @@
 """The end of a capture: the last flush, the aggregation map, names (run-time
 and offline), the small tables, the complete manifest, and handing the
-directory over to the invoking user."""
+directory over to the invoking user.
+
+On a full disk the capture still ends cleanly: the events files written
+stay, what could not be written is counted (``lost_unwritten``) or noted (a
+small table keeps its last version), and the room held aside since the
+start (CaptureWriter) is given up so that the manifest is completed."""
 
 from __future__ import annotations
 
@@ -26,9 +31,10 @@ from .writer import CaptureWriter
 class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
                  tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
-                 say: Callable[[str], None] = lambda _msg: None):
+                 say: Callable[[str], None] = lambda _msg: None, known_full: Callable[[], int] = lambda: 0):
         self._stacks = stacks
         self._say = say
+        self._known_full = known_full
         self._opts = opts
         self._out = out
         self._owner = owner
@@ -60,25 +66,29 @@ class Finisher:
         writer.write_frame(writer.dir / "names.parquet", names)
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
-        lost = read_lost(bpf)
+        lost = read_lost(bpf)  # with the stack counters below: one read of each
         manifest.end = mf.ClockSample.now()
         manifest.libraries = self._probes.entries()
         manifest.pids = sorted(self._tracker.traced_pids)
-        manifest.notes = self._probes.notes
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
-        manifest.counts = mf.counts(events=writer.events, names=writer.names, lost=lost, by_kind=by_kind)
-        if self._stacks is not None:
-            manifest.counts["stacks"] = self._stacks.counts()
+        lost |= {"lost_writer_behind": writer.lost_behind, "lost_unwritten": writer.unwritten}
+        manifest.counts = mf.counts(events=writer.written, names=writer.names, lost=lost, by_kind=by_kind,
+                                    known_full=self._known_full(),
+                                    stacks=self._stacks.counts() if self._stacks is not None else None)
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:
             manifest.device_files = [str(p.relative_to(self._opts.out_dir)) for p in device.finish()]
         self._say(f"removing {self._probes.functions} probes...")
-        detach()
-        manifest.write(self._out, complete=True)
+        detach()  # its failure is a note (ProbeSet.detach): the capture stays complete
+        write_error = writer.write_error or next(iter(writer.failed.values()), None)
+        manifest.notes = [*self._probes.notes, *(f"{name} not written: {why} (its last version is kept)"
+                                                  for name, why in writer.failed.items())]
+        completed = complete_manifest(self._out, manifest)
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
         self._out.close()
-        return Result(self._opts.out_dir, manifest, lost, by_kind, writer.events, names, exit_code)
+        return Result(self._opts.out_dir, manifest, by_kind, writer.written, names, exit_code,
+                      write_error=completed or write_error, manifest_written=completed is None)
 
     def _write_aggregate(self, writer: CaptureWriter, bpf) -> None:
         from .decode import aggregate_frame
@@ -115,3 +125,16 @@ class Finisher:
             self._probes.notes.append(f"naming driver handles from runtime launches failed: {type(e).__name__}: {e}")
             return names
         return pl.concat([names, paired], how="vertical") if not paired.is_empty() else names
+
+
+def complete_manifest(out: OutputDir, manifest: mf.Manifest) -> str | None:
+    """Write the complete manifest; on a full disk give up the room held
+    aside (OutputDir.keep_free) and try again.  Returns why it could not be
+    written, or None once it is."""
+    while True:
+        try:
+            manifest.write(out, complete=True)
+            return None
+        except OSError as e:
+            if not out.release_space():
+                return e.strerror or str(e)

@@ -64,6 +64,7 @@ class Manifest:
     libraries: list[LibraryEntry] = field(default_factory=list)
     launched: dict | None = None  # {"argv": [...], "pid": N, "exit_code": N}
     aggregate: bool = False
+    aggregate_max: int | None = None  # rows of the --aggregate map; None without --aggregate
     buffer_pages: int = 0
     end: ClockSample | None = None
     counts: dict = field(default_factory=dict)
@@ -95,6 +96,7 @@ class Manifest:
             "pids": self.pids,
             "launched": self.launched,
             "aggregate": self.aggregate,
+            "aggregate_max": self.aggregate_max,
             "buffer_pages": self.buffer_pages,
             "libraries": [asdict(lib) for lib in self.libraries],
             "counts": self.counts,
@@ -110,14 +112,20 @@ class Manifest:
 
 
 def counts(
-    *, events: int, names: int, lost: tuple[int, int, int], by_kind: dict[str, int]
+    *, events: int, names: int, lost: dict[str, int], by_kind: dict[str, int], known_full: int = 0,
+    stacks: dict | None = None,
 ) -> dict:
-    """The manifest's `counts` object; read.py reads lost_events and lost_names."""
-    return {
-        "events": events,
-        "names": names,
-        "lost_events": lost[0],
-        "lost_names": lost[1],
-        "lost_inflight": lost[2],
-        "by_kind": by_kind,
-    }
+    """The manifest's `counts` object.  Each loss counter (schema.LOSSES) is
+    stored by its name, in its section (`stacks`) where it has one; the
+    readers add them all up (read.Capture.losses)."""
+    out: dict = {"events": events, "names": names}
+    if stacks is not None:
+        out["stacks"] = dict(stacks)
+    for name, n in lost.items():
+        section = schema.LOSS_BY_NAME[name].section
+        (out.setdefault(section, {}) if section else out)[name] = n
+    # library files with probes that the kernel's known-files table could not
+    # hold: each later open of one paused its process (not a loss)
+    out["known_full"] = known_full
+    out["by_kind"] = by_kind
+    return out

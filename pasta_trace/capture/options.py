@@ -15,7 +15,7 @@ from .. import schema
 from . import manifest as mf
 
 DEFAULT_BUFFER_PAGES = 4096  # 16 MiB: ~115k events, ~0.1 s of a 1 M calls/s flood
-NAMES_PAGES = 64
+MIN_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # 1 MiB for new stacks only (~1 KiB each at depth 64): identical ones are not resent
 #: A BPF ring buffer's size is its map's max_entries, a u32 that must be a
 #: power of two (kernel/bpf/ringbuf.c): 2 GiB at most (2 GiB loads, 4 GiB
@@ -38,6 +38,7 @@ class Options:
     force: bool = False
     buffer_pages: int = DEFAULT_BUFFER_PAGES
     aggregate: bool = False
+    aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX  # rows of the --aggregate map
     verbose: bool = False
     device: str | None = None
     stacks: bool = True  # the caller's Python stack on every event (--no-stacks: off)
@@ -49,17 +50,32 @@ class Options:
         """Frames the BPF walker keeps, None when it is not loaded (--aggregate keeps no events)."""
         return self.stack_depth if self.stacks and not self.aggregate else None
 
+    @property
+    def settings(self) -> dict[str, int]:
+        """The value of each option a loss's remedy raises (schema.Loss.flag)."""
+        return {"--buffer-pages": self.buffer_pages, "--stack-buffer-pages": self.stack_pages,
+                "--aggregate-max": self.aggregate_max}
+
+
+def names_pages(buffer_pages: int) -> int:
+    """The names ring grows with --buffer-pages (1/64 of it, 64 pages at least),
+    so that raising --buffer-pages also cures lost names."""
+    return max(MIN_NAMES_PAGES, buffer_pages // 64)
+
 
 @dataclass
 class Result:
     out_dir: Path
     manifest: mf.Manifest
-    lost: tuple[int, int, int]
     by_kind: dict[str, int]
     events: int
     names: pl.DataFrame
     exit_code: int | None = None
     messages: list[str] = field(default_factory=list)
+    #: why a write into the capture failed (a full disk), None when all went to disk
+    write_error: str | None = None
+    #: False when even the final manifest could not be written
+    manifest_written: bool = True
 
 
 def default_out_dir() -> Path:

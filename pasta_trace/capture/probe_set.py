@@ -13,17 +13,17 @@ from .. import schema
 from ..errors import PastaError
 from . import checks, discovery, manifest as mf
 from .late_load import OpenedLibrary, discover_text
-from .options import DEFAULT_STACK_PAGES, NAMES_PAGES, Options
+from .options import DEFAULT_STACK_PAGES, Options, names_pages
 
 
 def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
-                 stack_pages: int = DEFAULT_STACK_PAGES) -> str:
+                 stack_pages: int = DEFAULT_STACK_PAGES, aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX) -> str:
     """The C text of the probes and discover programs, as loaded."""
     from ..probes import program
 
     return program.build_bpf_text(
-        ring_pages=buffer_pages, names_pages=NAMES_PAGES, aggregate=aggregate, filter_pids=filter_pids,
-        stack_depth=stack_depth, stack_pages=stack_pages,
+        ring_pages=buffer_pages, names_pages=names_pages(buffer_pages), aggregate=aggregate,
+        aggregate_max=aggregate_max, filter_pids=filter_pids, stack_depth=stack_depth, stack_pages=stack_pages,
     ) + discover_text(filter_pids=filter_pids)
 
 
@@ -31,7 +31,8 @@ def load_program(opts: Options):
     """Compile and load the probes and discover programs (a bcc.BPF)."""
     bcc = checks.import_bcc()
     text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
-                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages)
+                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
+                        aggregate_max=opts.aggregate_max)
     try:
         return bcc.BPF(text=text)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
@@ -134,10 +135,17 @@ class ProbeSet:
         Closing a uprobe's perf event waits for RCU grace periods: 0.1-0.25 s
         per probe on our kernels, a minute for a few hundred probes.  A
         detached grandchild inherits the descriptors and closes them; our own
-        copies then close at once.  (BCC's own cleanup would also try to
-        detach through tracefs's uprobe_events, which fails where tracefs is
-        not mounted.)  Removing is cleanup: a failure is a warning (in the
-        manifest's notes), never a failed capture."""
+        copies then close at once.
+
+        Every exit path must come here once probes are attached.  BCC's own
+        cleanup (BPF.cleanup, also run at interpreter exit) detaches each
+        uprobe it still lists through tracefs: it opens uprobe_events to look
+        for a leftover ``p_<path>_0x<offset>_bcc_<pid>`` entry, and where tracefs
+        is not mounted that open fails and it raises "Failed to detach BPF from
+        uprobe", although our probes, made by perf_event_open, have no tracefs
+        entry and go when their fd closes.  So the fds are taken out of BCC's
+        list first.  Removing is cleanup: a failure is a warning in the
+        manifest's notes (shown by the summary), never a failed capture."""
         try:
             fds = list(self.bpf.uprobe_fds.values())
             self.bpf.uprobe_fds.clear()
@@ -146,12 +154,13 @@ class ProbeSet:
             self.bpf.cleanup()
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
             self.notes.append(f"removing the probes: {type(e).__name__}: {e}")
-            self._say(f"warning: {self.notes[-1]}")
 
 
 def close_in_background(fds: list[int]) -> None:
     """Close ``fds`` in a detached process (double fork: no zombie, no
-    terminal), then drop this process's copies."""
+    terminal), after this process has dropped its own copies: the last close
+    of a probe is the one that waits for the kernel, and it must not be ours."""
+    done_r, done_w = os.pipe()
     child = os.fork()
     if child == 0:
         try:
@@ -160,7 +169,7 @@ def close_in_background(fds: list[int]) -> None:
                 # keep only the uprobes: an inherited copy of anything else (the
                 # discover tracepoints, the rings, the maps) would stay attached
                 # for as long as the removal takes
-                keep = set(fds)
+                keep = {*fds, done_r}
                 for name in os.listdir("/proc/self/fd"):
                     if int(name) not in keep and int(name) > 2:
                         try:
@@ -170,10 +179,14 @@ def close_in_background(fds: list[int]) -> None:
                 devnull = os.open(os.devnull, os.O_RDWR)
                 for std in (0, 1, 2):
                     os.dup2(devnull, std)
+                while os.read(done_r, 1):  # end of file: the tracer's copies are closed
+                    pass
                 with ThreadPoolExecutor(max_workers=16) as pool:
                     list(pool.map(os.close, fds))
         finally:
             os._exit(0)
+    os.close(done_r)
     os.waitpid(child, 0)
     for fd in fds:
         os.close(fd)
+    os.close(done_w)

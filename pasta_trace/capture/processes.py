@@ -50,6 +50,34 @@ def cgroup_path(cgroup_id: int, root: Path) -> str | None:
     return None
 
 
+#: environment variables naming a process's place in a distributed job -> processes.parquet column
+DISTRIBUTED_ENV = {"RANK": "rank", "LOCAL_RANK": "local_rank", "WORLD_SIZE": "world_size"}
+
+
+def distributed(environ: bytes) -> dict[str, int | None]:
+    """rank, local_rank, world_size from a /proc/PID/environ image (NUL-separated
+    NAME=value); None for a variable that is unset or not an integer."""
+    out: dict[str, int | None] = dict.fromkeys(DISTRIBUTED_ENV.values())
+    for entry in environ.split(b"\0"):
+        name, _, value = entry.partition(b"=")
+        col = DISTRIBUTED_ENV.get(name.decode("ascii", "replace"))
+        if col is not None:
+            try:
+                out[col] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
+def _environ(base: Path) -> bytes:
+    """The process's initial environment; empty when it cannot be read (another
+    user's process without the privilege to read it: its rank stays unknown)."""
+    try:
+        return (base / "environ").read_bytes()
+    except OSError:
+        return b""
+
+
 def _boot_offset_ns() -> int:
     """CLOCK_MONOTONIC - CLOCK_BOOTTIME: /proc/PID/stat start times count from
     boot including suspend; the events' clock does not."""
@@ -85,6 +113,7 @@ def process_row(pid: int, proc: Path = Path("/proc")) -> dict | None:
         "mnt_ns": mnt_ns,
         "start_ns": start_ticks * 1_000_000_000 // _CLK_TCK + _boot_offset_ns(),
         "exit_ns": None,
+        **distributed(_environ(base)),
     }
 
 

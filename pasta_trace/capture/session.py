@@ -67,9 +67,16 @@ class Session:
         """Load the BPF program and attach to the libraries of the chosen
         processes (call check() first).  In launch mode, returns the command,
         started and held before exec (release() it once ready)."""
-        opts = self.opts
         self.say("compiling the BPF program...")
-        self.bpf = load_program(opts)
+        self.bpf = load_program(self.opts)
+        try:
+            return self._setup(env)
+        except BaseException:
+            self.detach()  # probes attached so far go now, not in BCC's exit handler (ProbeSet.detach)
+            raise
+
+    def _setup(self, env: dict[str, str] | None) -> HeldCommand | None:
+        opts = self.opts
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
@@ -91,7 +98,8 @@ class Session:
                 raise
             # it has loaded none of them yet: count what is ready, not what it uses
             ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
-                     if self._probes.attached else "no libcuda/libcudart/libamdhip64 found yet: attaching when it loads one")
+                     if self._probes.attached
+                     else "no libcuda/libcudart/libamdhip64/libc10 found yet: attaching when it loads one")
             self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
         who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"
@@ -134,7 +142,8 @@ class Session:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
         return read_aggregate(self.bpf)
 
-    def lost(self) -> tuple[int, int, int]:
+    def lost(self) -> dict[str, int]:
+        """Every BPF loss counter so far, by name (schema.LOSSES)."""
         return read_lost(self.bpf)
 
     # ------------------------------------------------------------------ a whole capture
@@ -161,10 +170,11 @@ class Session:
         try:
             from ..probes import catalog
 
-            api_names = [a.symbol for a in catalog.APIS]
+            api_names = list(catalog.API_NAMES)
             writer = CaptureWriter(out, api_names)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
-                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device)
+                                   aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
+                                   aggregate_max=opts.aggregate_max if opts.aggregate else None)
             manifest.libraries = self._probes.entries()
             manifest.pids = sorted(self._tracker.traced_pids)
             manifest.write(out, complete=False)
@@ -176,7 +186,7 @@ class Session:
                                     stacks=self._stacks)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
-                                say=self.say)
+                                say=self.say, known_full=lambda: self._watcher.known_full)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped

@@ -41,6 +41,9 @@ class StackCollector:
         self.record = schema.py_stack_record(depth)
         self._ring = open_table(bpf, "pystacks", self.record.dtype)
         self._procs_map = bpf["py_procs"]
+        self._unregistered_map = bpf["py_unregistered"]
+        #: events of Python processes before they were registered (they carry no stack)
+        self._unregistered = 0
         self._finder = interpreter.Finder(proc)
         self._procs: dict[int, _Process] = {}
         #: pid -> what the manifest says about it: interpreter and version, or why there are no stacks
@@ -90,15 +93,26 @@ class StackCollector:
         try:
             mem = ProcessMemory(pid, self.proc)
         except OSError:
+            self._count_unregistered(pid)  # gone, but it was Python: its events had no stack
             return
         self._procs[pid] = _Process(interp, mem)
         key = self._procs_map.Key(pid)
         self._procs_map[key] = self._procs_map.Leaf.from_buffer_copy(
             interp.layout.bpf_value(interp.runtime, interp.version))
+        self._count_unregistered(pid)  # after the registration: its later events have stacks
         self.status[pid] = {"python": interp.version_text, "interpreter": interp.path, "stacks": True}
         if self.verbose:
             self.say(f"PID {pid}: Python {interp.version_text} ({interp.path}), _PyRuntime at 0x{interp.runtime:x}:"
                      " recording its stacks")
+
+    def _count_unregistered(self, pid: int) -> None:
+        """Take the count of ``pid``'s events before its registration (bpf/pystack.h)."""
+        key = self._unregistered_map.Key(pid)
+        try:
+            self._unregistered += int(self._unregistered_map[key].value)
+            del self._unregistered_map[key]
+        except KeyError:
+            pass
 
     def fork(self, pid: int, ppid: int) -> None:
         """A forked child has its parent's interpreter at the same addresses."""
@@ -198,6 +212,7 @@ class StackCollector:
         out = {name: int(sum(t[t.Key(i)])) for name, i in schema.PY_STATS.items()}
         out["stacks"] = len(self._seen)
         out["unsymbolized_frames"] = self._unsymbolized
+        out["unregistered_python"] = self._unregistered
         return out
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import polars as pl
 
@@ -101,8 +102,33 @@ def byte_lines(events: pl.LazyFrame, aggregate: pl.LazyFrame | None) -> list[str
     return lines
 
 
-def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tuple[int, int, int],
-           buffer_pages: int) -> str:
+def loss_lines(lost: dict[str, int], settings: dict[str, int]) -> list[str]:
+    """Each loss that counted (schema.LOSSES): how many of what, and why, then
+    what cures it, with the option's value now; "lost: 0" when nothing was."""
+    lines = []
+    for loss in schema.LOSSES:
+        if n := lost.get(loss.name, 0):
+            now = f" (now {settings[loss.flag]})" if loss.flag in settings else ""
+            lines += [f"LOST: {n:,} {loss.what}: {loss.meaning}", f"  {loss.remedy}{now}"]
+    return lines or ["lost: 0"]
+
+
+def known_full_line(counts: dict) -> list[str]:
+    n = counts.get("known_full", 0)
+    if not n:
+        return []
+    return [f"{n:,} library files with probes did not fit the kernel's known-files table: "
+            "each later open of one paused its process for a moment"]
+
+
+#: manifest notes shown before pointing at the manifest
+NOTE_LINES = 5
+
+
+def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: dict,
+           settings: dict[str, int], notes: Sequence[str] = ()) -> str:
+    """``counts``: the manifest's; ``settings``: Options.settings (the values
+    the loss remedies name); ``notes``: the manifest's warnings."""
     files = sorted(Path(out_dir).glob("events*.parquet"))
     events = (
         pl.scan_parquet([str(f) for f in files]) if files else schema.empty_frame(schema.EVENTS_SCHEMA).lazy()
@@ -126,14 +152,11 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, lost: tu
         lines += [f"  {launches:>10,}  {name}" for launches, name in top]
     lines += failures(all_calls, Path(out_dir))
     lines += byte_lines(events, aggregate)
-    lost_total = lost[0] + lost[1]
-    if lost_total or lost[2]:
-        lines.append(
-            f"LOST: {lost[0]:,} events, {lost[1]:,} names, {lost[2]:,} calls without their return "
-            f"(in-flight table full): raise --buffer-pages (now {buffer_pages})"
-        )
-    else:
-        lines.append("lost: 0")
+    lines += known_full_line(counts)
+    lines += loss_lines({loss.name: loss.count_in(counts) for loss in schema.LOSSES}, settings)
+    lines += [f"warning: {note}" for note in notes[:NOTE_LINES]]
+    if len(notes) > NOTE_LINES:
+        lines.append(f"... and {len(notes) - NOTE_LINES} more warnings in {Path(out_dir) / 'manifest.json'}")
     return "\n".join(lines)
 
 

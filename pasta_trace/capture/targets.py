@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import PastaError, PermissionsError, UsageError
-from . import checks, discovery
+from . import checks, discovery, python_env
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 CAP_SYS_PTRACE = 19
@@ -108,11 +108,13 @@ def _hidepid() -> str | None:
     return None
 
 
-def launch_candidates(env: dict[str, str], command: list[str] | None = None) -> list[discovery.Library]:
+def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> list[discovery.Library]:
     """Traced library files a launched command can load by name: those in
-    LD_LIBRARY_PATH and in the ld.so cache (others are caught when opened),
-    and the command's executable when the CUDA runtime is linked into it."""
-    paths: list[str] = []
+    LD_LIBRARY_PATH and in the ld.so cache, and, when the command is a Python
+    interpreter, those its environment's packages hold (torch's libc10.so);
+    and the command's executable when the CUDA runtime is linked into it.
+    Others are caught when opened."""
+    paths: list[str] = python_env.traced_libraries(argv[0], env) if argv else []
     for d in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
         p = Path(d)
         if p.is_dir():
@@ -133,7 +135,7 @@ def launch_candidates(env: dict[str, str], command: list[str] | None = None) -> 
             continue
         if lib is not None:
             libs.setdefault(lib.key, lib)
-    exe = shutil.which(command[0], path=env.get("PATH")) if command else None
+    exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
     lib = discovery.executable_library(exe) if exe else None
     if lib is not None:
         libs.setdefault(lib.key, lib)

@@ -63,8 +63,11 @@ class ProcessTracker:
     def _attach_pid(self, pid: int) -> None:
         try:
             found = discovery.scan_pid(pid)
-        except OSError as e:  # gone since check_pids, or not ours to read: say which
-            raise unreadable(pid, e) from None
+        except OSError as e:
+            if not alive(pid):  # it existed at the start (check_pids) and exited during the compile
+                self._say(f"PID {pid} exited before its probes were attached")
+                return  # start_pids ends it like any exit; the other PIDs are traced
+            raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
         self.save_maps([pid])  # now, while it surely runs: offline naming reads them at the end
         self._python(pid)
@@ -72,8 +75,8 @@ class ProcessTracker:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so, libcudart.so or libamdhip64.so yet{others}: waiting "
-                      "for it to load one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libcudart.so, libamdhip64.so or libc10.so yet{others}: "
+                      "waiting for it to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 

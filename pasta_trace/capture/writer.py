@@ -4,18 +4,25 @@ leaves readable data.
 Events go into one new file per flush interval (``events-00000.parquet``,
 ``events-00001.parquet``, ...): a Parquet file is only readable once its
 footer is written, so each interval's file is written whole, to a hidden
-temporary name, and renamed into place.  A SIGKILL loses at most the records
-gathered since the last flush.  Decoding and writing the events happen in a
-separate process (capture.event_writer) fed through a pipe by a sender
-thread, so the drain never waits for them.  The small tables (names,
-processes, libraries) are rewritten whole, atomically, whenever they change.
+temporary name, and renamed into place.  Decoding and writing the events
+happen in a separate process (capture.event_writer) fed through a pipe by a
+sender thread, so the drain never waits for them.  That process outlives a
+SIGKILLed tracer and writes what reached it, so a SIGKILL loses only what
+waits in the tracer's queue, which is bounded (capture.writer_queue: records
+that do not fit are dropped and counted, ``lost_writer_behind``).  The small
+tables (names, processes, libraries) are rewritten whole, atomically,
+whenever they change.
+
+A write that fails (a full disk) keeps what was written before: events that
+could not be written are counted (``lost_unwritten``), a small table keeps its
+last version, and room kept aside from the start lets the manifest be
+completed (finish).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
@@ -31,9 +38,15 @@ from ..errors import PastaError
 from ..safe_output import OutputDir
 from .decode import host_stub_aliases, names_frame
 from .event_writer import frame, write_atomic
+from .writer_queue import BUDGET_BYTES, WriterQueue
 
-#: Flush interval: at most 2 s of events may be lost to a SIGKILL; stay well inside it.
+#: Flush interval: what the events writer process holds unwritten at most,
+#: should it be killed too.
 FLUSH_INTERVAL_S = 1.0
+#: Room held in the capture's file system from the start, given up on a full
+#: disk so that the manifest can still be completed (a few KiB; names and the
+#: other tables fit in what is left).
+RESERVE_BYTES = 1 << 20
 
 
 class CaptureWriter:
@@ -43,6 +56,7 @@ class CaptureWriter:
         api_names: Sequence[str],
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
+        queue_bytes: int = BUDGET_BYTES,
     ):
         self.out = out
         #: the capture directory, for readers (a path that cannot be redirected)
@@ -52,10 +66,20 @@ class CaptureWriter:
         self._pending_names: list[np.ndarray] = []
         self._all_names: list[np.ndarray] = []
         self._last_flush = time.monotonic()
+        #: records handed to the events writer process
         self.events = 0
         self.names = 0
+        #: records dropped because the writer process was too far behind
+        self.lost_behind = 0
+        # what the writer process did with them (known after close())
+        self.written = 0
+        self.unwritten = 0
+        self.write_error: str | None = None
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
+        #: small tables whose last write failed -> why (their previous version stays)
+        self.failed: dict[str, str] = {}
+        out.keep_free(RESERVE_BYTES)
         self._comms: dict[int, str] = {}
         args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd)]
         pkg_parent = str(Path(__file__).resolve().parents[2])
@@ -64,7 +88,7 @@ class CaptureWriter:
         # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, pass_fds=(out.fd,), process_group=0)
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue = WriterQueue(queue_bytes)
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
         self._sender.start()
@@ -83,11 +107,19 @@ class CaptureWriter:
     # ------------------------------------------------------------------ input
 
     def add_events(self, recs: np.ndarray) -> None:
-        if recs.size:
-            self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + recs.tobytes()))
-            self.events += int(recs.size)
-            kinds = np.minimum(recs["kind"], len(schema.KIND_NAMES) - 1)
-            self.by_kind += np.bincount(kinds, minlength=len(schema.KIND_NAMES))
+        """Queue records for the writer process; those that do not fit in
+        its queue (the newest) are dropped and counted in lost_behind."""
+        fit = min(recs.size, self._queue.room() // recs.dtype.itemsize)
+        self.lost_behind += recs.size - fit
+        if fit:
+            payload = recs[:fit].tobytes()
+            self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + payload), len(payload))
+            self.events += fit
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of records waiting for the writer process."""
+        return self._queue.queued
 
     def add_names(self, recs: np.ndarray) -> None:
         if recs.size:
@@ -121,6 +153,8 @@ class CaptureWriter:
         self._proc.wait()
         self._comms = {int(k): v for k, v in reply["comms"].items()}
         self.event_files = [self.dir / f for f in reply["files"]]
+        self.written, self.unwritten, self.write_error = reply["written"], reply["unwritten"], reply["error"]
+        self.by_kind = np.array(reply["by_kind"], dtype=np.int64)
         self._write_names()
 
     def _answer(self) -> str:
@@ -132,10 +166,13 @@ class CaptureWriter:
         return line
 
     def _write_names(self) -> None:
+        """Rewrite names.parquet when names arrived or its last write failed."""
         if self._pending_names:
             self._all_names = [np.concatenate(self._all_names + self._pending_names)]
             self._pending_names.clear()
-            self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
+        elif "names.parquet" not in self.failed:
+            return
+        self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
 
     def host_stub_aliases(self) -> pl.DataFrame:
         """Handles returned for host stubs at run time, to be named offline (decode.host_stub_aliases)."""
@@ -158,5 +195,12 @@ class CaptureWriter:
         return pl.concat([seen, extra.select(seen.columns).cast(schema.NAMES_SCHEMA)], how="vertical")
 
     def write_frame(self, path: Path, data: pl.DataFrame) -> None:
-        """Write ``data`` to ``path``, a file of the capture directory, atomically."""
-        write_atomic(self.out, path.name, data)
+        """Write ``data`` to ``path``, a file of the capture directory,
+        atomically.  A failed write (a full disk) leaves the file's previous
+        version and is remembered in ``failed`` until a later write succeeds."""
+        try:
+            write_atomic(self.out, path.name, data)
+        except OSError as e:
+            self.failed[path.name] = e.strerror or str(e)
+        else:
+            self.failed.pop(path.name, None)

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-HELP = "check the kernel, BPF, BCC, headers and GPU libraries, and say what to fix"
+HELP = "check the kernel, BPF, BCC, headers and GPU libraries (and PyTorch's), and say what to fix"
 
 EXAMPLES = """\
   pasta-trace doctor                  every check (some need root to be conclusive)
@@ -105,13 +105,20 @@ def _bpf_load_check(bcc) -> Check:
     return Check(True, "BCC compiles and loads a BPF program")
 
 
+def _python_envs() -> list[str]:
+    """Interpreters whose environments may hold traced libraries (torch's
+    libc10.so): the active venv or conda environment, and python3 in PATH."""
+    envs = [os.environ.get("VIRTUAL_ENV"), os.environ.get("CONDA_PREFIX")]
+    return [str(Path(e) / "bin" / "python") for e in envs if e] + ["python3"]
+
+
 #: Where the CUDA toolkit keeps libcudart (it is rarely in the ld.so cache).
 CUDA_LIB_GLOBS = ("/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targets/*/lib/libcudart.so*")
 
 
 def _library_files() -> dict[str, tuple[str, set[str]]]:
     """Traced library files on this machine -> (family, where they were found)."""
-    from ..capture import discovery
+    from ..capture import discovery, python_env
 
     found: dict[str, tuple[str, set[str]]] = {}
 
@@ -135,9 +142,18 @@ def _library_files() -> dict[str, tuple[str, set[str]]]:
         for lib in p.traced:
             where = f"PID {p.pid}" if discovery.family_of(lib.path) else f"PID {p.pid}, the CUDA runtime linked in"
             add(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, lib.family, where)
+    for name in _python_envs():
+        python = python_env.interpreter(name, dict(os.environ))
+        for f in python_env.traced_libraries(str(python), dict(os.environ)) if python else []:
+            if fam := discovery.family_of(f):
+                add(os.path.realpath(f), fam, f"python env {python.parent.parent}")
     for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
         if (fam := discovery.family_of(f)) and os.path.isfile(f):
             add(os.path.realpath(f), fam, "vendor cache")
+    # PyTorch's CPU build for the tests (scripts/fetch_torch_cpu.sh)
+    for f in glob.glob(str(VENDOR_CACHE.parent / "torch-*" / "torch" / "lib" / "lib*.so*")):
+        if fam := discovery.family_of(f):
+            add(os.path.realpath(f), fam, "torch test cache")
     return found
 
 
@@ -146,8 +162,8 @@ def _library_checks(verbose: bool) -> list[Check]:
 
     files = _library_files()
     if not files:
-        return [Check(True, "GPU libraries: no libcuda.so*, libcudart.so* or libamdhip64.so* found (nothing to "
-                            "trace yet; libraries loaded later are caught when opened)")]
+        return [Check(True, "GPU libraries: no libcuda.so*, libcudart.so*, libamdhip64.so* or libc10.so* found "
+                            "(nothing to trace yet; libraries loaded later are caught when opened)")]
     out = []
     for path, (fam, where) in sorted(files.items()):
         try:
@@ -160,7 +176,8 @@ def _library_checks(verbose: bool) -> list[Check]:
                 f"{len(plan.missing)} probed functions missing")
         if verbose and plan.missing:
             what += "\n     missing: " + ", ".join(plan.missing)
-        out.append(Check(bool(plan.attach), what, "not a CUDA driver, CUDA runtime or HIP runtime library?"))
+        out.append(Check(bool(plan.attach), what,
+                         "not a CUDA driver, CUDA runtime, HIP runtime or PyTorch library?"))
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from .. import merge
+from ..damage import left_out, reading
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
 
@@ -42,15 +43,24 @@ def _rows(cap) -> int:
     return sum(f.select(pl.len()).collect().item() for f in frames)
 
 
-def _inputs(src: Path, device_files: list[Path]):
-    cap = open_capture(src)
-    if device_files:
+def _inputs(src: Path, device_files: list[Path], out):
+    """The capture with the device frames of `device_files` added to its own
+    (DIR/device/); a file that is one of DIR's own is read once."""
+    try:
+        cap = open_capture(src)
         missing = [str(f) for f in device_files if not f.is_file()]
         if missing:
             raise FormatError(f"{missing[0]}: no such device record file")
-        frames, problems = read_device(list(device_files))
-        cap.device.update(frames)
-        cap.problems.extend(problems)
+        own = list((src / "device").glob("*.bin"))
+        extra = [f for f in dict.fromkeys(device_files) if not any(f.samefile(o) for o in own)]
+        if extra:
+            frames, problems = read_device(extra)
+            for name, frame in frames.items():
+                cap.device[name] = pl.concat([cap.device[name], frame], how="vertical_relaxed")
+            cap.problems.extend(problems)
+    except BaseException:
+        out.discard()
+        raise
     return cap
 
 
@@ -61,12 +71,29 @@ def run(args: argparse.Namespace) -> int:
     if merge.is_timeline(src):
         raise UsageError(f"{src} is already a merged timeline", hint="give the capture directory")
     out = merge.timeline_output(args.output, force=args.force)  # a bad -o fails before any work
+    with reading(lambda: _inputs(src, args.device_files, out), verbose=args.verbose) as cap:
+        stats = _merge(cap, out, int(args.tolerance_us * 1000))
+    for problem in cap.problems:
+        if problem not in cap.damaged:  # those end the run, as its error
+            print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+    for line in stats.lines():
+        print(line, file=sys.stderr)
+    if cap.aggregate is not None:
+        counted = cap.aggregate.filter(pl.col("kind") == "launch").select(pl.col("count").sum()).collect().item()
+        print(f"note: an --aggregate capture: {counted or 0:,} launches counted per kernel and shape, no single "
+              "launch to match with device data; the counts are carried into the timeline", file=sys.stderr)
+    print(f"Wrote {args.output}", file=sys.stderr)
+    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    left_out(cap)  # the timeline holds the rest; its problems say what is missing
+    return 0
+
+
+def _merge(cap, out, tolerance_ns: int) -> merge.MergeStats:
     try:
-        cap = _inputs(src, args.device_files)
-    except BaseException:
+        show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
+    except BaseException:  # write_timeline discards `out` itself from here on
         out.discard()
         raise
-    show = sys.stderr.isatty() and _rows(cap) >= PROGRESS_ROWS
     progress = _progress() if show else nullcontext(None)
     with progress as bar:
         task = bar.add_task("merging", total=len(STEPS)) if bar else None
@@ -75,15 +102,7 @@ def run(args: argparse.Namespace) -> int:
             if bar:
                 bar.update(task, description=f"merging: {name}", advance=1)
 
-        stats = merge.write_timeline(cap, out, step=step,
-                                     tolerance_ns=int(args.tolerance_us * 1000))
-    for problem in cap.problems:
-        print(f"pasta-trace: warning: {problem}", file=sys.stderr)
-    for line in stats.lines():
-        print(line, file=sys.stderr)
-    print(f"Wrote {args.output}", file=sys.stderr)
-    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
-    return 0
+        return merge.write_timeline(cap, out, step=step, tolerance_ns=tolerance_ns)
 
 
 STEPS = ["host frames", "device frames", "kernels", "allocations", "pages", "alloc_touches", "working_set",

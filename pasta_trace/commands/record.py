@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..errors import UsageError
+from ..errors import PastaError, UsageError
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
 
@@ -38,14 +38,19 @@ def _pids(text: str) -> list[int]:
     return pids
 
 
+def _whole(text: str, what: str, example: int) -> int:
+    """``text`` as an integer, or a usage error naming ``what`` with an example."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of {what}: {text!r}: try {example}") from None
+
+
 def _pages(text: str) -> int:
     """A BPF ring buffer size in pages: a power of two the kernel accepts."""
     from ..capture.options import MAX_RING_PAGES
 
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of pages: {text!r}: try 4096") from None
+    n = _whole(text, "pages", 4096)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n} pages: give at least 1 (a power of two): try 4096")
     if n > MAX_RING_PAGES:
@@ -53,6 +58,18 @@ def _pages(text: str) -> int:
             f"{n} pages is more than a BPF ring buffer can hold (2 GiB): try {MAX_RING_PAGES}")
     if n & (n - 1):
         raise argparse.ArgumentTypeError(f"{n} is not a power of two: try {min(1 << n.bit_length(), MAX_RING_PAGES)}")
+    return n
+
+
+def _rows(text: str) -> int:
+    """Rows of the --aggregate map (allocated whole when the program loads)."""
+    default, most = schema.DEFAULT_AGGREGATE_MAX, schema.MAX_AGGREGATE_MAX
+    n = _whole(text, "rows", default)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} rows: give at least 1: try {default}")
+    if n > most:
+        raise argparse.ArgumentTypeError(f"{n} rows is more than the map may take (about 512 MiB of kernel "
+                                         f"memory): try {most}")
     return n
 
 
@@ -67,10 +84,7 @@ def _seconds(text: str) -> float:
 
 
 def _depth(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}: try {schema.DEFAULT_STACK_DEPTH}") from None
+    n = _whole(text, "frames", schema.DEFAULT_STACK_DEPTH)
     if not 1 <= n <= schema.MAX_STACK_DEPTH:
         raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}: "
                                          f"try {min(max(n, 1), schema.MAX_STACK_DEPTH)}")
@@ -98,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregate", action="store_true",
                    help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
                         "events; writes aggregate.parquet")
+    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
+                   help=f"rows the --aggregate map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
+                        "raise it when calls are not counted")
     p.add_argument("--no-stacks", action="store_true",
                    help="do not record the caller's Python stack on each event (on by default)")
     p.add_argument("--stack-depth", type=_depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
@@ -125,7 +142,8 @@ def _options(args: argparse.Namespace):
     return Options(
         mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],
         pids=args.pid or [], command=args.command, duration=args.duration, force=args.force,
-        buffer_pages=args.buffer_pages, aggregate=args.aggregate, verbose=args.verbose, device=args.device,
+        buffer_pages=args.buffer_pages, aggregate=args.aggregate, aggregate_max=args.aggregate_max,
+        verbose=args.verbose, device=args.device,
         stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
     )
 
@@ -149,12 +167,25 @@ def run(args: argparse.Namespace) -> int:
         result = Session(opts, say=status.say, status=status.update if status.live else None).run()
     if result.exit_code is not None:
         _say(f"{' '.join(opts.command)} exited with code {result.exit_code}")
-    _say(summary.render(result.out_dir, result.by_kind, result.names, result.lost, opts.buffer_pages))
+    _say(summary.render(result.out_dir, result.by_kind, result.names, result.manifest.counts, opts.settings,
+                        result.manifest.notes))
     if (device := summary.device_line(opts.device, result.manifest.device_files)) is not None:
         _say(device)
     _say(f"Wrote {result.out_dir}")
+    if result.write_error:
+        raise PastaError(_write_failure(result))
     _say(f"You can now run: pasta-trace report {result.out_dir}")
     return 0
+
+
+def _write_failure(result) -> str:
+    """One line for a capture that did not all reach the disk (a full disk)."""
+    unwritten = result.manifest.counts.get("lost_unwritten", 0)
+    kept = f"{result.events:,} events were written" + (f", {unwritten:,} were not" if unwritten else "")
+    if not result.manifest_written:
+        return (f"writing {result.out_dir} failed ({result.write_error}): {kept}; manifest.json still says "
+                "complete: false")
+    return f"writing {result.out_dir} failed ({result.write_error}): {kept} (counted in manifest.json)"
 
 
 class _status_line:

@@ -12,7 +12,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from .. import merge
+from ..damage import left_out, reading
 from ..errors import UsageError
+from ..read import Capture
 from ..reporters import Reporter, Results, gather
 from ..reporters.html_page import HtmlReporter
 from ..reporters.json_doc import JsonReporter
@@ -61,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be at least 1")
     # the output is checked before any work: a bad --html fails in a second, not after the analysis
     html = OutputFile(args.html, force=args.force, example="report.html") if args.html else None
-    cap = merge.load(args.path)
+    with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
+        _report(args, cap, html)
+    left_out(cap)  # exit 1 naming each damaged file, after reporting the rest
+    return 0
+
+
+def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> None:
     names = args.tool or list(REGISTRY)
     with _progress(len(names) + 1) as step:
         results = gather(cap, names, step)
@@ -77,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"Wrote {args.html}  (open it in a browser; no network needed)", file=sys.stderr)
         if banner:
             print(f"pasta-trace: warning: {banner}", file=sys.stderr)
-    return 0
 
 
 def _write_text(path: str, reporter: Reporter[TextIO], results: Results) -> None:

@@ -26,11 +26,15 @@ _KEY = ["pid", "kind", "failed", "memory"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .record import _pids, _seconds
+    from .. import schema
+    from .record import _pids, _rows, _seconds
 
     p.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]", help="only these processes")
     p.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="stop after SEC seconds")
     p.add_argument("-i", "--interval", type=_seconds, default=1.0, metavar="SEC", help="refresh interval (1 s)")
+    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
+                   help=f"rows the in-kernel counting map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
+                        "raise it when calls are not counted")
 
 
 def snapshot(session) -> pl.DataFrame:
@@ -38,11 +42,11 @@ def snapshot(session) -> pl.DataFrame:
     failed or not, and memory (device or pinned host) for allocations."""
     from ..capture.decode import aggregate_frame
     from ..lifetimes import kind_from_api, memory
-    from ..probes.catalog import APIS
+    from ..probes.catalog import API_NAMES
 
     keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape, ret): a few thousand at most
     return (
-        aggregate_frame(keys, vals, [a.symbol for a in APIS])
+        aggregate_frame(keys, vals, list(API_NAMES))
         .group_by("pid", pl.col("kind").cast(pl.String), failed().alias("failed"),
                   memory(kind_from_api(pl.col("api"))).cast(pl.String).alias("memory"))
         .agg(pl.col("count").sum(), pl.col("bytes").sum())
@@ -81,6 +85,15 @@ def rates(prev: pl.DataFrame, now: pl.DataFrame, dt: float, comms: dict[int, str
     )
 
 
+def loss_line(lost: dict[str, int], settings: dict[str, int]) -> str | None:
+    """What top could not count so far, with the cure (None: nothing lost)."""
+    from ..capture.summary import loss_lines
+
+    if not any(lost.values()):
+        return None
+    return "; ".join(line.strip() for line in loss_lines(lost, settings))
+
+
 def _comm(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -93,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ..capture.session import Session
 
     opts = Options(mode="pid" if args.pid else "system", out_dir=Path("."), command_line=sys.argv[:],
-                   pids=args.pid or [], aggregate=True, verbose=args.verbose)
+                   pids=args.pid or [], aggregate=True, aggregate_max=args.aggregate_max, verbose=args.verbose)
     tty = sys.stdout.isatty()
     session = Session(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
     session.check()
@@ -126,10 +139,11 @@ def run(args: argparse.Namespace) -> int:
                 comms.setdefault(pid, _comm(pid))
             table = rates(prev, now, t_now - t_prev, comms)
             prev, t_prev = now, t_now
+            lost = loss_line(session.lost(), opts.settings)
             if live is not None:
-                live.update(_rich_table(table))
+                live.update(_rich_table(table, lost))
             else:
-                _print_plain(table)
+                _print_plain(table, lost)
     finally:
         if live is not None:
             live.__exit__(None, None, None)
@@ -137,10 +151,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rich_table(frame: pl.DataFrame):
+def _rich_table(frame: pl.DataFrame, lost: str | None):
     from rich.table import Table
 
-    t = Table(title=f"pasta-trace top  {time.strftime('%H:%M:%S')}  (Ctrl-C to end)")
+    t = Table(title=f"pasta-trace top  {time.strftime('%H:%M:%S')}  (Ctrl-C to end)", caption=lost)
     for c in COLUMNS:
         t.add_column(c, justify="left" if c == "comm" else "right")
     for row in frame.iter_rows():
@@ -148,8 +162,10 @@ def _rich_table(frame: pl.DataFrame):
     return t
 
 
-def _print_plain(frame: pl.DataFrame) -> None:
+def _print_plain(frame: pl.DataFrame, lost: str | None) -> None:
     stamp = time.strftime("%H:%M:%S")
     for row in frame.iter_rows(named=True):
         print(stamp, " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
               flush=True)
+    if lost is not None:
+        print(stamp, lost, flush=True)

@@ -24,6 +24,7 @@ import polars as pl
 
 from .. import schema
 from ..errors import FormatError
+from ..regular_file import open_regular
 from ..schema import DeviceRecordType as RT
 
 _HDR = schema.DEV_RECORD_HEADER
@@ -156,12 +157,14 @@ def _frame(name: str, cols: dict[str, np.ndarray | pl.Series]) -> pl.DataFrame:
 
 
 def _open(path: Path) -> tuple[np.ndarray, dict]:
+    fd = open_regular(path, follow=True)  # a FIFO or /dev/zero would block or never end
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        size = os.fstat(fd).st_size
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
     except OSError as e:
         raise FormatError(f"{path}: cannot read ({e.strerror})") from None
+    finally:
+        os.close(fd)
     buf = np.frombuffer(mm, dtype=np.uint8)
     if len(buf) < _FILE.size:
         if len(buf) >= 4 and buf[:4].view("<u4")[0] != schema.DEVICE_MAGIC:

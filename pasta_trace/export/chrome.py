@@ -2,7 +2,8 @@
 so chrome://tracing, ui.perfetto.dev and trace-analysis tools built for PyTorch
 traces (HTA and others) read it.
 
-  API calls        ph X, cat cuda_driver (CUDA) / cuda_runtime (HIP), on the calling thread
+  API calls        ph X, cat cuda_driver (CUDA) / cuda_runtime (HIP), on the calling thread;
+                   tensor events (PyTorch) ph i, cat pytorch_memory, with device and the allocator's totals
   kernels          ph X, cat kernel, on a "GPU stream 0x..." thread of the process
   copies, memsets  ph X, cat gpu_memcpy / gpu_memset (CUPTI records only)
   launch -> kernel ph s / f, cat and name ac2g, id = args.correlation on both ends
@@ -23,7 +24,8 @@ from typing import BinaryIO
 
 import polars as pl
 
-from .trace_model import TraceModel, hex_labels
+from ..hexfmt import hex_series
+from .trace_model import TraceModel
 
 #: Above this many events chrome://tracing becomes slow or runs out of memory.
 LARGE_EVENTS = 1_000_000
@@ -31,6 +33,8 @@ LARGE_EVENTS = 1_000_000
 #: (Linux pid_max is at most 2^22).
 STREAM_TID_BASE = 1 << 30
 CHUNK_ROWS = 200_000
+#: API call arguments that are handles or addresses: "0x..." strings
+HANDLES = ("stream", "func", "ptr", "dst", "src")
 
 def json_strings(s: pl.Series) -> pl.Series:
     """Each string as a JSON string literal; escaped once per distinct value."""
@@ -54,8 +58,8 @@ def _num(col: str) -> pl.Expr:
     return _arg(col, pl.col(col).cast(pl.String))
 
 
-def _hexarg(col: str) -> pl.Expr:
-    return _arg(col, pl.concat_str(pl.lit('"'), pl.col(f"{col}_hex"), pl.lit('"')))
+def _hexarg(col: str, name: str | None = None) -> pl.Expr:
+    return _arg(name or col, pl.concat_str(pl.lit('"'), pl.col(f"{col}_hex"), pl.lit('"')))
 
 
 def _dim3(name: str) -> pl.Expr:
@@ -76,7 +80,7 @@ def _name_object(col: str) -> pl.Expr:
 
 
 def _with_hex(frame: pl.DataFrame, cols: tuple[str, ...]) -> pl.DataFrame:
-    return frame.with_columns(hex_labels(frame[c], "0x").alias(f"{c}_hex") for c in cols if c in frame.columns)
+    return frame.with_columns(hex_series(frame[c]).alias(f"{c}_hex") for c in cols if c in frame.columns)
 
 
 def _common() -> list[pl.Expr]:
@@ -101,55 +105,80 @@ def _metadata(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
 
 
 def _api(model: TraceModel) -> list[Part]:
-    api = _with_hex(model.api, ("func", "ptr", "dst", "src"))
-    api = api.with_columns(jname=json_strings(api["api"]))
-    line = _event("X", [
+    """API calls: a complete event per call with a duration, an instant per
+    entry-only call (no return was recorded, so no duration is claimed)."""
+    launched = model.kernels.select("corr", kernel="name", timed=pl.col("dur_ns").is_not_null())
+    api = model.api.join(launched, on="corr", how="left", maintain_order="left")
+    api = _with_hex(api, HANDLES)
+    api = api.with_columns(jname=json_strings(api["api"]), jkernel=json_strings(api["kernel"]))
+    entry_only = pl.col("dur_ns").is_null()
+    timing = pl.when(entry_only).then(pl.lit('"s":"t"')).otherwise(_arg("dur", _us(pl.col("dur_ns"))))
+    line = _object(
+        pl.when(entry_only).then(pl.lit('"ph":"i"')).otherwise(pl.lit('"ph":"X"')),
         pl.format('"cat":"{}","name":{}', pl.col("cat"), pl.col("jname")), *_common(),
-        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns").fill_null(0))),
+        _arg("ts", _us(pl.col("ts_ns"))), timing,
         _arg("args", _object(
             _arg("kind", pl.format('"{}"', pl.col("kind"))), _num("ret"),
-            _num("stream"), _hexarg("func"), _hexarg("ptr"), _num("size"), _hexarg("dst"), _hexarg("src"),
+            _hexarg("stream"), _hexarg("func"), _arg("kernel", pl.col("jkernel")), _hexarg("ptr"), _num("size"),
+            _hexarg("dst"), _hexarg("src"),
             _arg("copy_kind", pl.format('"{}"', pl.col("copy_kind"))), _num("shmem"),
             pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _num("aux"), _arg("correlation", pl.col("corr").cast(pl.String)),
-            pl.when(pl.col("dur_ns").is_null()).then(pl.lit('"entry_only":true')),
+            _arg("device", pl.format('"{}"', pl.col("tensor_device"))), _num("allocated_bytes"),
+            _num("reserved_bytes"),
         )),
         pl.when(pl.col("stack_id").is_not_null()).then(
             pl.format('"sf":"{}:{}:0"', pl.col("pid"), pl.col("stack_id"))),
-    ])
+    )
+    # an arrow only to a kernel that is drawn: one with device timing
     flow = _event("s", [pl.lit('"cat":"ac2g","name":"ac2g"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
-    return [(api, line), (api, pl.when(pl.col("corr").is_not_null()).then(flow))]
+    return [(api, line), (api, pl.when(pl.col("timed")).then(flow))]
 
 
 def _gpu(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
-    kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left")
-    kernels = kernels.with_columns(jname=json_strings(kernels["name"]))
+    """Kernel executions and CUPTI copies/memsets on their stream's track.
+    Only kernels with device timing: a launch without it says nothing about
+    when (or how long) the GPU ran the kernel, and a zero-length `kernel`
+    slice there would be counted as GPU work by trace-analysis tools."""
+    kernels = model.kernels.filter(pl.col("dur_ns").is_not_null())
+    kernels = kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left")
+    kernels = _with_hex(kernels, ("stream",)).with_columns(jname=json_strings(kernels["name"]))
     kline = _event("X", [
         pl.format('"cat":"kernel","name":{}', pl.col("jname")), *_common(),
-        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns").fill_null(0))),
+        _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns"))),
         _arg("args", _object(
-            _arg("correlation", pl.col("corr").cast(pl.String)), _num("stream"), _num("device"),
+            _arg("correlation", pl.col("corr").cast(pl.String)), *_gpu_stream(), _num("device"),
             pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
-            _arg("device_timing", pl.when(pl.col("dur_ns").is_not_null()).then(pl.lit("true")).otherwise(pl.lit("false"))),
             _num("overlap_ns"),
         )),
     ])
     flow = _event("f", [pl.lit('"cat":"ac2g","name":"ac2g","bp":"e"'), _arg("id", pl.col("corr").cast(pl.String)),
                         *_common(), _arg("ts", _us(pl.col("ts_ns")))])
     ops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left")
+    ops = _with_hex(ops, ("stream",))
     oline = _event("X", [
         pl.format('"cat":"{}","name":"{}"', pl.col("cat"), pl.col("name")), *_common(),
         _arg("ts", _us(pl.col("ts_ns"))), _arg("dur", _us(pl.col("dur_ns"))),
-        _arg("args", _object(_num("bytes"), _num("stream"), _num("stream_id"), _num("device"),
+        _arg("args", _object(_num("bytes"), *_gpu_stream("stream_id"), _num("stream_id"), _num("device"),
                              _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
                              pl.when(pl.col("cat") == "gpu_memcpy").then(_arg("copy_kind", pl.col("copy_kind").cast(pl.String))),
                              _num("overlap_ns"))),
     ])
     return [(kernels, kline), (kernels, pl.when(pl.col("corr").is_not_null()).then(flow)), (ops, oline)]
+
+
+def _gpu_stream(*fallback: str) -> list[pl.Expr]:
+    """`stream` of a GPU-track event is a JSON integer, as in PyTorch's traces:
+    trace-analysis tools (HTA) take an event with an integer `stream` for GPU
+    work.  It is the handle's value, else (`fallback`) CUPTI's stream id of a
+    copy on a stream no kernel named; `stream_handle` spells the handle in hex,
+    the one form handles have everywhere else."""
+    return [_arg("stream", pl.coalesce("stream", *fallback).cast(pl.String)),
+            _hexarg("stream", "stream_handle")]
 
 
 def _counters(model: TraceModel) -> list[Part]:
@@ -161,9 +190,12 @@ def _counters(model: TraceModel) -> list[Part]:
 
 
 def stream_tids(model: TraceModel) -> pl.DataFrame:
-    """pid, label, tid: the thread id each GPU stream track gets."""
-    return model.streams.with_row_index("tid").select(
-        "pid", "label", tid=pl.col("tid").cast(pl.Int64) + STREAM_TID_BASE)
+    """pid, label, tid: the thread id each drawn GPU stream track gets (a
+    stream whose kernels all lack device timing has nothing on it)."""
+    drawn = pl.concat([model.kernels.filter(pl.col("dur_ns").is_not_null()).select("pid", "label"),
+                       model.memops.select("pid", "label")])
+    return model.streams.join(drawn, on=["pid", "label"], how="semi", maintain_order="left").with_row_index(
+        "tid").select("pid", "label", tid=pl.col("tid").cast(pl.Int64) + STREAM_TID_BASE)
 
 
 def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
@@ -174,7 +206,10 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     overwritten by the end of the array."""
     streams = stream_tids(model)
     parts = [*_metadata(model, streams), *_api(model), *_gpu(model, streams), *_counters(model)]
-    out.write(b'{"displayTimeUnit":"ns","traceEvents":[\n')
+    out.write(b'{"displayTimeUnit":"ns",')
+    if model.distributed:  # the rank that trace-analysis tools (HTA) key a file on
+        out.write(b'"distributedInfo":' + json.dumps(model.distributed, separators=(",", ":")).encode() + b",")
+    out.write(b'"traceEvents":[\n')
     n = 0
     for frame, line in parts:
         for start in range(0, frame.height, chunk_rows):

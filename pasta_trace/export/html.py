@@ -1,6 +1,7 @@
 """`pasta-trace report --html`: one self-contained HTML page (no network, one
 small inline script): the capture's facts, the key findings, a zoomable
-timeline and live device memory on one time axis, flame graphs of time
+timeline, live device memory and tensor memory (stacked by call site) on one
+time axis, flame graphs of time
 blocked in syncs, bytes allocated and bytes live at the peak, a hotness heat
 map (pages x kernel executions) and every tool's table, sortable.
 
@@ -20,11 +21,13 @@ from ..tools.flame import flames
 from ..tools.hotness import page_launch_matrix
 from ..tools.memory import memory_timeline
 from ..tools.render import format_frame, human_ns
-from ..tools.run import ToolResult, device_data_text, incomplete_banner
+from ..tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
+from ..tools.tensors import site_steps, tensor_timeline
 from . import html_plots
 from .html_assets import SCRIPT, STYLE
 from .html_flame import flame_svg
 from .html_heatmap import heatmap_svg
+from .html_tensors import TOP_SITES as TOP_TENSOR_SITES, tensor_memory_svg
 
 #: rows per table in the page; the full data is in --json and CSV
 TABLE_ROWS = 200
@@ -40,7 +43,7 @@ def _facts_html(facts: dict) -> str:
         ("duration", None if facts["duration_ns"] is None else human_ns(facts["duration_ns"])),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", f"{facts['events']:,}"),
         ("calls counted", None if facts.get("aggregate_calls") is None else f"{facts['aggregate_calls']:,} (--aggregate)"),
-        ("lost events", f"{facts['lost_events']:,}"), ("device data", device_data_text(facts)),
+        ("lost", lost_text(facts)), ("device data", device_data_text(facts)),
     ]
     return "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in rows if v is not None)
 
@@ -134,7 +137,22 @@ def _time_sections(cap: Capture, facts: dict, by_name: dict[str, ToolResult]) ->
             "peaks. Same time axis as the timeline, zoomed with it.",
             html_plots.memory_svg(mem, w) if mem.height else '<p class="note">no device allocations</p>',
         ),
-    ]
+    ] + _tensor_section(cap, w, by_name)
+
+
+def _tensor_section(cap: Capture, w: html_plots.Window, by_name: dict[str, ToolResult]) -> list[str]:
+    """Tensor memory stacked by call site, for captures with tensor events (PyTorch)."""
+    tl = by_name["tensor_memory"].frame if "tensor_memory" in by_name else tensor_timeline(cap)
+    if tl.height == 0:
+        return []
+    return [_section(
+        "tensors", "Tensor memory over time (PyTorch)",
+        "Tensor bytes held per process and device, stacked by the Python line that allocated them (the top "
+        f"{TOP_TENSOR_SITES} lines; the rest together), with the allocator's bytes from before the capture at the "
+        "bottom and what it reserved from the driver dashed on top. Never summed with the device memory above: the "
+        "allocator's segments are those allocations. Zooms with the timeline.",
+        tensor_memory_svg(site_steps(cap).collect(engine="streaming"), tl, w),
+    )]
 
 
 def _flame_section(cap: Capture) -> str:
@@ -184,7 +202,9 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult], findings: 
     nav = "".join(
         f'<a href="#{sid}">{escape(label)}</a>'
         for sid, label in [("findings", "key findings")] * bool(findings)
-        + [("timeline", "timeline"), ("memory", "memory"), ("flames", "flame graphs"), ("heatmap", "heat map")]
+        + [("timeline", "timeline"), ("memory", "memory")]
+        + [("tensors", "tensor memory")] * any(s.startswith('<section id="tensors"') for s in sections)
+        + [("flames", "flame graphs"), ("heatmap", "heat map")]
         + [(f"tool-{r.tool.name}", r.tool.name) for r in results]
     )
     return (

@@ -33,6 +33,7 @@ BINS = 2 * PLOT_W  # twice per pixel at the default width: detail for a first zo
 KIND_COLOURS = {
     "launch": "#4e79a7", "alloc": "#59a14f", "free": "#9c755f", "memcpy": "#f28e2b", "memset": "#edc948",
     "sync": "#e15759", "graph": "#76b7b2", "module": "#b07aa1", "other": "#bab0ac",
+    "tensor_alloc": "#8cd17d", "tensor_free": "#d4a6c8",
 }
 SERIES_COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                   "#9c755f", "#bab0ac"]

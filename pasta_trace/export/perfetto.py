@@ -55,6 +55,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("correlation", "uint"), ("cupti_correlation", "uint"), ("device_timing", "bool"), ("overlap_ns", "uint"),
     ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
     ("stack", "str"),  # the caller's stack, one "function file:line" per line, innermost first
+    ("tensor_device", "str"), ("allocated_bytes", "uint"), ("reserved_bytes", "uint"),
 )
 
 

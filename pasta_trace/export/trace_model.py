@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .. import merge
+from ..hexfmt import hex_series
 from ..read import Capture
 from ..tools.memory import memory_timeline
 
 #: Categories of API calls, as PyTorch's profiler names them.
 CAT_CUDA = "cuda_driver"
 CAT_HIP = "cuda_runtime"  # PyTorch on ROCm files HIP runtime calls under this name
+CAT_TENSOR = "pytorch_memory"  # tensor_alloc / tensor_free of PyTorch's allocators (libc10)
 
 #: CUpti_ActivityMemcpyKind -> the name PyTorch traces give the copy
 CUPTI_COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Memcpy AtoH", 5: "Memcpy AtoA",
@@ -33,6 +35,9 @@ CUPTI_COPY_NAMES = {1: "Memcpy HtoD", 2: "Memcpy DtoH", 3: "Memcpy HtoA", 4: "Me
 #: Payload columns shown as arguments of an API call, in this order.
 API_ARGS = ("stream", "func", "ptr", "size", "dst", "src", "copy_kind", "shmem",
             "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "aux")
+#: Tensor events' own columns, shown as their arguments (`device` as tensor_device:
+#: a name like "cuda:0", not the GPU index the device data calls `device`)
+TENSOR_ARGS = ("tensor_device", "allocated_bytes", "reserved_bytes")
 
 
 @dataclass
@@ -44,7 +49,7 @@ class TraceModel:
     #: pid, label ("GPU stream 0x..."): one row per GPU track
     streams: pl.DataFrame
     #: ts_ns, dur_ns (null: entry-only call), pid, tid, api, kind, cat, ret,
-    #: API_ARGS columns, stack_id (null: no stack), corr (launches only)
+    #: API_ARGS and TENSOR_ARGS columns, stack_id (null: no stack), corr (launches only)
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
     #: cupti_correlation, device (with device timing), grid_*/block_*,
@@ -63,21 +68,13 @@ class TraceModel:
     stacks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
         schema={"pid": pl.UInt32, "stack_id": pl.UInt64, "depth": pl.UInt16, "function": pl.String,
                 "file": pl.String, "line": pl.UInt32}))
+    #: rank, local_rank, world_size of the distributed job the traced processes
+    #: belong to, where one rank made every call (empty: unknown or several ranks)
+    distributed: dict[str, int] = field(default_factory=dict)
 
     @property
     def n_events(self) -> int:
         return self.api.height + self.kernels.height + self.memops.height + self.memory.height
-
-
-def hex_labels(s: pl.Series, prefix: str) -> pl.Series:
-    """`prefix` + lower-case hex of each value; formatted once per distinct value
-    (handles repeat: a few streams serve millions of launches)."""
-    uniq = s.unique().drop_nulls()
-    table = pl.DataFrame(
-        {"v": uniq, "h": [prefix + format(int(v), "x") for v in uniq.to_list()]},
-        schema={"v": s.dtype, "h": pl.String},
-    )
-    return s.to_frame("v").join(table, on="v", how="left", maintain_order="left")["h"]
 
 
 def _api_calls(cap: Capture) -> pl.DataFrame:
@@ -86,10 +83,12 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
             "ts_ns", "dur_ns", "pid", "tid",
             pl.col("api").cast(pl.String),
             pl.col("kind").cast(pl.String),
-            "ret", *API_ARGS, "stack_id",
+            "ret", *API_ARGS, "stack_id", pl.col("device").cast(pl.String).alias("tensor_device"), "allocated_bytes",
+            "reserved_bytes",
         )
         .with_columns(
-            cat=pl.when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
+            cat=pl.when(pl.col("kind").str.starts_with("tensor_")).then(pl.lit(CAT_TENSOR))
+            .when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
             copy_kind=pl.col("copy_kind").cast(pl.String),
         )
         .sort("ts_ns", "pid", "tid", maintain_order=True)
@@ -121,7 +120,7 @@ def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.Data
         .drop("_row")
     )
     has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
-    kernels = ex.with_columns(label=hex_labels(ex["stream"], "GPU stream 0x")).select(
+    kernels = ex.with_columns(label=hex_series(ex["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.lit("GPU stream (unknown)")),
         stream="stream",
@@ -157,7 +156,7 @@ def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:
         .sort("start", "pid")
         .collect()
     )
-    return ops.with_columns(label=hex_labels(ops["stream"], "GPU stream 0x")).select(
+    return ops.with_columns(label=hex_series(ops["stream"], "GPU stream ")).select(
         "pid",
         label=pl.col("label").fill_null(pl.format("GPU stream #{}", pl.col("stream_id"))),
         stream="stream",
@@ -199,6 +198,17 @@ def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
         .sort("pid")
         .collect()
     )
+
+
+def _distributed(cap: Capture, api: pl.DataFrame) -> dict[str, int]:
+    """The job coordinates shared by every process that made a call; a key is
+    left out where they differ or are unknown (a trace file stands for one rank
+    in trace-analysis tools, so a capture of several ranks names none)."""
+    cols = ("rank", "local_rank", "world_size")
+    callers = cap.processes.join(api.lazy().select("pid").unique(), on="pid", how="semi")
+    seen = callers.select(pl.col(c).drop_nulls().unique().implode() for c in cols).collect().row(0)
+    known = {c: v[0] for c, v in zip(cols, seen) if len(v) == 1}
+    return known if "rank" in known else {}
 
 
 def _threads(cap: Capture) -> pl.DataFrame:
@@ -245,4 +255,5 @@ def build(cap: Capture) -> TraceModel:
         memops=memops,
         memory=_memory(cap),
         stacks=cap.stacks.select("pid", "stack_id", "depth", "function", "file", "line").collect(),
+        distributed=_distributed(cap, api),
     )

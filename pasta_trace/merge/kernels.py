@@ -28,6 +28,7 @@ from __future__ import annotations
 import polars as pl
 
 from .. import clock, schema
+from ..hexfmt import hex_expr
 from ..read import Capture
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
@@ -40,24 +41,21 @@ TOLERANCE_NS = 1_000_000
 
 
 def host_launches(cap: Capture) -> pl.LazyFrame:
-    """Host launch events with launch_seq: 0-based order within the process."""
+    """Host launch events with launch_seq: 0-based order within the process.
+    Without the columns only tensor events carry (their `device` is not the
+    GPU index the device data calls `device`)."""
     return (
-        cap.events.filter(pl.col("kind") == "launch")
+        cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values())
         .sort(["pid", "ts_ns", "tid"])
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
     )
 
 
-def _hex(x: pl.Expr) -> pl.Expr:
-    """0x-prefixed lowercase hex of a UInt64, without Python per row."""
-    digits = pl.lit("0123456789abcdef")
-    nibbles = [digits.str.slice(((x // (16**i)) % 16).cast(pl.Int64), 1) for i in range(15, -1, -1)]
-    return pl.concat_str([pl.lit("0x"), pl.concat_str(nibbles).str.strip_chars_start("0").replace("", "0")])
-
-
-def _names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
-    """Kernel name of each launch: the latest handle->name seen before the
-    launch, else any name of that handle (names found offline carry no time)."""
+def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
+    """`launches` (pid, func, ts_ns, ...) with the kernel `name` of each: the
+    latest handle->name seen before the launch, else any name of that handle
+    (names found offline carry no time); null when none was seen.  Rows come
+    back in another order."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
     timed = launches.sort(["pid", "func", "ts_ns"]).join_asof(
@@ -226,9 +224,9 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    out = _names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
+    out = kernel_names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
     out = out.with_columns(
-        pl.coalesce("name", "dev_name", pl.format("unknown@{}", _hex(pl.col("func")))).alias("name")
+        pl.coalesce("name", "dev_name", pl.format("unknown@{}", hex_expr(pl.col("func")))).alias("name")
     )
     return out.sort(["ts_ns", "pid", "launch_seq"]).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
 
@@ -247,5 +245,5 @@ def aggregate_launches(cap: Capture) -> pl.LazyFrame:
     return (
         cap.aggregate.filter(pl.col("kind") == "launch")
         .join(names, on=["pid", "func"], how="left")
-        .with_columns(pl.coalesce("name", pl.format("unknown@{}", _hex(pl.col("func")))).alias("name"))
+        .with_columns(pl.coalesce("name", pl.format("unknown@{}", hex_expr(pl.col("func")))).alias("name"))
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import polars as pl
 
@@ -48,6 +48,21 @@ class MergeStats:
         return out
 
 
+def saved_stats(saved: object) -> tuple[dict[str, int] | None, list[str]]:
+    """The statistics a timeline saved, as MergeStats fields, and notes.
+    Fields written by a newer minor version are ignored (and noted); with a
+    field missing (an older version), None: the statistics are counted again."""
+    if not isinstance(saved, dict):
+        return None, []
+    known = [f.name for f in fields(MergeStats)]
+    unknown = sorted(str(k) for k in saved if k not in known)
+    notes = [f"merge statistics from a newer pasta-trace ignored: {', '.join(unknown)}"] if unknown else []
+    values = {k: saved.get(k) for k in known}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values.values()):
+        return None, notes
+    return values, notes
+
+
 def from_frames(kernels: pl.LazyFrame, device: pl.LazyFrame, pages: pl.LazyFrame, touches: pl.LazyFrame,
                 samples: int, unattributed_samples: int) -> MergeStats:
     """Count from the merged frames (lazy; each count is one small collect)."""
@@ -82,7 +97,7 @@ def sample_counts(cap: Capture) -> tuple[int, int]:
 
 def stats(cap: Capture) -> MergeStats:
     """Match and attribution counts of a capture or a merged timeline."""
-    saved = cap.manifest.get("merge_stats") if cap.merged else None
+    saved, _ = saved_stats(cap.manifest.get("merge_stats") if cap.merged else None)
     if saved:
         return MergeStats(**saved)
     samples, unattributed = sample_counts(cap)

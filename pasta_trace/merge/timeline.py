@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -20,49 +21,56 @@ import polars as pl
 
 from .. import __version__, schema
 from ..errors import FormatError
-from ..read import Capture, check_version, device_parquet, open_capture, scan_frames
+from ..parquet_scan import Scanner
+from ..read import Capture, open_capture, read_json, with_scan
 from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
-from .stats import MergeStats, from_frames
+from .stats import MergeStats, from_frames, saved_stats
 
 MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
-         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA}
+         "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
+         "stacks": schema.STACKS_SCHEMA}
 
 
 def is_timeline(path: str | Path) -> bool:
-    return (Path(path) / MARKER).is_file()
+    # lexists: a marker that is no regular file is a damaged timeline, said as such by load
+    return os.path.lexists(Path(path) / MARKER)
 
 
 def load(path: str | Path) -> Capture:
-    """A capture directory or a merged timeline, as a Capture."""
+    """A capture directory or a merged timeline, as a Capture.  FormatError
+    (one line) when it is neither; a damaged Parquet file in it is left out
+    and said in `damaged` and `problems`."""
     p = Path(path)
     if not is_timeline(p):
         return open_capture(p)
-    try:
-        meta = json.loads((p / MARKER).read_text())
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{p / MARKER}: damaged timeline header ({e.msg} at line {e.lineno})") from None
-    check_version(meta.get("format_version"), schema.TIMELINE_FORMAT_VERSION, str(p / MARKER))
-    one = lambda n: [p / f"{n}.parquet"] if (p / f"{n}.parquet").exists() else []  # noqa: E731
+    meta = read_json(p / MARKER, schema.TIMELINE_SHAPE, schema.TIMELINE_FORMAT_VERSION, "timeline header")
+    saved = meta.get("merge_stats")
+    # a newer minor version may save more counts, an older one fewer (saved_stats): every one is a count
+    if saved is not None and not all(type(v) is int and v >= 0 for v in saved.values()):
+        raise FormatError(f"{p / MARKER}: not a pasta-trace timeline header (merge_stats: not the merge's counts)")
+    scan = Scanner()
+    one = lambda n, sch: scan.one(p / f"{n}.parquet", sch)  # noqa: E731
     device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
-    device.update(device_parquet(p / "device"))
+    if os.path.isdir(p / "device"):
+        device.update(scan.device(p / "device"))
     manifest = dict(meta.get("capture_manifest") or {})
-    manifest["merge_stats"] = meta.get("merge_stats")
-    return Capture(
+    manifest["merge_stats"], notes = saved_stats(saved)
+    if notes:
+        manifest["notes"] = [*(manifest.get("notes") or []), *notes]
+    cap = Capture(
         path=p,
         manifest=manifest,
-        events=scan_frames(one("events"), schema.EVENTS_SCHEMA),
-        names=scan_frames(one("names"), schema.NAMES_SCHEMA),
-        processes=scan_frames(one("processes"), schema.PROCESSES_SCHEMA),
-        libraries=scan_frames(one("libraries"), schema.LIBRARIES_SCHEMA),
-        aggregate=scan_frames(one("aggregate"), schema.AGGREGATE_SCHEMA) if one("aggregate") else None,
+        **{k: one(k, v) for k, v in _HOST.items()},
+        aggregate=scan.optional(p / "aggregate.parquet", schema.AGGREGATE_SCHEMA),
         device=device,
-        problems=list(meta.get("problems", [])),
-        merged={k: scan_frames(one(k), v) for k, v in schema.TIMELINE_FRAMES.items()},
+        problems=list(meta.get("problems") or []),
+        merged={k: one(k, v) for k, v in schema.TIMELINE_FRAMES.items()},
     )
+    return with_scan(cap, scan)
 
 
 def timeline_output(out: str | Path, *, force: bool = False) -> StagedDir:
@@ -96,7 +104,8 @@ def _sink(lf: pl.LazyFrame, path: Path) -> None:
 
 def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: int) -> MergeStats:
     step("host frames")
-    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries}
+    host = {"events": cap.events, "names": cap.names, "processes": cap.processes, "libraries": cap.libraries,
+            "stacks": cap.stacks}
     if cap.aggregate is not None:
         host["aggregate"] = cap.aggregate
     for name, lf in host.items():
@@ -142,11 +151,14 @@ def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: i
 
 def load_partial(cap: Capture, d: Path) -> Capture:
     """The capture as re-read from the host and device copies in `d`."""
-    one = lambda n: [d / f"{n}.parquet"] if (d / f"{n}.parquet").exists() else []  # noqa: E731
+    scan = Scanner()
     device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
-    device.update(device_parquet(d / "device"))
-    return Capture(
+    device.update(scan.device(d / "device"))
+    partial = Capture(
         path=cap.path, manifest=cap.manifest,
-        **{k: scan_frames(one(k), v) for k, v in _HOST.items()},
+        **{k: scan.one(d / f"{k}.parquet", v) for k, v in _HOST.items()},
         aggregate=cap.aggregate, device=device, problems=cap.problems,
     )
+    if scan.damaged:  # written a moment ago by this merge: not the input's fault
+        raise FormatError(f"cannot read back what the merge wrote: {scan.damaged[0]}")
+    return partial

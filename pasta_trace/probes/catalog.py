@@ -1,10 +1,12 @@
-"""Every probed CUDA driver, CUDA runtime and HIP entry point, in one table.
+"""Every probed CUDA driver, CUDA runtime, HIP and PyTorch (libc10) entry point, in one table.
 
 The index of an :class:`Api` in :data:`APIS` is the ``api`` id the BPF programs
 write into events and names, so the table is append-only in spirit: the capture
 stores the names next to the ids, but keeping the order stable keeps captures
 comparable.  ``symbol`` is the exact exported name (for HIP 5.x's C++-mangled
-``hipExtModuleLaunchKernel`` the mangled name is its own entry).
+``hipExtModuleLaunchKernel`` the mangled name is its own entry).  ``label``
+is what the capture's ``api`` column says when it is not the symbol: the
+demangled name of a C++ function (``c10::reportMemoryUsageToProfiler``).
 
 ``shape`` names the BPF macro that decodes the arguments (``PT_H_<SHAPE>`` in
 ``bpf/*.bpf.c``); ``arg`` is that macro's shape-specific parameter (a CopyKind
@@ -96,11 +98,15 @@ SHAPES: dict[str, str] = {
     "copy_symbol_async": "cudart",
     "copy_2d_rt": "cudart",
     "copy_2d_rt_async": "cudart",
+    "tensor_report": "c10",
+    "tensor_new": "c10",
+    "tensor_delete": "c10",
 }
 
 #: The layer each family's calls are seen at (the `layer` column).  HIP's
 #: library is the HIP runtime: there is no separate driver library below it.
-FAMILY_LAYER: dict[str, Layer] = {"cuda": Layer.driver, "cudart": Layer.runtime, "hip": Layer.runtime}
+FAMILY_LAYER: dict[str, Layer] = {"cuda": Layer.driver, "cudart": Layer.runtime, "hip": Layer.runtime,
+                                   "c10": Layer.framework}
 
 #: How a family's calls take part in nesting (bpf/pasta.h, pt_nest): an
 #: "outer" call marks its thread, and a call of an "inner" family (or a
@@ -112,12 +118,17 @@ NEST_ROLE: dict[str, str] = {"cudart": "outer", "cuda": "inner"}
 @dataclass(frozen=True)
 class Api:
     symbol: str
-    family: str  # 'cuda' | 'hip' | 'cudart'
+    family: str  # 'cuda' | 'hip' | 'cudart' | 'c10'
     kind: Kind
     shape: str
     ret: bool  # needs a uretprobe
     category: str  # row of the coverage table in docs/probes.md
     arg: int = 0  # shape-specific: CopyKind, element size or NameSource
+    label: str = ""  # the `api` column's name when it is not `symbol`
+
+    @property
+    def api_name(self) -> str:
+        return self.label or self.symbol
 
     @property
     def macro(self) -> str:
@@ -132,10 +143,10 @@ class Api:
         return NEST_ROLE.get(self.family)
 
 
-def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0) -> Api:
+def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0, label: str = "") -> Api:
     if shape not in SHAPES:
         raise ValueError(f"{symbol}: unknown shape {shape}")
-    return Api(symbol, family, kind, shape, shape in RETURN_SHAPES, category, int(arg))
+    return Api(symbol, family, kind, shape, shape in RETURN_SHAPES, category, int(arg), label)
 
 
 def _cuda() -> list[Api]:
@@ -294,6 +305,29 @@ def _hip() -> list[Api]:
     return out
 
 
+#: c10::reportMemoryUsageToProfiler(void*, int64_t, size_t, size_t, c10::Device)
+C10_REPORT = "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE"
+#: c10::ProfiledCPUMemoryReporter::New(void*, size_t) and ::Delete(void*)
+C10_CPU_NEW = "_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm"
+C10_CPU_DELETE = "_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv"
+
+
+def _c10() -> list[Api]:
+    """PyTorch's libc10.so: the caching allocators (CUDA, and ROCm's, which
+    is the CUDA one built for HIP) report every block they hand out and take
+    back to reportMemoryUsageToProfiler, whether or not a profiler runs;
+    CPU tensors go through ProfiledCPUMemoryReporter::New/Delete.  The
+    handler sets the kind: a negative size is a free."""
+    return [
+        _api(C10_REPORT, "c10", Kind.tensor_alloc, "tensor_report", "tensor memory",
+             label="c10::reportMemoryUsageToProfiler"),
+        _api(C10_CPU_NEW, "c10", Kind.tensor_alloc, "tensor_new", "tensor memory",
+             label="c10::ProfiledCPUMemoryReporter::New"),
+        _api(C10_CPU_DELETE, "c10", Kind.tensor_free, "tensor_delete", "tensor memory",
+             label="c10::ProfiledCPUMemoryReporter::Delete"),
+    ]
+
+
 def _cudart() -> list[Api]:
     """libcudart (shared, or linked statically into an executable).  Its
     calls reach libcuda through cuGetProcAddress pointers to the exported
@@ -349,8 +383,10 @@ def _cudart() -> list[Api]:
     return out
 
 
-APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _cudart())
+APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _c10() + _cudart())
 API_ID: dict[str, int] = {a.symbol: i for i, a in enumerate(APIS)}
+#: the capture's api names, by id
+API_NAMES: tuple[str, ...] = tuple(a.api_name for a in APIS)
 
 if len(API_ID) != len(APIS):
     raise RuntimeError("duplicate symbol in the probe catalog")

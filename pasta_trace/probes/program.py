@@ -21,14 +21,13 @@ def _bpf_dir() -> Path:
 
 
 BPF_DIR = _bpf_dir()
-SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "cudart.bpf.c")
+SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c", "cudart.bpf.c")
 STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
-AGG_MAX = 65536
 PID_FILTER_MAX = 4096
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
@@ -96,6 +95,7 @@ def build_bpf_text(
     ring_pages: int = DEFAULT_RING_PAGES,
     names_pages: int = DEFAULT_NAMES_PAGES,
     aggregate: bool = False,
+    aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX,
     filter_pids: bool = False,
     apis: tuple[catalog.Api, ...] = catalog.APIS,
     stack_depth: int | None = None,
@@ -104,13 +104,16 @@ def build_bpf_text(
     """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
     are compiled (attach only those); their ids stay the catalog's.
     ``stack_depth``: record the caller's Python stack on every event, up to
-    that many frames (bpf/pystack.h); None: no stacks."""
+    that many frames (bpf/pystack.h); None: no stacks.  ``aggregate_max``:
+    rows the --aggregate map holds (calls of further rows count in lost_agg)."""
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
+    if aggregate_max < 1:
+        raise ValueError(f"aggregate_max must be at least 1, got {aggregate_max}")
     config = [
         f"#define PT_RING_PAGES {ring_pages}",
         f"#define PT_NAMES_PAGES {names_pages}",
-        f"#define PT_AGG_MAX {AGG_MAX}",
+        f"#define PT_AGG_MAX {aggregate_max}",
         f"#define PT_PID_FILTER_MAX {PID_FILTER_MAX}",
     ]
     comm = task_comm_offset()

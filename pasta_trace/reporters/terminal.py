@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import merge
-from ..tools.run import ToolResult, device_data_text, incomplete_banner
+from ..tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
 from .results import Results
 from .terminal_table import table
 
@@ -37,7 +37,7 @@ def _facts(facts: dict) -> list[tuple[str, str]]:
         ("duration", None if facts["duration_ns"] is None else f"{facts['duration_ns'] / 1e9:.6f} s"),
         ("processes", ", ".join(map(str, facts["pids"])) or "none"), ("events", facts["events"]),
         ("calls counted", None if facts["aggregate_calls"] is None else f"{facts['aggregate_calls']} (--aggregate)"),
-        ("lost events", facts["lost_events"]), ("device data", device_data_text(facts)),
+        ("lost", lost_text(facts)), ("device data", device_data_text(facts)),
     ]
     rows = [(k, str(v)) for k, v in head if v is not None]
     if facts["merge"]:

@@ -84,8 +84,8 @@ TABLE: dict[tuple[int, int], PyLayout] = {
 }
 
 #: _Py_DebugOffsets after cookie, version and free_threaded: (group, fields) in
-#: declaration order.  3.14 added interpreter_state.threads_main,
-#: interpreter_frame.stackpointer, set_object, gen_object and debugger_support.
+#: declaration order, as in CPython's Include/internal/pycore_debug_offsets.h of
+#: each minor's releases.  The list must be complete: every field shifts the ones after it.
 _GROUPS_313 = [
     ("runtime_state", ["size", "finalizing", "interpreters_head"]),
     ("interpreter_state", ["size", "id", "next", "threads_head", "gc", "imports_modules", "sysdict", "builtins",
@@ -110,16 +110,25 @@ _GROUPS_313 = [
 
 
 def _groups_314() -> list[tuple[str, list[str]]]:
+    """3.14.0 against 3.13: interpreter_state gained threads_main (after threads_head),
+    code_object_generation and tlbc_generation; interpreter_frame stackpointer and
+    tlbc_index; code_object co_tlbc; set_object follows list_object; gen_object,
+    llist_node and debugger_support follow gc.  (The tlbc fields are 0 outside
+    free-threaded builds, which are refused anyway.)"""
+    added = {
+        "interpreter_state": (["threads_main"], ["code_object_generation", "tlbc_generation"]),
+        "interpreter_frame": ([], ["stackpointer", "tlbc_index"]),
+        "code_object": ([], ["co_tlbc"]),
+    }
     out = []
     for name, fields in _GROUPS_313:
         if name == "interpreter_state":
-            fields = fields[:4] + ["threads_main"] + fields[4:]
-        elif name == "interpreter_frame":
-            fields = fields + ["stackpointer"]
-        out.append((name, fields))
+            fields = fields[:4] + added[name][0] + fields[4:]
+        out.append((name, fields + added.get(name, ([], []))[1]))
         if name == "list_object":
             out.append(("set_object", ["size", "used", "table", "mask"]))
     out.append(("gen_object", ["size", "gi_name", "gi_iframe", "gi_frame_state"]))
+    out.append(("llist_node", ["next", "prev"]))
     out.append(("debugger_support", ["eval_breaker", "remote_debugger_support", "remote_debugging_enabled",
                                      "debugger_pending_call", "debugger_script_path",
                                      "debugger_script_path_size"]))

@@ -8,10 +8,12 @@ Each module lists its tools in `TOOLS`; they are registered here, in the order
 reports show them.
 """
 
-from . import api_errors, call_sites, gpu_time, hotness, kernels, leaks, memory, overview, prefetch, sync, transfers
+from . import (api_errors, call_sites, gpu_time, hotness, kernels, leaks, memory, overview, prefetch, sync, tensors,
+               transfers)
 from .registry import REGISTRY, Tool, register
 
-for _module in (overview, api_errors, kernels, memory, leaks, transfers, sync, call_sites, gpu_time, hotness, prefetch):
+for _module in (overview, api_errors, kernels, memory, leaks, tensors, transfers, sync, call_sites, gpu_time, hotness,
+                prefetch):
     for _tool in _module.TOOLS:
         register(_tool)
 

@@ -8,16 +8,24 @@ import polars as pl
 from ..call_result import api_errors as _api_errors
 from ..read import Capture
 from .calls import capture_calls
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
+
+API_ERRORS = columns(
+    PID, ("api", pl.String, "", "the API"),
+    ("error", pl.String, "", "the code's name from the vendor headers, e.g. CUDA_ERROR_NOT_INITIALIZED"),
+    ("ret", pl.Int32, "", "the return code"),
+    ("failed", pl.UInt64, "count", "calls of api that returned it"),
+    ("calls", pl.UInt64, "count", "every call of api by the process"),
+    ("first_ts_ns", pl.Int64, "ts", "first such failure (--aggregate: of the counted group)"),
+    ("last_ts_ns", pl.Int64, "ts", "last such failure"),
+)
 
 
+@returns(API_ERRORS)
 def api_errors(cap: Capture) -> pl.DataFrame:
-    """Columns: pid; api; error (the code's name, e.g. CUDA_ERROR_NOT_INITIALIZED);
-    ret (the code); failed (calls of api that returned it); calls (every call of
-    api by the process); first_ts_ns, last_ts_ns (ns CLOCK_MONOTONIC, first and
-    last such failure; with --aggregate, of the counted group).  Only calls whose
-    return code the probes read can fail here: launches, copies, memsets and
-    frees are entry-only."""
+    """The calls that returned an error, per process, API and code.  Only
+    calls whose return code the probes read can fail here: launches, copies,
+    memsets and frees are entry-only."""
     return _api_errors(capture_calls(cap)).collect(engine="streaming")
 
 

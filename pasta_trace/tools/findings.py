@@ -1,6 +1,6 @@
 """Key findings: the few facts a report opens with (the kernel with the most
-GPU time, time blocked in syncs, the peak of live device memory, failed calls,
-leaks), each read from the table of the tool that has the details."""
+GPU time, time blocked in syncs, the peak of live device memory, the peak of
+tensor memory, failed calls, leaks), each read from the table of the tool that has the details."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from .call_sites import NO_STACK
+from .sites import NO_STACK
 from .render import human_bytes, human_ns, seconds_after
 from .run import ToolResult
 
@@ -102,6 +102,26 @@ def _peak(f: pl.DataFrame, t0: int | None, by_name: dict[str, ToolResult]) -> Fi
     return Finding("peak memory", f"{text}; most from {{subject}} ({human_bytes(top[1])})", "memory_peaks", top[0])
 
 
+def _tensor_peak(f: pl.DataFrame, t0: int | None, by_name: dict[str, ToolResult]) -> Finding | None:
+    """The largest tensor memory peak of any (process, device); none without tensor events."""
+    if f.height == 0:
+        return None
+    row = f.sort("peak_bytes", descending=True, maintain_order=True).row(0, named=True)
+    reserved = row["reserved_at_peak_bytes"]
+    text = (f"{human_bytes(row['peak_bytes'])} held on {row['device']}"
+            + (f" ({human_bytes(reserved)} reserved)" if reserved is not None else "")
+            + f", pid {row['pid']} at {seconds_after(row['peak_ts_ns'], t0)} s")
+    sites = _frame(by_name, "tensor_peak_call_sites")
+    if sites is not None:
+        sites = sites.filter((pl.col("pid") == row["pid"]) & (pl.col("device") == row["device"])
+                             & pl.col("tensors").is_not_null() & (pl.col("call_site") != NO_STACK))
+    if sites is None or sites.height == 0:
+        return Finding("tensors", text, "tensor_peaks")
+    top = sites.row(0, named=True)  # the tool sorts by bytes
+    return Finding("tensors", f"{text}; most from {{subject}} ({human_bytes(top['live_bytes'])})", "tensor_peaks",
+                   top["call_site"])
+
+
 def _errors(f: pl.DataFrame) -> Finding:
     if f.height == 0:
         return Finding("errors", "no failed calls", "api_errors")
@@ -131,6 +151,8 @@ def key_findings(results: list[ToolResult], t0: int | None) -> list[Finding]:
         out.append(_syncs(f, by_name))
     if (f := _frame(by_name, "memory_peaks")) is not None:
         out.append(_peak(f, t0, by_name))
+    if (f := _frame(by_name, "tensor_peaks")) is not None:
+        out.append(_tensor_peak(f, t0, by_name))
     if (f := _frame(by_name, "api_errors")) is not None:
         out.append(_errors(f))
     if (f := _frame(by_name, "leaks")) is not None:

@@ -14,7 +14,8 @@ import polars as pl
 
 from ..call_result import done
 from ..read import Capture
-from .call_sites import NO_STACK, live_at_peak
+from .memory import live_at_peak
+from .sites import NO_STACK
 
 ROOT = "all"
 _SEP = "\x1f"  # joins a path's labels into one key; sorts below any character of a label

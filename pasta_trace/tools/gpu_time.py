@@ -11,7 +11,23 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
+
+_GAPS = (
+    ("kernels", pl.UInt32, "count", "kernel executions with device timing"),
+    ("first_ts_ns", pl.Int64, "ts", "first kernel start (host clock)"),
+    ("last_ts_ns", pl.Int64, "ts", "last kernel end"),
+    ("span_ns", pl.Int64, "ns", "last end minus first start"),
+    ("busy_ns", pl.Int64, "ns", "union of the execution intervals"),
+    ("idle_ns", pl.Int64, "ns", "the gaps between them"),
+    ("idle_share", pl.Float64, "share", "idle_ns over span_ns"),
+    ("max_gap_ns", pl.Int64, "ns", "the longest gap"),
+    ("launch_to_start_mean_ns", pl.Float64, "ns", "host launch call to kernel start, mean"),
+    ("launch_to_start_max_ns", pl.Int64, "ns", "the same, longest"),
+)
+LAUNCH_GAPS = columns(PID, ("stream", pl.UInt64, "handle", "the stream"), *_GAPS)
+GPU_IDLE = columns(("device", pl.UInt32, "", "GPU index"),
+                   ("processes", pl.UInt32, "count", "processes that ran kernels on it"), *_GAPS)
 
 
 def _timed(cap: Capture) -> pl.LazyFrame:
@@ -48,12 +64,14 @@ _COLUMNS = [
 ]
 
 
+@returns(LAUNCH_GAPS)
 def launch_gaps(cap: Capture) -> pl.DataFrame:
     """Per process and stream: gaps between consecutive kernels on that stream."""
     keys = ["pid", "stream"]
     return _gaps(_timed(cap), keys).select(*keys, *_COLUMNS).sort(keys).collect(engine="streaming")
 
 
+@returns(GPU_IDLE)
 def gpu_idle(cap: Capture) -> pl.DataFrame:
     """Per GPU, all processes and streams on it together: how much of the span
     of kernel activity the GPU did no work."""

@@ -12,12 +12,41 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
+_ACCESSES = ("accesses", pl.UInt64, "count", "thread-level accesses")
+_ACCESSED = ("accessed_bytes", pl.UInt64, "bytes", "bytes accessed (null where the device source reports none)")
+WORKING_SET = columns(
+    PID, ("launch_id", pl.UInt64, "", "the launch (the device module's per-process counter)"),
+    ("name", pl.String, "", "kernel name"),
+    ("pages", pl.UInt32, "count", "distinct pages touched"),
+    ("ws_bytes", pl.UInt64, "bytes", "pages x page size"),
+    _ACCESSES, _ACCESSED,
+    ("allocations", pl.UInt32, "count", "distinct allocations touched"),
+    ("unattributed_pages", pl.UInt32, "count", "pages in no live allocation"),
+)
+ALLOC_HOTNESS = columns(
+    PID, ("alloc_base", pl.UInt64, "handle", "the allocation's address"),
+    ("alloc_size", pl.UInt64, "bytes", "its size"), ("alloc_api", pl.String, "", "its allocation API"),
+    _ACCESSES, _ACCESSED,
+    ("pages_touched", pl.UInt32, "count", "distinct pages of it touched"),
+    ("pages_spanned", pl.UInt64, "count", "pages it spans, partial ones at either end included"),
+    ("touched_share", pl.Float64, "share", "pages_touched over pages_spanned"),
+    ("launches", pl.UInt32, "count", "launches that touched it"),
+)
+PAGE_HOTNESS = columns(
+    PID, ("page", pl.UInt64, "", "address >> page shift"),
+    ("alloc_base", pl.UInt64, "handle", "the allocation holding it; null: none"),
+    _ACCESSES, _ACCESSED,
+    ("launches", pl.UInt32, "count", "launches that touched it"),
+    ("first_launch_id", pl.UInt64, "", "the first of them"),
+)
 
 
+@returns(WORKING_SET)
 def working_set(cap: Capture) -> pl.DataFrame:
+    """Per kernel execution: the pages and allocations it touched."""
     return (
         merge.attributed_pages(cap)
         .group_by("pid", "launch_id", "name")
@@ -34,7 +63,9 @@ def working_set(cap: Capture) -> pl.DataFrame:
     )
 
 
+@returns(ALLOC_HOTNESS)
 def alloc_hotness(cap: Capture) -> pl.DataFrame:
+    """Per allocation instance touched, hottest first."""
     first_page = pl.col("alloc_base") // PAGE_BYTES
     last_page = (pl.col("alloc_base") + pl.col("alloc_size") - 1) // PAGE_BYTES
     return (
@@ -57,7 +88,9 @@ def alloc_hotness(cap: Capture) -> pl.DataFrame:
     )
 
 
+@returns(PAGE_HOTNESS)
 def page_hotness(cap: Capture) -> pl.DataFrame:
+    """Per process and page, hottest first."""
     return (
         merge.attributed_pages(cap)
         .group_by("pid", "page", "alloc_base")

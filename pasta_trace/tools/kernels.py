@@ -1,5 +1,6 @@
 """Kernel summary: which kernels were launched, how often, in which shapes, and
-how long the launch API and (with device timing) the GPU took."""
+how long the launch API and (with device timing) the GPU took; and the
+launches per Python line (call site)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,31 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import Tool
+from .registry import PID, TOP_CALL_SITE, Tool, columns, returns
+from .sites import NO_STACK, launch_sites, top_site
 from .span import duration_ns
 
 _KEY = ["pid", "name"]
-_COLUMNS = (
-    "pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block",
-    "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns",
+_NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")
+_LAUNCHES = ("launches", pl.UInt64, "count", "launch calls")
+_TIMES = (
+    ("first_ts_ns", pl.Int64, "ts", "first launch"),
+    ("last_ts_ns", pl.Int64, "ts", "last launch"),
+    ("api_ns", pl.Int64, "ns", "time in the launch API, where measured (null: entry-only probes)"),
+    ("api_mean_ns", pl.Float64, "ns", "its mean"),
+    ("gpu_ns", pl.Int64, "ns", "execution time on the GPU (device timing only)"),
+    ("gpu_mean_ns", pl.Float64, "ns", "its mean"),
 )
+KERNELS = columns(
+    PID, _NAME, _LAUNCHES,
+    ("launches_per_s", pl.Float64, "1/s", "launches over the capture's duration"),
+    ("shapes", pl.UInt32, "count", "distinct (grid, block) shapes"),
+    ("top_grid", pl.String, "", "the most frequent grid, XxYxZ"),
+    ("top_block", pl.String, "", "the most frequent block, XxYxZ"),
+    *_TIMES, TOP_CALL_SITE,
+)
+KERNEL_SITES = columns(PID, ("call_site", pl.String, "", "the Python line that launched; (no stack): none"),
+                       _NAME, _LAUNCHES, *_TIMES)
 
 
 def _shaped(frame: pl.LazyFrame) -> pl.LazyFrame:
@@ -37,14 +55,15 @@ def _top_shape(shaped: pl.LazyFrame, weight: pl.Expr) -> pl.LazyFrame:
     )
 
 
-def _finish(summary: pl.LazyFrame, top_shape: pl.LazyFrame, dur_s: float) -> pl.DataFrame:
+def _finish(summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites: pl.LazyFrame, dur_s: float) -> pl.DataFrame:
     return (
         summary.join(top_shape, on=_KEY, how="left", nulls_equal=True)
+        .join(sites, on=_KEY, how="left", nulls_equal=True)
         .with_columns(
             pl.col("launches").cast(pl.UInt64),  # an --aggregate capture counts beyond 2**32
             (pl.col("launches") / dur_s if dur_s > 0 else pl.lit(None, pl.Float64)).alias("launches_per_s"),
         )
-        .select(_COLUMNS)
+        .select(list(KERNELS))
         .sort(["launches", "pid", "name"], descending=[True, False, False])
         .collect(engine="streaming")
     )
@@ -52,7 +71,7 @@ def _finish(summary: pl.LazyFrame, top_shape: pl.LazyFrame, dur_s: float) -> pl.
 
 def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
     """An --aggregate capture: the kernel's counts per (kernel, shape); no
-    per-call durations, so the time columns are null."""
+    per-call durations or stacks, so the time and call-site columns are null."""
     shaped = _shaped(merge.aggregate_launches(cap))
     summary = shaped.group_by(_KEY).agg(
         pl.col("count").sum().alias("launches"),
@@ -62,27 +81,53 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
         *(pl.lit(None, pl.Int64).alias(c) for c in ("api_ns", "gpu_ns")),
         *(pl.lit(None, pl.Float64).alias(c) for c in ("api_mean_ns", "gpu_mean_ns")),
     )
-    return _finish(summary, _top_shape(shaped, pl.col("count").sum()), dur_s)
+    no_sites = pl.LazyFrame(schema={"pid": pl.UInt32, "name": pl.String, "top_call_site": pl.String})
+    return _finish(summary, _top_shape(shaped, pl.col("count").sum()), no_sites, dur_s)
 
 
-def kernel_summary(cap: Capture) -> pl.DataFrame:
-    dur_s = duration_ns(cap) / 1e9
-    if cap.aggregate is not None:
-        return _aggregate_summary(cap, dur_s)
-    ex = _shaped(merge.kernel_executions(cap)).with_columns(
-        (pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"),
+def _executions(cap: Capture, no_stack: str | None) -> pl.LazyFrame:
+    """Each launch with its device execution, GPU time and call site."""
+    return (
+        merge.kernel_executions(cap)
+        .join(launch_sites(cap), on=["pid", "launch_seq"], how="left")
+        .with_columns((pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"),
+                      pl.col("call_site").fill_null(no_stack) if no_stack else pl.col("call_site"))
     )
-    summary = ex.group_by(_KEY).agg(
-        pl.len().alias("launches"),
-        pl.struct("grid", "block").n_unique().alias("shapes"),
+
+
+def _times() -> list[pl.Expr]:
+    return [
         pl.col("ts_ns").min().alias("first_ts_ns"),
         pl.col("ts_ns").max().alias("last_ts_ns"),
         measured_sum(pl.col("dur_ns")).alias("api_ns"),
         pl.col("dur_ns").mean().alias("api_mean_ns"),
         measured_sum(pl.col("gpu_ns")).alias("gpu_ns"),
         pl.col("gpu_ns").mean().alias("gpu_mean_ns"),
+    ]
+
+
+@returns(KERNELS)
+def kernel_summary(cap: Capture) -> pl.DataFrame:
+    """Per process and kernel name, most launched first."""
+    dur_s = duration_ns(cap) / 1e9
+    if cap.aggregate is not None:
+        return _aggregate_summary(cap, dur_s)
+    ex = _shaped(_executions(cap, None))
+    summary = ex.group_by(_KEY).agg(
+        pl.len().alias("launches"), pl.struct("grid", "block").n_unique().alias("shapes"), *_times())
+    return _finish(summary, _top_shape(ex, pl.len()), top_site(ex, _KEY, pl.len()), dur_s)
+
+
+@returns(KERNEL_SITES)
+def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
+    """Launches per Python line and kernel, most first; launches without a
+    stack together under (no stack).  Empty for an --aggregate capture."""
+    return (
+        _executions(cap, NO_STACK).group_by("pid", "call_site", "name")
+        .agg(pl.len().cast(pl.UInt64).alias("launches"), *_times())
+        .sort(["launches", "pid", "call_site", "name"], descending=[True, False, False, False])
+        .collect(engine="streaming")
     )
-    return _finish(summary, _top_shape(ex, pl.len()), dur_s)
 
 
 TOOLS = [
@@ -94,7 +139,14 @@ TOOLS = [
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
         terminal_columns=(
             "pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
-            "gpu_ns", "gpu_mean_ns",
+            "gpu_ns", "gpu_mean_ns", "top_call_site",
         ),
+    ),
+    Tool(
+        name="kernel_call_sites",
+        title="Launches by call site",
+        compute=kernel_by_call_site,
+        description="launches, API and GPU time per Python line and kernel",
+        terminal_columns=("pid", "call_site", "name", "launches", "api_ns", "gpu_ns", "gpu_mean_ns"),
     ),
 ]

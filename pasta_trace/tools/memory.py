@@ -1,5 +1,6 @@
 """Memory timeline: live device bytes per process over time (a step series built
-with cumulative sums over the sorted alloc/free events), and its peaks.
+with cumulative sums over the sorted alloc/free events), its peaks and the
+Python lines (call sites) holding the memory at each peak.
 
 Pinned host allocations (kind "host") are not device memory and are left out
 here; the leaks tool still lists them."""
@@ -11,10 +12,46 @@ import polars as pl
 from .. import lifetimes, merge
 from ..read import Capture
 from . import render
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
+from .sites import NO_STACK, allocation_sites, top_site
+
+_API = ("api", pl.String, "", "allocation API (for a free: the API that allocated the block)")
+TIMELINE = columns(
+    PID, ("ts_ns", pl.Int64, "ts", "the allocation or free"), _API,
+    ("delta_bytes", pl.Int64, "bytes", "+size for an allocation, -size for a free"),
+    ("live_bytes", pl.Int64, "bytes", "live device bytes of the process after this step"),
+    ("api_live_bytes", pl.Int64, "bytes", "the same, counting only this API's allocations"),
+)
+PEAKS = columns(
+    PID, ("api", pl.String, "", '"all", or one allocation API alone'),
+    ("peak_bytes", pl.Int64, "bytes", "peak of live device bytes"),
+    ("peak_ts_ns", pl.Int64, "ts", "when the peak was first reached"),
+    ("end_bytes", pl.Int64, "bytes", "live at the end of the capture"),
+    ("allocations", pl.UInt32, "count", "device allocations made (pinned host memory: memory_totals)"),
+    ("device_alloc_bytes", pl.Int64, "bytes", "their bytes"),
+    ("top_call_site", pl.String, "", "the Python line whose allocations held the most bytes at the peak; null: "
+                                     "none of them had a stack"),
+)
+TOTALS = columns(
+    PID, ("memory", pl.Enum(lifetimes.MEMORY_NAMES), "", '"device" (device, managed, async and VMM allocations) or '
+                                               '"pinned host" (page-locked host memory)'),
+    ("allocations", pl.UInt32, "count", "successful allocation calls"),
+    ("allocated_bytes", pl.UInt64, "bytes", "their bytes"),
+    ("freed", pl.UInt32, "count", "those allocations freed during the capture (null: --aggregate)"),
+    ("freed_bytes", pl.UInt64, "bytes", "their sizes: each free releases its own allocation's bytes"),
+    ("held_bytes", pl.UInt64, "bytes", "allocated, not freed by the end"),
+)
+PEAK_SITES = columns(
+    PID, ("call_site", pl.String, "", "the Python line that allocated; (no stack): none"),
+    ("live_bytes", pl.UInt64, "bytes", "its bytes live at the process's peak"),
+    ("allocations", pl.UInt32, "count", "its allocations live then"),
+    ("peak_ts_ns", pl.Int64, "ts", "the peak (memory_peaks, api all)"),
+)
 
 
+@returns(TIMELINE)
 def memory_timeline(cap: Capture) -> pl.DataFrame:
+    """One row per allocation or free of device memory, in time order per process."""
     allocs = merge.allocations(cap).filter(pl.col("kind") != "host")
     cols = ["pid", pl.col("api").cast(pl.String)]
     steps = pl.concat(
@@ -38,9 +75,8 @@ def memory_timeline(cap: Capture) -> pl.DataFrame:
     )
 
 
-def memory_peaks(cap: Capture) -> pl.DataFrame:
-    """Per process: the peak of live device bytes and when it was first reached,
-    overall (api = "all") and for each allocation API alone."""
+def peak_rows(cap: Capture) -> pl.DataFrame:
+    """memory_peaks without its call sites."""
     tl = memory_timeline(cap).lazy()
 
     def peaks(by: list[str], live: str) -> pl.LazyFrame:
@@ -49,12 +85,12 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
             pl.col("ts_ns").get(pl.col(live).arg_max()).alias("peak_ts_ns"),
             pl.col(live).last().alias("end_bytes"),
             (pl.col("delta_bytes") > 0).sum().alias("allocations"),
-            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("allocated_bytes"),
+            pl.col("delta_bytes").clip(lower_bound=0).sum().alias("device_alloc_bytes"),
         )
 
     overall = peaks(["pid"], "live_bytes").with_columns(pl.lit("all").alias("api"))
     by_api = peaks(["pid", "api"], "api_live_bytes")
-    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    cols = ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "device_alloc_bytes"]
     return (
         pl.concat([overall.select(cols), by_api.select(cols)])
         .sort(["pid", pl.col("api") != "all", "api"])
@@ -62,15 +98,55 @@ def memory_peaks(cap: Capture) -> pl.DataFrame:
     )
 
 
+def _live_at_peaks(cap: Capture, peaks: pl.LazyFrame, no_stack: str | None) -> pl.LazyFrame:
+    """Device allocations live at each peak: (pid, api) of `peaks`, api "all"
+    counting every allocation API together."""
+    allocs = allocation_sites(cap).with_columns(pl.col("api").cast(pl.String))
+    if no_stack is not None:
+        allocs = allocs.with_columns(pl.col("call_site").fill_null(no_stack))
+    every = allocs.join(peaks.filter(pl.col("api") == "all"), on="pid", suffix="_peak").drop("api").rename(
+        {"api_peak": "api"})
+    one = allocs.join(peaks.filter(pl.col("api") != "all"), on=["pid", "api"])
+    live = (pl.col("alloc_ts_ns") <= pl.col("peak_ts_ns")) & (
+        pl.col("free_ts_ns").is_null() | (pl.col("free_ts_ns") > pl.col("peak_ts_ns")))
+    return pl.concat([every, one], how="diagonal_relaxed").filter(live)
+
+
+@returns(PEAKS)
+def memory_peaks(cap: Capture) -> pl.DataFrame:
+    """Per process: the peak of live device bytes and when it was first reached,
+    overall (api = "all") and for each allocation API alone."""
+    peaks = peak_rows(cap)
+    held = top_site(_live_at_peaks(cap, peaks.lazy().select("pid", "api", "peak_ts_ns"), None), ["pid", "api"],
+                    pl.col("size").sum(), pl.len())
+    return peaks.lazy().join(held, on=["pid", "api"], how="left", maintain_order="left").collect()
+
+
+def live_at_peak(cap: Capture) -> pl.LazyFrame:
+    """The device allocations live at their process's peak of live bytes (all
+    APIs together), each with its stack_id and call_site (NO_STACK: none)."""
+    peaks = peak_rows(cap).lazy().filter(pl.col("api") == "all").select("pid", "api", "peak_ts_ns")
+    return _live_at_peaks(cap, peaks, NO_STACK)
+
+
+@returns(PEAK_SITES)
+def peak_by_call_site(cap: Capture) -> pl.DataFrame:
+    """Device bytes live at each process's peak, by the Python line that
+    allocated them, most first."""
+    return (
+        live_at_peak(cap).group_by("pid", "call_site")
+        .agg(pl.col("size").sum().alias("live_bytes"), pl.len().alias("allocations"), pl.col("peak_ts_ns").first())
+        .sort(["live_bytes", "pid", "call_site"], descending=[True, False, False])
+        .collect(engine="streaming")
+    )
+
+
+@returns(TOTALS)
 def memory_totals(cap: Capture) -> pl.DataFrame:
-    """Columns: pid; memory ("device": device, managed, async and VMM
-    allocations; "pinned host": page-locked host memory); allocations
-    (successful allocation calls); allocated_bytes; freed (those allocations
-    freed during the capture); freed_bytes (their sizes: each free releases
-    its own allocation's bytes); held_bytes (allocated, not freed by the end).
-    Failed calls count nowhere.  An --aggregate capture keeps no per-free
-    sizes: freed, freed_bytes and held_bytes are null.  The summary a
-    recording prints shows these totals, all processes together."""
+    """Per process, device memory and pinned host memory apart.  Failed calls
+    count nowhere.  An --aggregate capture keeps no per-free sizes: freed,
+    freed_bytes and held_bytes are null.  The summary a recording prints
+    shows these totals, all processes together."""
     if cap.aggregate is not None:
         return lifetimes.aggregate_totals(cap.aggregate).collect(engine="streaming")
     return lifetimes.totals(merge.allocations(cap)).collect(engine="streaming")
@@ -134,5 +210,11 @@ TOOLS = [
         title="Memory peaks",
         compute=memory_peaks,
         description="peak live device bytes per process and when, overall and per allocation API",
+    ),
+    Tool(
+        name="peak_call_sites",
+        title="Memory held at the peak, by call site",
+        compute=peak_by_call_site,
+        description="device bytes live at each process's peak of live bytes, by the Python line that allocated them",
     ),
 ]

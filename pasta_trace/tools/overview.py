@@ -9,9 +9,27 @@ from .. import lifetimes, merge
 from ..call_result import done, failed
 from ..read import Capture
 from .calls import capture_calls, is_aggregate
-from .memory import memory_peaks
+from .memory import peak_rows
 from .exprs import measured_sum
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
+
+PROCESSES = columns(
+    PID, ("comm", pl.String, "", "command name"), ("cmdline", pl.String, "", "command line"),
+    ("container_id", pl.String, "", "container (64-hex id from its cgroup); null outside containers"),
+    ("threads", pl.UInt32, "count", "threads that made a traced call (null: --aggregate)"),
+    ("api_calls", pl.UInt64, "count", "traced API calls"),
+    ("failed_calls", pl.UInt64, "count", "those that returned an error"),
+    ("launches", pl.UInt64, "count", "kernel launches"),
+    ("kernels", pl.UInt32, "count", "distinct kernel names launched"),
+    ("device_alloc_bytes", pl.UInt64, "bytes", "device memory allocated, pinned host memory apart (memory_totals)"),
+    ("peak_live_bytes", pl.Int64, "bytes", "peak of live device bytes (memory_peaks; null: --aggregate)"),
+    ("copy_bytes", pl.UInt64, "bytes", "bytes copied, every direction"),
+    ("sync_ns", pl.Int64, "ns", "time blocked in syncs (0: no sync call; null: none measured, or --aggregate)"),
+    ("gpus", pl.UInt32, "count", "GPUs the process used, as the device data saw them (null: no device data)"),
+    ("gpu_ids", pl.String, "", "their ids, comma-separated"),
+    ("first_ts_ns", pl.Int64, "ts", "first call"),
+    ("last_ts_ns", pl.Int64, "ts", "end of the last call"),
+)
 
 
 def _devices(cap: Capture) -> pl.LazyFrame:
@@ -46,7 +64,7 @@ def _from_events(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFrame
     )
     kernels = merge.kernel_executions(cap).group_by("pid").agg(pl.col("name").n_unique().alias("kernels"))
     peaks = (
-        memory_peaks(cap).lazy().filter(pl.col("api") == "all")
+        peak_rows(cap).lazy().filter(pl.col("api") == "all")
         .group_by("pid").agg(pl.col("peak_bytes").max().alias("peak_live_bytes"))
     )
     memory = allocated.join(peaks, on="pid", how="full", coalesce=True).with_columns(
@@ -76,14 +94,10 @@ def _from_aggregate(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFr
     return per_pid, kernels, memory
 
 
+@returns(PROCESSES)
 def overview(cap: Capture) -> pl.DataFrame:
-    """Columns: pid, comm, cmdline, container_id; threads; api_calls (probed
-    calls); failed_calls (those that returned an error); launches; kernels
-    (distinct names); device_alloc_bytes (device memory allocated, pinned host
-    memory apart: memory_totals); peak_live_bytes; copy_bytes; sync_ns (time
-    blocked in syncs); gpus, gpu_ids (with device data); first_ts_ns,
-    last_ts_ns.  From an --aggregate capture, the kernel's counts and byte
-    sums; threads, sync_ns and peak_live_bytes are null there."""
+    """One row per traced process.  From an --aggregate capture, the kernel's
+    counts and byte sums; threads, sync_ns and peak_live_bytes are null there."""
     per_pid, kernels, memory = (_from_aggregate if is_aggregate(cap) else _from_events)(cap)
     procs = cap.processes.select("pid", "comm", "cmdline", "container_id").unique("pid", keep="first")
     return (
@@ -92,7 +106,9 @@ def overview(cap: Capture) -> pl.DataFrame:
         .join(memory, on="pid", how="left")
         .join(_devices(cap), on="pid", how="left")
         .select(
-            "pid", "comm", "cmdline", "container_id", "threads", "api_calls", "failed_calls", "launches",
+            "pid", "comm", "cmdline", "container_id", "threads",
+            # an --aggregate capture counts beyond 2**32: one type for both
+            *(pl.col(c).cast(pl.UInt64) for c in ("api_calls", "failed_calls", "launches")),
             pl.col("kernels").fill_null(0), pl.col("device_alloc_bytes").fill_null(0), "peak_live_bytes",
             "copy_bytes", "sync_ns", "gpus", "gpu_ids", "first_ts_ns", "last_ts_ns",
         )

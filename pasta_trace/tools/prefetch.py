@@ -9,22 +9,29 @@ from __future__ import annotations
 import polars as pl
 
 from .. import merge
+from ..hexfmt import hex_expr
 from ..read import Capture
-from .registry import Tool
+from .registry import PID, Tool, columns, returns
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
+PLAN = columns(
+    PID, ("launch_id", pl.UInt64, "", "the launch to prefetch for"), ("name", pl.String, "", "its kernel"),
+    ("stream", pl.UInt64, "handle", "its stream"),
+    ("alloc_api", pl.String, "", "the managed allocation's API"),
+    ("alloc_base", pl.UInt64, "handle", "the managed allocation"),
+    ("page_first", pl.UInt64, "", "first page of the range (address >> page shift)"),
+    ("page_last", pl.UInt64, "", "last page of the range"),
+    ("pages", pl.UInt64, "count", "pages in the range"),
+    ("prefetch_ptr", pl.UInt64, "handle", "the range's address, within the allocation"),
+    ("bytes", pl.UInt64, "bytes", "its length, within the allocation"),
+    ("advice", pl.String, "", "the call to make, e.g. cudaMemPrefetchAsync((void*)0x20000, 8192, 0, (cudaStream_t)0x5)"),
+)
 
 
-def _hex(col: str) -> pl.Expr:
-    """0x-prefixed lowercase hex of a UInt64 column: Polars has no integer -> hex
-    formatter, so pick each nibble's digit out of a 16-character string."""
-    x = pl.col(col)
-    digits = pl.lit("0123456789abcdef")
-    nibbles = [digits.str.slice(((x // 16**i) % 16).cast(pl.Int64), 1) for i in range(15, -1, -1)]
-    return pl.concat_str([pl.lit("0x"), pl.concat_str(nibbles).str.strip_chars_start("0").replace("", "0")])
-
-
+@returns(PLAN)
 def prefetch_plan(cap: Capture) -> pl.DataFrame:
+    """Per launch and managed allocation: the page ranges that launch touches
+    first, each as one prefetch to issue on its stream before it."""
     managed_ids = merge.allocations(cap).filter(pl.col("kind") == "managed").select("pid", "alloc_id")
     pages = merge.attributed_pages(cap).join(managed_ids, on=["pid", "alloc_id"], how="semi")
     first_touch = pages.group_by("pid", "alloc_id", "alloc_base", "alloc_size", "alloc_api", "page_shift", "page").agg(
@@ -59,13 +66,13 @@ def prefetch_plan(cap: Capture) -> pl.DataFrame:
     advice = pl.format(
         "{}((void*){}, {}, {}, {})",
         pl.when(hip).then(pl.lit("hipMemPrefetchAsync")).otherwise(pl.lit("cudaMemPrefetchAsync")),
-        _hex("prefetch_ptr"),
+        hex_expr(pl.col("prefetch_ptr")),
         pl.col("bytes"),
         pl.col("device").cast(pl.String).fill_null("dev"),
         pl.format(
             "({}){}",
             pl.when(hip).then(pl.lit("hipStream_t")).otherwise(pl.lit("cudaStream_t")),
-            _hex("stream").fill_null("0"),
+            hex_expr(pl.col("stream")).fill_null("0"),
         ),
     )
     return plan.with_columns(advice.alias("advice")).select(

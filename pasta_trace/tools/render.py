@@ -31,7 +31,8 @@ WRAP_COLUMNS = frozenset({"advice", "cmdline"})
 #: its unit suffix dropped and "_" as spaces.
 HEADERS = {
     "comm": "process", "cmdline": "command line", "container_id": "container", "api": "API",
-    "api_calls": "calls", "failed_calls": "failed", "device_alloc_bytes": "allocated", "peak_live_bytes": "peak live",
+    "api_calls": "calls", "failed_calls": "failed", "device_alloc_bytes": "device alloc",
+    "pinned_alloc_bytes": "pinned alloc", "peak_live_bytes": "peak live",
     "copy_bytes": "copied", "sync_ns": "blocked", "gpus": "GPUs", "gpu_ids": "GPU ids",
     "first_ts_ns": "first at", "last_ts_ns": "last at", "ret": "code", "name": "kernel",
     "launches_per_s": "launches/s", "api_ns": "API time", "api_mean_ns": "API mean", "gpu_ns": "GPU time",
@@ -122,7 +123,8 @@ def header_of(col: str) -> str:
 def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
     """`values` of column `col` as cells in one unit, named in the header."""
     numeric = values.dtype.is_numeric()
-    name = header_of(col)
+    # a GPU index, or a tensor's device by name ("cpu", "cuda:0")
+    name = "device" if col == "device" and not numeric else header_of(col)
     raw = values.to_list()
     present = [v for v in raw if v is not None]
 
@@ -130,7 +132,7 @@ def format_column(col: str, values: pl.Series, t0: int | None) -> Column:
         return ["-" if v is None else fmt(v) for v in raw]
 
     if not numeric or values.dtype == pl.Boolean:
-        cut = "start" if col == "call_site" else "wrap" if col in WRAP_COLUMNS else "end"
+        cut = "start" if col in ("call_site", "top_call_site") else "wrap" if col in WRAP_COLUMNS else "end"
         return Column(col, name, cells(str), False, cut)
     if is_timestamp(col):
         return Column(col, f"{name} (s)", cells(lambda v: seconds_after(v, t0)), True, None)

@@ -10,11 +10,14 @@ from typing import Callable
 
 import polars as pl
 
-from .. import merge
+from .. import merge, schema
 from ..read import Capture
 from .calls import capture_calls
 from .registry import REGISTRY, Tool
 from .span import bounds
+
+
+NO_TENSORS = "needs tensor events (a PyTorch program); this capture has none"
 
 
 @dataclass
@@ -46,6 +49,7 @@ def run_tools(
     that need device data still run without it, so their (empty) frames keep
     their columns for JSON and CSV, and carry a note saying why."""
     device = cap.has_device_data
+    tensors = cap.events.filter(pl.col("kind").cast(pl.String).str.starts_with("tensor_")).head(1).collect().height > 0
     out = []
     for name in names or list(REGISTRY):
         tool = REGISTRY[name]
@@ -55,6 +59,8 @@ def run_tools(
             note = "needs device data (gpu_probes or CUPTI); this capture has none"
         elif cap.aggregate is not None and not tool.reads_aggregate:
             note = "needs per-call events; an --aggregate capture keeps only counts and byte sums"
+        elif tool.needs_tensors and not tensors:
+            note = NO_TENSORS
         out.append(ToolResult(tool, frame, note))
         if on_done:
             on_done(tool)
@@ -87,7 +93,8 @@ def capture_facts(cap: Capture) -> dict:
         # --aggregate: the calls the kernel counted (there are no events); null otherwise
         "aggregate_calls": (calls.select(pl.col("count").sum()).collect(engine="streaming").item()
                             if cap.aggregate is not None else None),
-        "lost_events": cap.lost_events,
+        "lost_events": cap.lost_events,  # every kind of loss together; by kind in "losses"
+        "losses": cap.losses,
         "complete": cap.complete,
         "problems": list(cap.problems),
         "device_data": cap.has_device_data,
@@ -106,10 +113,15 @@ def device_data_text(facts: dict) -> str:
     return f"none: --device {backend} recorded nothing" if backend else "no"
 
 
+def lost_text(facts: dict) -> str:
+    """Every kind of loss that counted ("5 events, 2 Python stacks"), or "0"."""
+    return schema.loss_text(facts["losses"]) or "0"
+
+
 def incomplete_banner(facts: dict) -> str | None:
     """The one line every report shows when anything was lost or cut short."""
     if facts["lost_events"] == 0 and facts["complete"] and not facts["problems"]:
         return None
     reasons = facts["problems"] or ([] if facts["complete"] else ["the capture did not finish"])
     tail = f" ({'; '.join(reasons)})" if reasons else ""
-    return f"INCOMPLETE: {facts['lost_events']} events lost{tail}"
+    return f"INCOMPLETE: {schema.loss_text(facts['losses']) or '0 events'} lost{tail}"

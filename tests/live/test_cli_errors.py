@@ -138,7 +138,7 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
         proc.kill()
         proc.wait()
     assert r.returncode == 0, r.stderr
-    assert (f"PID {proc.pid} has not loaded libcuda.so, libcudart.so or libamdhip64.so yet (it maps "
+    assert (f"PID {proc.pid} has not loaded libcuda.so, libcudart.so, libamdhip64.so or libc10.so yet (it maps "
             "libcublas.so.12): waiting for it to load one; its first call will be traced") in r.stderr
     assert f"Wrote {out}" in r.stderr
     assert r.stdout == ""  # messages on stderr only
@@ -147,7 +147,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
 
 
 def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
-    short = subprocess.Popen(["sleep", "120"])
+    # a rank of a distributed job, as torchrun starts one: processes.parquet says which
+    short = subprocess.Popen(["sleep", "120"], env={**os.environ, "RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4"})
     out = tmp_path / "cap"
     tracer = subprocess.Popen([sys.executable, "-m", "pasta_trace.cli", "-p", str(short.pid), "-o", str(out),
                                "-d", "100"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -172,6 +173,7 @@ def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
     procs = pl.read_parquet(out / "processes.parquet")
     row = procs.filter(pl.col("pid") == short.pid).row(0, named=True)
     assert row["comm"] == "sleep" and row["exit_ns"] is not None and row["exit_ns"] > row["start_ns"]
+    assert (row["rank"], row["local_rank"], row["world_size"]) == (2, 0, 4)
     assert json.loads((out / "manifest.json").read_text())["complete"] is True
 
 
@@ -195,8 +197,8 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
         mine.kill()
         mine.wait()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64 mapped yet (no GPU library); "
-                                        "would wait for one")
+    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libcudart/libamdhip64/libc10 mapped yet "
+                                        "(no GPU library); would wait for one")
 
 
 def test_launch_under_sudo_runs_as_the_invoking_user_who_owns_the_files(tmp_path):
@@ -223,7 +225,7 @@ def test_start_and_end_say_what_happens_and_an_empty_device_backend_says_so(tmp_
     probed = [lib for lib in m["libraries"] if lib["symbols_attached"]]
     functions = sum(len(lib["symbols_attached"]) for lib in probed)
     ready = (f"{functions} functions ready in {len(probed)} librar{'y' if len(probed) == 1 else 'ies'}" if probed
-             else "no libcuda/libamdhip64 found yet: attaching when it loads one")
+             else "no libcuda/libcudart/libamdhip64/libc10 found yet: attaching when it loads one")
     lines = r.stderr.splitlines()
     expected = [
         "compiling the BPF program...",

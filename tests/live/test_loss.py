@@ -1,18 +1,23 @@
 """Nothing is lost silently: with a one-page ring buffer and workloads that
 flood it with launches from several threads, every probed call is either in
-the capture or counted as lost, exactly (manifest counts)."""
+the capture or counted as lost, exactly (manifest counts); with a tiny
+--aggregate map, every call of a row it could not hold is counted as lost
+(manifest, summary, report and `top`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
+import time
 
 import polars as pl
 import pytest
 
 import expect
-from pasta_run import read_report, wait_for_file
+from pasta_run import read_report, run_pasta, wait_for_file
 from pasta_trace.read import open_capture
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
@@ -49,3 +54,52 @@ def test_captured_plus_lost_equals_calls(families, tmp_path, tracer):
     assert counts["lost_events"] > 0, "the one-page buffer did not overflow: the test proves nothing"
     assert captured + counts["lost_events"] + counts["lost_inflight"] == calls
     assert "LOST" in t.stderr() and "--buffer-pages" in t.stderr()  # the summary names the flag to raise
+
+
+#: 10 launch shapes, 3 launches each: with a map of 4 rows, shapes 5..10 find it full
+AGG_WORKLOAD = """
+import ctypes, os, sys, time
+while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+lib = ctypes.CDLL(sys.argv[1])
+lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+for grid in range(1, 11):
+    for _ in range(3):
+        lib.cuLaunchKernel(0x10, grid, 1, 1, 64, 1, 1, 0, None, None, None)
+"""
+
+
+def test_a_full_aggregate_map_counts_each_call_it_could_not_hold(cuda_stub, tmp_path):
+    """Fails before: calls beyond the map were counted in the kernel but read
+    by no one (not in the manifest, the summary or the report)."""
+    out = tmp_path / "cap"
+    r = run_pasta(["--aggregate", "--aggregate-max", "4", "-o", str(out), "--", sys.executable, "-c", AGG_WORKLOAD,
+                   str(cuda_stub)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    agg = pl.read_parquet(out / "aggregate.parquet")
+    assert agg.select("grid_x", "count").sort("grid_x").rows() == [(1, 3), (2, 3), (3, 3), (4, 3)]
+    counts = open_capture(out).manifest["counts"]
+    assert (counts["lost_agg"], counts["lost_events"], counts["lost_inflight"]) == (18, 0, 0)
+    assert "LOST: 18 aggregated calls: the --aggregate map was full\n  raise --aggregate-max (now 4)\n" in r.stderr
+    report = run_pasta(["report", str(out), "--json"])
+    assert report.returncode == 0, report.stderr
+    doc = json.loads(report.stdout)
+    assert doc["incomplete"] == "INCOMPLETE: 18 aggregated calls lost"
+    kernels = doc["tools"]["kernels"]["rows"]
+    assert [(k["name"], k["launches"], k["shapes"]) for k in kernels] == [("unknown@0x10", 12, 4)]
+
+
+def test_top_shows_the_aggregate_overflow(cuda_stub, tmp_path, tracer):
+    go = tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", AGG_WORKLOAD, str(cuda_stub), str(go)])
+    try:
+        t = tracer(["top", "-p", str(proc.pid), "--aggregate-max", "4", "-i", "0.2"])
+        t.wait_ready()
+        go.touch()
+        assert proc.wait(timeout=60) == 0
+        time.sleep(1)  # a few refreshes after the last call
+    finally:
+        proc.kill()
+    assert t.stop() == 0, t.stderr()
+    lost = [line.split(" ", 1)[1] for line in t.stdout.splitlines() if " LOST: " in line]
+    assert lost[-1] == "LOST: 18 aggregated calls: the --aggregate map was full; raise --aggregate-max (now 4)"

@@ -150,12 +150,18 @@ def _expected_attach(path: str, family: str) -> tuple[list[str], list[str]]:
 
 
 def test_program_compiles_in_every_mode(tracer):
+    # one entry handler per API, one return handler per API with a return probe
+    want = {f"pt_e_{a.symbol}" for a in catalog.APIS} | {f"pt_r_{a.symbol}" for a in catalog.APIS if a.ret}
+    assert len(want) == len(catalog.APIS) + sum(1 for a in catalog.APIS if a.ret)
     for kw in ({}, {"aggregate": True}, {"filter_pids": True}, {"aggregate": True, "filter_pids": True}):
         t = tracer(ring_pages=16, names_pages=16, **kw)
-        for api in catalog.APIS:
-            for fn in program.handler_names(api):
-                if fn:
-                    t.bpf.load_func(fn.encode(), bcc.BPF.KPROBE)
+        loaded = {fn: t.bpf.load_func(fn.encode(), bcc.BPF.KPROBE)
+                  for api in catalog.APIS for fn in program.handler_names(api) if fn}
+        assert set(loaded) == want, kw
+        # each one verified and loaded by the kernel: a program fd of its own
+        fds = [f.fd for f in loaded.values()]
+        assert min(fds) >= 0 and len(set(fds)) == len(want), kw
+        assert {f.name.decode() for f in loaded.values()} == want, kw
 
 
 def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):

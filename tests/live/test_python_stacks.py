@@ -10,6 +10,8 @@ while each waits 25 frames deep, -a sees them start after the tracer."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -172,13 +174,29 @@ def test_truncated_and_off(tmp_path, cuda_stub):
     assert json.loads((off / "manifest.json").read_text())["stacks"] is None
 
 
-def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub):
-    """A one-page stacks ring overflows: each event either has its stack or is counted lost, none silently null."""
+def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub, tracer):
+    """A one-page stacks ring overflows: each event either has its stack or is counted lost, none silently null.
+
+    The tracer wakes at each new stack and would drain a one-page ring in
+    time, so it is held stopped (SIGSTOP) while the program makes its calls,
+    and resumed before the program exits (it lingers after its report)."""
     out = tmp_path / "cap"
     report = tmp_path / "w.json"
-    r = run_pasta(["-o", str(out), "--stack-buffer-pages", "1", "--",
-                   *workload(sys.executable, report, cuda_stub, "--deep", "40")], timeout=300)
-    assert r.returncode == 0, r.stderr
+    proc = subprocess.Popen(workload(sys.executable, report, cuda_stub, "--wait", "--deep", "40", "--linger", "3"))
+    try:
+        pid = int(wait_for_file(report.with_name(report.name + ".ready"), proc=proc))
+        t = tracer(["-p", str(pid), "-o", str(out), "--stack-buffer-pages", "1"])
+        t.wait_ready(timeout=120)
+        os.kill(t.proc.pid, signal.SIGSTOP)
+        try:
+            report.with_name(report.name + ".go").touch()
+            wait_for_file(report, proc=proc)
+        finally:
+            os.kill(t.proc.pid, signal.SIGCONT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    assert t.finish() == 0, t.stderr()
     cap = open_capture(out)
     counts = cap.manifest["counts"]["stacks"]
     events = cap.events.collect()
@@ -186,6 +204,10 @@ def test_tiny_stack_ring_counts_every_lost_stack(tmp_path, cuda_stub):
     assert counts["lost_stacks"] > 0
     assert counts["unreadable_stacks"] == counts["no_python_thread"] == 0
     assert with_stack + counts["lost_stacks"] == events.height == cap.manifest["counts"]["events"]
+    # the summary says it with its own remedy, and every report counts it
+    assert (f"LOST: {counts['lost_stacks']:,} Python stacks: the stacks ring buffer was full\n"
+            "  raise --stack-buffer-pages (now 1)\n") in t.stderr()
+    assert cap.losses == {"lost_stacks": counts["lost_stacks"]}
     # every stack an event names is in stacks.parquet
     assert set(events["stack_id"].drop_nulls().to_list()) <= set(cap.stacks.collect()["stack_id"].to_list())
 

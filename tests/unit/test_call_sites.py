@@ -12,7 +12,9 @@ import polars as pl
 from pasta_trace import schema
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
-from pasta_trace.tools.call_sites import NO_STACK, by_call_site, leaks_by_call_site, peak_by_call_site
+from pasta_trace.tools.call_sites import NO_STACK, by_call_site
+from pasta_trace.tools.leaks import leaks_by_call_site
+from pasta_trace.tools.memory import peak_by_call_site
 
 SYNC, ALLOC = 11, 22  # stack ids
 SITE_SYNC, SITE_ALLOC = "train.py:40 Model.step", "train.py:12 make_buffer"
@@ -50,10 +52,11 @@ def _capture(d: Path) -> Path:
 
 def test_calls_bytes_and_blocked_time_per_line(tmp_path: Path) -> None:
     got = by_call_site(open_capture(_capture(tmp_path / "cap")))
-    assert got.select("call_site", "calls", "launches", "allocated_bytes", "syncs", "blocked_ns").rows() == [
-        (SITE_SYNC, 2, 0, 0, 2, 400),
-        (SITE_ALLOC, 2, 0, 96, 0, None),
-        (NO_STACK, 2, 1, 0, 0, None),
+    assert got.select("call_site", "calls", "launches", "device_alloc_bytes", "pinned_alloc_bytes", "syncs",
+                      "blocked_ns").rows() == [
+        (SITE_SYNC, 2, 0, 0, 0, 2, 400),
+        (SITE_ALLOC, 2, 0, 96, 0, 0, None),
+        (NO_STACK, 2, 1, 0, 0, 0, None),
     ]
 
 

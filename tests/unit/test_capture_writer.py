@@ -13,6 +13,7 @@ from pasta_trace import schema
 from pasta_trace.capture import manifest as mf
 from pasta_trace.capture.decode import events_frame, names_frame
 from pasta_trace.capture.discovery import family_of
+from pasta_trace.capture.options import CAPTURE_FILES
 from pasta_trace.capture.processes import container_id
 from pasta_trace.capture.writer import CaptureWriter
 from pasta_trace.read import open_capture
@@ -61,10 +62,55 @@ def test_events_frame_has_the_schema_and_nulls_where_unset():
     assert alloc["func"] is None and alloc["grid_x"] is None
 
 
+def test_each_event_says_its_layer():
+    recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096), _event(2, schema.Kind.other)])
+    df = events_frame(recs, ["cuLaunchKernel", "hipMalloc", "notInTheCatalog"])
+    assert df["layer"].to_list() == ["driver", "runtime", None]
+
+
 def test_unknown_api_id_and_kind_decode_without_failing():
     df = events_frame(_event(9, schema.Kind.other, ts_ns=1), APIS)
     assert df["api"].to_list() == ["api#9"]
     assert df["kind"].to_list() == ["other"]
+
+
+def test_a_kind_this_reader_does_not_know_reads_other():
+    df = events_frame(np.concatenate([_event(0, schema.Kind.other), _event(0, schema.Kind.tensor_free)]), APIS)
+    newer = _event(0, schema.Kind.launch)
+    newer["kind"] = 200
+    df2 = events_frame(newer, APIS)
+    assert df["kind"].to_list() == ["other", "tensor_free"] and df2["kind"].to_list() == ["other"]
+
+
+TENSOR_APIS = ["c10::reportMemoryUsageToProfiler", "c10::ProfiledCPUMemoryReporter::Delete", "cuMemsetD8_v2"]
+
+
+def _tensor(kind: schema.Kind, aux: int, reserved: bool = True, **fields) -> np.ndarray:
+    bits = ["ptr", "size", "dst", "aux"] + ["src"] * reserved
+    return _event(0, kind, aux=aux, valid=sum(1 << schema.PAYLOAD_BITS[b] for b in bits), **fields)
+
+
+def test_tensor_events_decode_their_slots_into_named_columns():
+    recs = np.concatenate([
+        _tensor(schema.Kind.tensor_alloc, 1 | 3 << 8, ptr=0x7F00, size=2 << 20, dst=6 << 20, src=20 << 20),
+        _tensor(schema.Kind.tensor_free, 1 | 3 << 8, ptr=0x7F00, size=2 << 20, dst=4 << 20, src=20 << 20),
+        _tensor(schema.Kind.tensor_alloc, 0 | 0xFF << 8, reserved=False, ptr=0x10, size=64, dst=64),
+        _tensor(schema.Kind.tensor_alloc, 6 | 0 << 8, ptr=0x20, size=8, dst=8, src=9),
+        _tensor(schema.Kind.tensor_alloc, 99 | 1 << 8, ptr=0x30, size=8, dst=8, src=9),
+        _event(2, schema.Kind.memset, ptr=0x40, size=4, aux=7, dst=5,
+               valid=sum(1 << schema.PAYLOAD_BITS[b] for b in ("ptr", "size", "aux", "dst"))),
+    ])
+    df = events_frame(recs, TENSOR_APIS).select("kind", "ptr", "size", "device", "allocated_bytes", "reserved_bytes",
+                                                "dst", "src", "aux", "layer")
+    assert df.rows() == [
+        ("tensor_alloc", 0x7F00, 2 << 20, "cuda:3", 6 << 20, 20 << 20, None, None, None, "framework"),
+        ("tensor_free", 0x7F00, 2 << 20, "cuda:3", 4 << 20, 20 << 20, None, None, None, "framework"),
+        ("tensor_alloc", 0x10, 64, "cpu", 64, None, None, None, None, "framework"),
+        ("tensor_alloc", 0x20, 8, "hip:0", 8, 9, None, None, None, "framework"),
+        ("tensor_alloc", 0x30, 8, "device#99:1", 8, 9, None, None, None, "framework"),
+        # other kinds keep their slots, and have no tensor columns
+        ("memset", 0x40, 4, None, None, None, 5, None, 7, "driver"),
+    ]
 
 
 def test_copy_kind_is_an_enum_when_valid():
@@ -118,7 +164,7 @@ def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
     assert ev["kind"].cast(pl.String).to_list() == ["launch", "launch", "alloc"]
     assert cap.names.collect()["name"].to_list() == ["kernA"]
     assert w.events == 3 and w.names == 1
-    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 0]  # one per Kind, nested last
+    assert w.by_kind.tolist() == [2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]  # one per Kind, nested last
     assert w.pids_and_comms() == [(100, "train.py")]
 
 
@@ -137,7 +183,8 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     first = json.loads((tmp_path / "manifest.json").read_text())
     assert first["complete"] is False and first["counts"] == {}
     m.end = mf.ClockSample.now()
-    m.counts = mf.counts(events=5, names=2, lost=(3, 1, 0), by_kind={"launch": 5})
+    m.counts = mf.counts(events=5, names=2, lost={"lost_events": 3, "lost_names": 1, "lost_inflight": 0},
+                         by_kind={"launch": 5})
     m.libraries = [mf.LibraryEntry("/usr/lib/libcuda.so.1", "/proc/1/root/usr/lib/libcuda.so.1", 1, 2, "ab",
                                    "cuda", ["cuLaunchKernel"], ["cuLaunchKernelEx"], {"cuLaunchKernel": 10})]
     m.write(out, complete=True)
@@ -162,7 +209,9 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
     [("libcuda.so.1", "cuda"), ("libcuda.so", "cuda"), ("libcuda.so.535.261.03", "cuda"),
      ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", "cudart"),
      ("libcudart.so", "cudart"), ("libcudart_static.a", None), ("libcublas.so.12", None),
-     ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda")],
+     ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda"),
+     ("/venv/lib/python3.11/site-packages/torch/lib/libc10.so", "c10"), ("libc10.so.2.13", "c10"),
+     ("libc10_cuda.so", None), ("libc10.so.bak", None)],
 )
 def test_library_file_names(name, family):
     assert family_of(name) == family
@@ -193,7 +242,8 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     proc = tmp_path / "proc"  # empty: every process is already gone
     proc.mkdir()
     table = ProcessTable()
-    table.add_minimal(4242, "sh")  # seen at fork, before it joined the cgroup
+    gone = 4194305  # above the kernel's largest pid_max: never a live process
+    table.add_minimal(gone, "sh")  # seen at fork, before it joined the cgroup
     assert cgroup_path(scope.stat().st_ino, root) == f"/system.slice/docker-{'ab' * 32}.scope"
     assert cgroup_path(root.stat().st_ino, root) == "/"
     assert cgroup_path(1, root) is None
@@ -201,10 +251,10 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
     mountinfo.write_text("31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
                          "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n")
     assert cgroup2_root(mountinfo) == Path("/sys/fs/cgroup/unified")  # hybrid v1/v2 layout
-    table.refresh(4242, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
+    table.refresh(gone, proc=proc, cgroup_id=scope.stat().st_ino, cgroup_root=root)
     row = table.frame().row(0, named=True)
     assert (row["pid"], row["comm"], row["cgroup"], row["container_id"]) == (
-        4242, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
+        gone, "sh", f"/system.slice/docker-{'ab' * 32}.scope", "ab" * 32)
 
 
 def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kernel_reported(tmp_path):
@@ -245,3 +295,15 @@ def test_nested_calls_keep_their_outer_call_and_each_event_its_layer():
         ("hipMalloc", "alloc", "runtime", None, None, None, None),
         ("someNewerApi", "other", None, None, None, None, None),  # not in this reader's catalog: no layer
     ]
+def test_force_removes_an_earlier_captures_device_files(tmp_path):
+    """`record --force` on an earlier capture: its device/ files (which the
+    merge and report would read as this capture's) go with the rest of it;
+    files that are not a capture's stay."""
+    old = tmp_path / "cap"
+    (old / "device").mkdir(parents=True)
+    for name in ("manifest.json", "events-00000.parquet", "names.parquet", "stacks.parquet", "aggregate.parquet",
+                 "device/gpu_probes.4242.cupti.bin", "device/launches.parquet", "my-notes.txt"):
+        (old / name).write_bytes(b"old")
+    out = OutputDir.claim(old, force=True, clean=CAPTURE_FILES)
+    out.close()
+    assert sorted(p.name for p in old.iterdir()) == ["my-notes.txt"]

@@ -124,7 +124,7 @@ def test_report_json_and_html_show_api_errors(cap_dir: Path, tmp_path: Path, cap
 
 def test_summary_names_failures_and_counts_no_failed_bytes(cap_dir: Path) -> None:
     text = summary.render(cap_dir, {"alloc": 217}, pl.DataFrame(schema={"pid": pl.UInt32, "handle": pl.UInt64,
-                                                                        "name": pl.String}), (0, 0, 0), 64)
+                                                                        "name": pl.String}), {}, {})
     assert text.splitlines() == [
         "217 events: alloc 217",
         "209 of 210 cuMemAlloc_v2 calls failed: CUDA_ERROR_NOT_INITIALIZED",
@@ -150,7 +150,7 @@ def test_no_tool_counts_failed_bytes(cap_dir: Path) -> None:
         (200, "device", 1, 2048, 0, 0, 2048),
     ]
     peaks = REGISTRY["memory_peaks"].compute(cap).filter(pl.col("api") == "all")
-    assert peaks.select("pid", "peak_bytes", "allocated_bytes").rows() == [(100, 4096, 4096), (200, 2048, 2048)]
+    assert peaks.select("pid", "peak_bytes", "device_alloc_bytes").rows() == [(100, 4096, 4096), (200, 2048, 2048)]
     assert REGISTRY["leaks"].compute(cap)["size"].to_list() == [4096, 2048, 512]
 
 

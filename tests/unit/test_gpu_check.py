@@ -130,3 +130,46 @@ def test_fallback_reader_agrees_with_pasta_trace_device_on_the_golden_file() -> 
         assert len(cols) >= 4, frame
         assert [{c: r[c] for c in cols} for r in fb[frame]] == [{c: r[c] for c in cols} for r in pasta[frame]], frame
     assert [r["name"] for r in fb["launches"]] == ["_Z6vecaddPKfS0_Pfi"]
+
+
+def test_torch_tensor_rows_compare_every_counter_and_fail_on_one_off(tmp_path: Path) -> None:
+    """The PyTorch row: the CUDA tensor events of the workload's window, counted by the script's own snippet on a
+    capture, against torch.cuda.memory_stats() deltas; one block missing fails its row."""
+    import json
+
+    from test_tools_tensors import K, M, MB, T0, _capture
+
+    gc = gpu_check_module()
+    cap = _capture(tmp_path / "cap")
+    window = {"pid": 7, "t0": T0, "t1": T0 + 10_000}
+    (tmp_path / "w.json").write_text(json.dumps(window))
+    r = subprocess.run([sys.executable, "-c", gc.COUNT_TENSORS, str(cap), str(tmp_path / "w.json")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    counted = json.loads(r.stdout)
+    # the hand-written capture's cuda:0 rows: 7 blocks handed out, 3 taken back (one from before the capture)
+    assert counted == {"allocs": 7, "frees": 3, "alloc_bytes": MB(6.75), "free_bytes": MB(4.5),
+                       "allocated": MB(6.25), "reserved": MB(22)}
+    stats = {**window, "delta": {"allocation.all.allocated": 7, "allocation.all.freed": 3,
+                                 "allocated_bytes.all.allocated": MB(6.75), "allocated_bytes.all.freed": 4 * M + 512 * K},
+             "allocated": MB(6.25), "reserved": MB(22)}
+    tab = gc.Table()
+    for what, expected, measured in gc.tensor_rows(counted, stats):
+        tab.check(what, expected, measured)
+    assert not tab.failed and len(tab.rows) == 6
+    stats["delta"]["allocation.all.allocated"] = 8
+    tab = gc.Table()
+    for what, expected, measured in gc.tensor_rows(counted, stats):
+        tab.check(what, expected, measured)
+    assert [r for r in tab.rows if r[3] == "FAIL"] == [
+        ("torch: tensor_alloc events = allocation.all.allocated", "8", "7", "FAIL")]
+
+
+def test_torch_tensor_step_skips_without_cuda_torch(tmp_path: Path) -> None:
+    gc = gpu_check_module()
+    if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                      capture_output=True).returncode == 0:
+        pytest.skip("this interpreter has PyTorch with CUDA: the step would run")
+    tab = gc.Table()
+    gc.torch_tensor_events(tab, sys.executable, tmp_path)
+    assert tab.rows == [("PyTorch tensor events", "-", "PyTorch with CUDA not importable", "skip")]
+    assert not tab.failed

@@ -241,10 +241,10 @@ def test_report_renders_in_chromium(tmp_path: Path, capsys) -> None:
     assert requests == []
     # [marks, marks with an empty box]: 18 host events at distinct times; 4 kernel executions;
     # 2 thread lanes + 2 stream lanes; one memory series per process; 8 (page, launch) cells; one table per tool
-    # with rows (20 tools; copy_storms and api_errors found nothing); flame graph frames (test_flame.py):
+    # with rows (24 tools; copy_storms and api_errors found nothing); flame graph frames (test_flame.py):
     # 7 of time blocked in syncs, 12 of bytes allocated, 10 of bytes live at the peak
     assert marks == {
-        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "cells": [8, 0], "tables": [18, 0],
+        "ev": [18, 0], "kern": [4, 0], "lanes": [4, 0], "series": [2, 0], "cells": [8, 0], "tables": [22, 0],
         "flame_sync": [7, 0], "flame_allocated": [12, 0], "flame_peak": [10, 0],
     }
     assert widths == {"#timeline-plot": CONTENT_W, "#memory-plot": CONTENT_W, "#heatmap-plot": CONTENT_W,
@@ -338,3 +338,41 @@ def test_the_check_catches_a_broken_page(tmp_path: Path) -> None:
     assert any("no_such_function" in json.dumps(e) for e in got["errors"])
     assert got["requests"] == ["http://192.0.2.1/x.png"]
     assert got["marks"]["series"] == [0, 0]
+
+
+def test_tensor_memory_plots_render_and_zoom_with_the_timeline(tmp_path: Path, capsys) -> None:
+    """A PyTorch-like capture (synthetic tensors, two processes): one stacked plot per process and device, each
+    band drawn, as wide as the page, zoomed with the timeline."""
+    from pasta_trace import synthetic
+
+    synthetic.write_capture(tmp_path / "cap", synthetic.Spec(pids=2, launches=20, allocations=8, accesses=200,
+                                                             stacks=True, tensors=60))
+    page = tmp_path / "report.html"
+    assert cli.main(["report", str(tmp_path / "cap"), "--html", str(page)]) == 0
+    capsys.readouterr()
+    dt = DevTools(tmp_path / "profile")
+    try:
+        p = open_page(dt, page, WIDTH, 1600)
+        plots = p.js("JSON.stringify([...document.querySelectorAll('#tensors svg.tplot')].map(s => s.id))")
+        bands = p.js("""JSON.stringify([...document.querySelectorAll('#tensors path.band')].map(e => {
+          const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0; }))""")
+        widths = {p.box(f"#{pid}")["width"] for pid in plots}
+        nav = texts(p, "nav a")
+        view = p.box("#timeline-plot svg.view")
+        x0, x1, y = view["x"] + VIEW_W // 4, view["x"] + VIEW_W // 2, view["y"] + 10
+        p.mouse("mousePressed", x0, y, button="left", buttons=1, clickCount=1)
+        p.mouse("mouseMoved", x1, y, button="left", buttons=1)
+        p.mouse("mouseReleased", x1, y, button="left", buttons=1, clickCount=1)
+        views = {p.js(f"document.querySelector('#{pid}').dataset.view") for pid in [*plots, "timeline-plot"]}
+        events = list(dt.events)
+    finally:
+        dt.close()
+    assert problems(events) == ([], [])
+    # pids 4242 and 4259, each with CPU tensors and CUDA tensors
+    assert plots == ["tensor-plot-4242-cpu", "tensor-plot-4242-cuda-0", "tensor-plot-4259-cpu",
+                     "tensor-plot-4259-cuda-0"]
+    # cpu: the activations; cuda:0: bytes from before the capture, weights, activations, the growing cache
+    assert bands == [True] * (1 + 4 + 1 + 4)
+    assert widths == {CONTENT_W}
+    assert nav[:5] == ["key findings", "timeline", "memory", "tensor memory", "flame graphs"]
+    assert len(views) == 1  # every time plot shows the range dragged across the timeline

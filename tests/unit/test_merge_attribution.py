@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 
@@ -46,8 +48,19 @@ def test_lookup_split_across_threads_equals_one_searchsorted() -> None:
         "size": rng.integers(1, 1 << 16, 500).astype(np.uint64), "alloc_ts_ns": np.arange(500, dtype=np.int64),
         "free_ts_ns": np.full(500, None),
     }, schema_overrides={"free_ts_ns": pl.Int64})
-    s = segments(allocs)
+    # four threads whatever this machine has, and a spy on the per-part lookups: the split path runs
+    s = dataclasses.replace(segments(allocs), threads=4)
+    parts: list[int] = []
+    inner = s.buckets.lookup
+
+    def spy(kstart: np.ndarray, key: np.ndarray) -> np.ndarray:
+        parts.append(key.size)
+        return inner(kstart, key)
+
+    object.__setattr__(s.buckets, "lookup", spy)
     key = rng.integers(0, 4 << ADDRESS_BITS, 5 * SPLIT_ROWS + 17, dtype=np.uint64)
-    assert s.threads >= 1
     want = np.searchsorted(s.kstart, key, side="right") - 1
     assert np.array_equal(s.lookup(key), want)
+    # min(4 threads, 5 parts of SPLIT_ROWS) = 4 parts, as np.array_split cuts them
+    n = 5 * SPLIT_ROWS + 17
+    assert sorted(parts) == sorted([n // 4 + (i < n % 4) for i in range(4)])

@@ -39,7 +39,7 @@ def test_merge_writes_a_timeline_and_prints_stats(tmp_path: Path, capsys) -> Non
     assert meta["merge_stats"]["unmatched_device"] == 1
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["timeline.json", "device", "events.parquet", "names.parquet", "processes.parquet", "libraries.parquet",
-         *(f"{k}.parquet" for k in schema.TIMELINE_FRAMES)])
+         "stacks.parquet", *(f"{k}.parquet" for k in schema.TIMELINE_FRAMES)])
     assert sorted(p.name for p in (out / "device").iterdir()) == sorted(f"{k}.parquet" for k in fx.DEVICE)
     assert not list(tmp_path.glob(".timeline.parquet.tmp-*"))
 
@@ -94,6 +94,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, capsys) -> None:
     assert main(["merge", str(src), str(tmp_path / "missing.bin"), "-o", str(tmp_path / "o")]) == 1
     assert capsys.readouterr().err == f"pasta-trace: error: {tmp_path / 'missing.bin'}: no such device record file\n"
     assert not (tmp_path / "o").exists()
+
+
+def test_output_under_a_file_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    src = fx.write(tmp_path / "cap", device=False)
+    for force in ([], ["--force"]):
+        assert main(["merge", str(src), "-o", "/dev/null/x", *force]) == 2
+        assert capsys.readouterr().err == "pasta-trace: error: /dev/null is not a directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap"]
 
 
 def test_device_record_file_argument(tmp_path: Path) -> None:
@@ -169,3 +177,58 @@ def test_synthetic_capture_merges_to_the_generators_truth(tmp_path: Path) -> Non
     assert (s.host_launches, s.matched_exact, s.unmatched_host, s.unmatched_device) == (400, 400, 0, 0)
     assert (s.samples, s.unattributed_samples) == (30_000, 30_000 - truth.attributed)
     assert s.unattributed_touches == 0
+
+
+def _extra_device_file(path: Path) -> Path:
+    """Two launches of pid 30, which has no host events."""
+    with DeviceFileWriter(path, pid=30, backend=DeviceBackend.sanitizer, page_shift=12) as w:
+        for lid in (1, 2):
+            w.record(DeviceRecordType.LAUNCH, launch_id=lid, host_mono_begin=100 * lid, host_mono_end=100 * lid + 10,
+                     tid=31, grid_id=lid, grid_x=4, block_x=128)
+    return path
+
+
+def test_device_files_add_to_the_captures_own(tmp_path: Path, capsys) -> None:
+    """Fails before: the device files given on the command line replaced the
+    frames of DIR/device/, so pid 10 and 20 lost every device execution."""
+    src = fx.write(tmp_path / "cap")
+    extra = _extra_device_file(tmp_path / "gpu_probes.30.sanitizer.bin")
+    out = tmp_path / "tl"
+    assert main(["merge", str(src), str(extra), "-o", str(out)]) == 0
+    launches = pl.read_parquet(out / "device" / "launches.parquet")
+    assert sorted(launches.select("pid", "launch_id").rows()) == [
+        (10, 1), (10, 2), (10, 3), (20, 7), (20, 8), (30, 1), (30, 2)]
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "kernel launches: 5 on the host, 7 on the device",
+        "  matched 4 (3 exact, 1 by time); unmatched: 1 host, 3 device",
+    ]
+    k = pl.read_parquet(out / "kernels.parquet").filter(pl.col("pid") == 10)
+    assert k.select("launch_seq", "match", "launch_id").rows() == [(0, "exact", 1), (1, "exact", 2), (2, "exact", 3)]
+
+
+def test_a_device_file_of_the_capture_given_again_is_read_once(tmp_path: Path) -> None:
+    src = fx.write(tmp_path / "cap", device=False)
+    (src / "device").mkdir()
+    own = _extra_device_file(src / "device" / "gpu_probes.30.sanitizer.bin")
+    out = tmp_path / "tl"
+    assert main(["merge", str(src), str(own), str(own), "-o", str(out)]) == 0
+    launches = pl.read_parquet(out / "device" / "launches.parquet")
+    assert sorted(launches.select("pid", "launch_id").rows()) == [(30, 1), (30, 2)]
+
+
+def test_saved_statistics_of_a_newer_minor_version_load(tmp_path: Path) -> None:
+    """Fails before: MergeStats(**saved) raised TypeError on a field it did not know."""
+    src = fx.write(tmp_path / "cap")
+    out = tmp_path / "tl"
+    stats = merge.write_timeline(open_capture(src), out)
+    meta = json.loads((out / "timeline.json").read_text())
+    meta["merge_stats"]["future_counter"] = 5
+    (out / "timeline.json").write_text(json.dumps(meta))
+    loaded = merge.load(out)
+    assert merge.stats(loaded) == stats
+    assert loaded.manifest["notes"] == ["merge statistics from a newer pasta-trace ignored: future_counter"]
+    # an older timeline without one of today's fields: counted again from its frames
+    del meta["merge_stats"]["unattributed_samples"], meta["merge_stats"]["future_counter"]
+    (out / "timeline.json").write_text(json.dumps(meta))
+    loaded = merge.load(out)
+    assert loaded.manifest["merge_stats"] is None and merge.stats(loaded) == stats

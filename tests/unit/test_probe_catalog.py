@@ -59,7 +59,7 @@ def test_ids_are_table_indexes():
 def test_every_api_is_well_formed():
     for a in catalog.APIS:
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.symbol), a.symbol
-        assert a.family in ("cuda", "hip", "cudart")
+        assert a.family in ("cuda", "hip", "c10", "cudart")
         assert isinstance(a.kind, schema.Kind)
         assert a.ret == (a.shape in catalog.RETURN_SHAPES)
         assert catalog.SHAPES[a.shape] in ("common", a.family)
@@ -96,6 +96,20 @@ def test_runtime_coverage_layers_and_nesting_roles():
         f"#define PT_ROLE_{catalog.API_ID['hipMalloc']} PT_ROLE_NONE"]
 
 
+def test_c10_probes_are_named_demangled_and_framework_layer():
+    c10 = catalog.for_family("c10")
+    assert [(a.symbol, a.api_name, a.kind.name, a.ret) for a in c10] == [
+        ("_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE", "c10::reportMemoryUsageToProfiler",
+         "tensor_alloc", False),
+        ("_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm", "c10::ProfiledCPUMemoryReporter::New", "tensor_alloc", False),
+        ("_ZN3c1025ProfiledCPUMemoryReporter6DeleteEPv", "c10::ProfiledCPUMemoryReporter::Delete", "tensor_free",
+         False),
+    ]
+    assert {a.layer for a in c10} == {schema.Layer.framework}
+    assert catalog.API_NAMES[catalog.API_ID["cuLaunchKernel"]] == "cuLaunchKernel"
+    assert catalog.API_NAMES[catalog.API_ID[catalog.C10_CPU_NEW]] == "c10::ProfiledCPUMemoryReporter::New"
+
+
 def test_kinds_and_args_of_representative_apis():
     by = {a.symbol: a for a in catalog.APIS}
     assert (by["cuLaunchKernel"].kind, by["cuLaunchKernel"].ret) == (schema.Kind.launch, False)
@@ -118,7 +132,8 @@ def test_every_shape_has_exactly_one_bpf_macro():
     defined = re.findall(r"#define PT_H_([A-Z0-9_]+)\(name, id, kind, arg\)", text)
     assert sorted(defined) == sorted(s.upper() for s in catalog.SHAPES)
     for shape, where in catalog.SHAPES.items():
-        file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c", "cudart": "cudart.bpf.c"}[where]
+        file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c", "c10": "c10.bpf.c",
+                "cudart": "cudart.bpf.c"}[where]
         assert f"#define PT_H_{shape.upper()}(" in (program.BPF_DIR / file).read_text()
 
 

@@ -6,6 +6,7 @@ same; the location-table decoder against code.co_lines()."""
 from __future__ import annotations
 
 import json
+import struct
 import shutil
 import subprocess
 from pathlib import Path
@@ -127,3 +128,78 @@ def test_location_table_gives_the_lines_python_gives() -> None:
     funcs = (threading.Thread._bootstrap_inner, json.decoder.JSONDecoder.raw_decode, subprocess.Popen.__init__,
              _lines_equal, _offsetof)
     assert sum(_lines_equal(f.__code__) for f in funcs) > 300
+
+
+#: CPython 3.14.0's _Py_DebugOffsets after cookie, version and free_threaded, field by field in
+#: declaration order (Include/internal/pycore_debug_offsets.h), written out here independently of
+#: offsets.DEBUG_GROUPS.  No 3.14 interpreter runs on our machines: this is what checks the parser.
+FIELDS_314 = """
+runtime_state: size finalizing interpreters_head
+interpreter_state: size id next threads_head threads_main gc imports_modules sysdict builtins ceval_gil
+    gil_runtime_state gil_runtime_state_enabled gil_runtime_state_locked gil_runtime_state_holder
+    code_object_generation tlbc_generation
+thread_state: size prev next interp current_frame thread_id native_thread_id datastack_chunk status
+interpreter_frame: size previous executable instr_ptr localsplus owner stackpointer tlbc_index
+code_object: size filename name qualname linetable firstlineno argcount localsplusnames localspluskinds
+    co_code_adaptive co_tlbc
+pyobject: size ob_type
+type_object: size tp_name tp_repr tp_flags
+tuple_object: size ob_item ob_size
+list_object: size ob_item ob_size
+set_object: size used table mask
+dict_object: size ma_keys ma_values
+float_object: size ob_fval
+long_object: size lv_tag ob_digit
+bytes_object: size ob_size ob_sval
+unicode_object: size state length asciiobject_size
+gc: size collecting
+gen_object: size gi_name gi_iframe gi_frame_state
+llist_node: next prev
+debugger_support: eval_breaker remote_debugger_support remote_debugging_enabled debugger_pending_call
+    debugger_script_path debugger_script_path_size
+"""
+
+
+def _fields_314() -> list[str]:
+    out, group = [], None
+    for word in FIELDS_314.split():
+        if word.endswith(":"):
+            group = word[:-1]
+        else:
+            out.append(f"{group}.{word}")
+    return out
+
+
+def test_a_314_blob_in_the_real_field_order_gives_its_offsets() -> None:
+    """Every field of a default (GIL) 3.14.0 build gets its own value: a field missing from our
+    list would shift every later one, and the walker would read the wrong slots."""
+    fields = _fields_314()
+    values = {f: 0x1000 + 8 * i for i, f in enumerate(fields)}  # distinct, so a shift shows
+    values.update({  # the frame as the walker needs it (3.14 default build), the TLBC fields 0 outside free-threading
+        "interpreter_frame.executable": 0, "interpreter_frame.previous": 8, "interpreter_frame.instr_ptr": 56,
+        "interpreter_frame.stackpointer": 64, "interpreter_frame.owner": 74, "interpreter_frame.localsplus": 80,
+        "interpreter_frame.tlbc_index": 0, "code_object.co_tlbc": 0, "interpreter_state.tlbc_generation": 0,
+        "llist_node.next": 0, "llist_node.prev": 8,
+    })
+    raw = offsets.DEBUG_COOKIE + struct.pack("<QQ", 0x030E00F0, 0) + struct.pack(
+        f"<{len(fields)}Q", *(values[f] for f in fields))
+    assert len(raw) == offsets.debug_offsets_size((3, 14)) == 24 + 8 * 92
+    parsed = offsets.parse_debug_offsets(raw + bytes(64), (3, 14))  # the read may run past the struct
+    assert parsed == {"version": 0x030E00F0, **values}
+    layout = offsets.layout_for((3, 14), raw)
+    v = values
+    assert (layout.runtime_interp_head, layout.interp_next, layout.interp_threads_head, layout.tstate_next,
+            layout.tstate_native_tid, layout.tstate_frame, layout.cframe_frame) == (
+        v["runtime_state.interpreters_head"], v["interpreter_state.next"], v["interpreter_state.threads_head"],
+        v["thread_state.next"], v["thread_state.native_thread_id"], v["thread_state.current_frame"],
+        schema.PY_NO_OFFSET)
+    assert (layout.frame_code, layout.frame_previous, layout.frame_instr, layout.frame_owner) == (0, 8, 56, 74)
+    assert (layout.code_tag, layout.shim_owner) == (7, 3)
+    assert (layout.code_filename, layout.code_name, layout.code_qualname, layout.code_firstlineno,
+            layout.code_linetable, layout.code_adaptive) == (
+        v["code_object.filename"], v["code_object.name"], v["code_object.qualname"], v["code_object.firstlineno"],
+        v["code_object.linetable"], v["code_object.co_code_adaptive"])
+    assert (layout.ob_type, layout.bytes_size, layout.bytes_sval, layout.unicode_length, layout.unicode_state,
+            layout.ascii_size, layout.compact_size) == (
+        v["pyobject.ob_type"], v["bytes_object.ob_size"], v["bytes_object.ob_sval"], v["unicode_object.length"],
+        v["unicode_object.state"], v["unicode_object.asciiobject_size"], v["unicode_object.asciiobject_size"] + 16)

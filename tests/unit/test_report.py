@@ -44,12 +44,15 @@ def test_terminal_report_has_findings_facts_and_every_tool(tmp_path: Path, capsy
     assert "   processes  100, 200" in lines
     # a table per tool that found something, one line for those that did not, one for those that need device data
     shown = [t.title for t in REGISTRY.values() if t.title in lines]
-    assert lines[-2:] == [
+    assert lines[-4:] == [
         "Nothing found: api_errors, copy_storms",
+        "Needs tensor events (a PyTorch program); this capture has none: tensor_memory, tensor_peaks, "
+        "tensor_peak_call_sites, tensor_fragmentation, tensor_leaks,",
+        "tensors_never_freed",
         "Needs device data (gpu_probes or CUPTI); this capture has none: launch_gaps, gpu_idle, working_set, "
         "alloc_hotness, page_hotness, prefetch",
     ]
-    assert len(shown) == len(REGISTRY) - 2 - 6
+    assert len(shown) == len(REGISTRY) - 2 - 6 - 6
     # memory renderer: peak and end per process
     assert "pid 100: peak 24.0 KiB, end 24.0 KiB, 4 steps" in lines
     assert "pid 200: peak 2.0 KiB, end 1.0 KiB, 3 steps" in lines
@@ -83,9 +86,9 @@ def test_json_is_the_only_thing_on_stdout(tmp_path: Path, capsys) -> None:
     assert (facts["pids"], facts["events"], facts["lost_events"], facts["complete"]) == ([100, 200], 18, 3, True)
     assert facts["started_utc"] == "2026-12-02T12:00:00+00:00"
     leaks = doc["tools"]["leaks"]
-    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns"]
+    assert leaks["columns"] == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns", "call_site"]
     assert leaks["rows"][0] == {"pid": 100, "tid": 101, "api": "cuMemAlloc_v2", "kind": "device", "base": 0x30000,
-                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000}
+                                "size": 16384, "alloc_ts_ns": T0 + 14000, "age_ns": 11000, "call_site": None}
     assert doc["tools"]["prefetch"]["rows"] == []
     assert doc["tools"]["prefetch"]["note"] == "needs device data (gpu_probes or CUPTI); this capture has none"
 
@@ -161,6 +164,16 @@ def test_errors_are_one_line_with_exit_codes(tmp_path: Path, capsys, argv, code,
     assert (rc, out, err) == (code, "", message.format(tmp=tmp_path))
 
 
+def test_html_into_a_directory_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    cap = str(write_capture(tmp_path / "cap"))
+    d = tmp_path / "out"
+    d.mkdir()
+    for force in ([], ["--force"]):
+        assert run(capsys, cap, "--html", str(d), *force) == (
+            EXIT_USAGE, "", f"pasta-trace: error: {d} is a directory (give a file name, e.g. {d}/report.html)\n")
+    assert list(d.iterdir()) == []
+
+
 def test_damaged_manifest_is_one_line(tmp_path: Path, capsys) -> None:
     cap = write_capture(tmp_path / "cap")
     (cap / "manifest.json").write_text("{not json")
@@ -207,8 +220,9 @@ def test_a_capture_without_events_reports_nothing_found(tmp_path: Path, capsys) 
     rc, out, _ = run(capsys, cap)
     assert rc == EXIT_OK
     assert "   processes  none" in out and "      events  0" in out
-    host_tools = [name for name, t in REGISTRY.items() if not t.needs_device]
-    assert f"Nothing found: {', '.join(host_tools)}" in out.replace("\n", " ")  # the device tools need device data
+    host_tools = [name for name, t in REGISTRY.items() if not t.needs_device and not t.needs_tensors]
+    # the device tools need device data, the tensor tools tensor events
+    assert f"Nothing found: {', '.join(host_tools)}" in out.replace("\n", " ")
     rc, out, _ = run(capsys, cap, "--json")
     assert all(t["rows"] == [] for t in json.loads(out)["tools"].values())
     rc, _, _ = run(capsys, cap, "--html", str(tmp_path / "r.html"))

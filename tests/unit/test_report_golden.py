@@ -16,7 +16,7 @@ from pasta_trace import cli, synthetic
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures/golden"
 SPEC = synthetic.Spec(pids=2, launches=60, allocations=12, accesses=600, syncs=10, failed_allocs=3, stacks=True,
-                      span_ns=3_000_000_000)
+                      span_ns=3_000_000_000, tensors=40)
 
 
 def report(tmp_path: Path, capsys, monkeypatch, width: int, *argv: str) -> str:

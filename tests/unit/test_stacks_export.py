@@ -16,7 +16,7 @@ def test_chrome_stack_frames(tmp_path: Path) -> None:
     buf = io.BytesIO()
     chrome.write(trace_model.build(open_capture(_capture(tmp_path / "cap"))), buf)
     trace = json.loads(buf.getvalue())
-    calls = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cuda_driver"]
+    calls = [e for e in trace["traceEvents"] if e.get("ph") in ("X", "i") and e.get("cat") == "cuda_driver"]
     stacks = {}
     for e in calls:
         chain, node = [], e.get("sf")

@@ -43,15 +43,16 @@ def test_memory_timeline_steps(cap) -> None:
 
 def test_memory_peaks(cap) -> None:
     df = REGISTRY["memory_peaks"].compute(cap)
-    assert df.columns == ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "allocated_bytes"]
+    assert df.columns == ["pid", "api", "peak_bytes", "peak_ts_ns", "end_bytes", "allocations", "device_alloc_bytes",
+                          "top_call_site"]
     assert rows(df) == [
         # 4096 + 8192 + 16384 = 28672 allocated; live peaks after the last alloc: 8192 + 16384
-        (100, "all", 24576, T0 + 14000, 24576, 3, 28672),
-        (100, "cuMemAllocManaged", 8192, T0 + 2000, 8192, 1, 8192),
+        (100, "all", 24576, T0 + 14000, 24576, 3, 28672, None),
+        (100, "cuMemAllocManaged", 8192, T0 + 2000, 8192, 1, 8192, None),
         # 4096 then (after its free) 16384: the later, larger one is the peak
-        (100, "cuMemAlloc_v2", 16384, T0 + 14000, 16384, 2, 20480),
-        (200, "all", 2048, T0 + 1500, 1024, 2, 3072),
-        (200, "hipMalloc", 2048, T0 + 1500, 1024, 2, 3072),
+        (100, "cuMemAlloc_v2", 16384, T0 + 14000, 16384, 2, 20480, None),
+        (200, "all", 2048, T0 + 1500, 1024, 2, 3072, None),
+        (200, "hipMalloc", 2048, T0 + 1500, 1024, 2, 3072, None),
     ]
 
 
@@ -64,18 +65,18 @@ def test_memory_free_and_alloc_at_same_instant_do_not_add_up(tmp_path: Path) -> 
     ]
     cap = open_capture(write_capture(tmp_path / "c", rows=same, names=[], processes=[]))
     peaks = REGISTRY["memory_peaks"].compute(cap).filter(pl.col("api") == "all")
-    assert rows(peaks) == [(7, "all", 1500, T0 + 2000, 1500, 2, 2500)]
+    assert rows(peaks) == [(7, "all", 1500, T0 + 2000, 1500, 2, 2500, None)]
 
 
 def test_leak_candidates(cap) -> None:
     df = REGISTRY["leaks"].compute(cap)
-    assert df.columns == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns"]
+    assert df.columns == ["pid", "tid", "api", "kind", "base", "size", "alloc_ts_ns", "age_ns", "call_site"]
     # never freed; age = capture end (T0 + 25000) - allocation time; largest first, then oldest
     assert rows(df) == [
-        (100, 101, "cuMemAlloc_v2", "device", 0x30000, 16384, T0 + 14000, 11000),
-        (100, 101, "cuMemAllocManaged", "managed", 0x20000, 8192, T0 + 2000, 23000),
-        (100, 101, "cuMemAllocHost_v2", "host", 0x90000, 1024, T0 + 3000, 22000),
-        (200, 201, "hipMalloc", "device", 0x10000, 1024, T0 + 4500, 20500),
+        (100, 101, "cuMemAlloc_v2", "device", 0x30000, 16384, T0 + 14000, 11000, None),
+        (100, 101, "cuMemAllocManaged", "managed", 0x20000, 8192, T0 + 2000, 23000, None),
+        (100, 101, "cuMemAllocHost_v2", "host", 0x90000, 1024, T0 + 3000, 22000, None),
+        (200, 201, "hipMalloc", "device", 0x10000, 1024, T0 + 4500, 20500, None),
     ]
 
 
@@ -89,18 +90,19 @@ def test_leak_age_without_manifest_end_uses_last_event(tmp_path: Path) -> None:
 
 def test_transfers_by_direction(cap) -> None:
     df = REGISTRY["transfers"].compute(cap)
-    assert df.columns == ["pid", "direction", "copies", "bytes", "api_ns", "small_copies", "mean_bytes", "api_gb_per_s"]
+    assert df.columns == ["pid", "direction", "copies", "bytes", "api_ns", "small_copies", "mean_bytes", "api_gb_per_s",
+                          "top_call_site"]
     assert rows(df) == [
         # two 1024 B h2d copies taking 500 + 400 ns
-        (100, "h2d", 2, 2048, 900, 2, 1024.0, 2048 / 900),
-        (100, "d2h", 1, 512, 300, 1, 512.0, 512 / 300),
+        (100, "h2d", 2, 2048, 900, 2, 1024.0, 2048 / 900, None),
+        (100, "d2h", 1, 512, 300, 1, 512.0, 512 / 300, None),
     ]
 
 
 def test_repeated_copies(cap) -> None:
     df = REGISTRY["repeated_copies"].compute(cap)
     # host 0x90000 (the h2d source) copied twice, 1024 B each: 1024 B copied again
-    assert rows(df) == [(100, "h2d", 0x90000, 1024, 2, 1024, T0 + 4000, T0 + 10000, 900)]
+    assert rows(df) == [(100, "h2d", 0x90000, 1024, 2, 1024, T0 + 4000, T0 + 10000, 900, None)]
 
 
 def test_copy_storms_thresholds(cap) -> None:
@@ -108,10 +110,10 @@ def test_copy_storms_thresholds(cap) -> None:
     assert REGISTRY["copy_storms"].compute(cap).height == 0
     # gap 7000 joins all three small copies (4000 -> 10000 -> 11000): ends at 11000 + 300
     wide = copy_storms(cap, small_bytes=1024, gap_ns=7000, min_copies=2)
-    assert rows(wide) == [(100, 101, T0 + 4000, T0 + 11300, 7300, 3, 2560, 1200, "d2h,h2d")]
+    assert rows(wide) == [(100, 101, T0 + 4000, T0 + 11300, 7300, 3, 2560, 1200, "d2h,h2d", None)]
     # gap 5000 splits 4000 off; the 10000 + 11000 pair remains
     narrow = copy_storms(cap, small_bytes=1024, gap_ns=5000, min_copies=2)
-    assert rows(narrow) == [(100, 101, T0 + 10000, T0 + 11300, 1300, 2, 1536, 700, "d2h,h2d")]
+    assert rows(narrow) == [(100, 101, T0 + 10000, T0 + 11300, 1300, 2, 1536, 700, "d2h,h2d", None)]
 
 
 def test_copy_storm_with_default_thresholds(tmp_path: Path) -> None:
@@ -128,30 +130,30 @@ def test_copy_storm_with_default_thresholds(tmp_path: Path) -> None:
     cap = open_capture(write_capture(tmp_path / "c", rows=storm, names=[], processes=[]))
     df = REGISTRY["copy_storms"].compute(cap)
     # first copy at 100000, last at 490000 ending 1000 ns later; 40 x 4096 B, 40 x 1000 ns
-    assert rows(df) == [(9, 9, T0 + 100_000, T0 + 491_000, 391_000, 40, 163_840, 40_000, "h2d")]
+    assert rows(df) == [(9, 9, T0 + 100_000, T0 + 491_000, 391_000, 40, 163_840, 40_000, "h2d", None)]
 
 
 def test_synchronisation(cap) -> None:
     df = REGISTRY["sync"].compute(cap)
     assert df.columns == ["pid", "tid", "api", "stream", "calls", "blocked_ns", "max_blocked_ns", "mean_blocked_ns",
-                          "share"]
+                          "share", "top_call_site"]
     # share = blocked / 25000 ns of capture
     assert rows(df) == [
-        (100, 101, "cuStreamSynchronize", 0x5, 1, 2000, 2000, 2000.0, 0.08),
-        (100, 101, "cuCtxSynchronize", None, 1, 1000, 1000, 1000.0, 0.04),
-        (200, 201, "hipDeviceSynchronize", None, 1, 500, 500, 500.0, 0.02),
+        (100, 101, "cuStreamSynchronize", 0x5, 1, 2000, 2000, 2000.0, 0.08, None),
+        (100, 101, "cuCtxSynchronize", None, 1, 1000, 1000, 1000.0, 0.04, None),
+        (200, 201, "hipDeviceSynchronize", None, 1, 500, 500, 500.0, 0.02, None),
     ]
 
 
 def test_kernel_summary_host_only(cap) -> None:
     df = REGISTRY["kernels"].compute(cap)
     assert df.columns == ["pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block",
-                          "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns"]
+                          "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns", "top_call_site"]
     # rate = launches / 25 us of capture; no device timing: gpu columns null
     assert rows(df) == [
-        (100, "axpy", 2, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None),
-        (100, "reduce", 1, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None),
-        (200, "hip_fill", 1, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None),
+        (100, "axpy", 2, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None, None),
+        (100, "reduce", 1, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None, None),
+        (200, "hip_fill", 1, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None, None),
     ]
 
 

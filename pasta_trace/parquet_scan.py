@@ -1,0 +1,162 @@
+"""The Parquet files of a capture or timeline, checked before they are scanned.
+
+A file that is no regular file, not Parquet, cut short, has a damaged footer,
+holds a column of another type than schema.py declares, or holds a page that
+does not decode is left out with one line that names it and says what is
+wrong; the other files are scanned as usual.  A scan never casts a value to
+null silently: the types are compared first.  Every page is decoded once here
+by Arrow's reader (about a millisecond per small file, a few percent of a
+merge for large ones), because Polars, given a damaged page, can panic or
+abort the process; what Polars still fails on later is named by
+pasta_trace.damage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from polars.exceptions import PanicException
+
+from . import schema
+from .errors import FormatError
+from .regular_file import open_regular
+
+#: Errors Polars raises for a file it cannot decode: its own, and a panic
+#: (damage that trips an assertion in its decoder), which is no Exception.
+POLARS_ERRORS = (pl.exceptions.PolarsError, PanicException)
+#: What Arrow's Parquet reader raises for a damaged file.
+ARROW_ERRORS = (pa.ArrowException, OSError, ValueError, MemoryError, NotImplementedError)
+
+
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """An error's message as one short line (Polars' span several).  A panic
+    that passed through worker threads nests its cause in JoinError::Panic(..., "cause"):
+    the innermost cause is what went wrong."""
+    text = str(e).strip()
+    if isinstance(e, PanicException):
+        marks = list(re.finditer(r'Panic\(Id\(\d+\), \\*"', text))
+        cause = re.split(r'\\*"', text[marks[-1].end():], maxsplit=1)[0] if marks else text
+        text = f"decoder failed: {cause}"
+    lines = text.splitlines()
+    return (lines[0] if lines else type(e).__name__).removeprefix("parquet: ")[:limit]
+
+
+def _strings(t: pl.DataType) -> bool:
+    return t.base_type() in (pl.String, pl.Categorical, pl.Enum)
+
+
+def type_fits(found: pl.DataType, want: pl.DataType) -> bool:
+    """Whether a column stored as `found` reads as `want` without losing values:
+    the same type; all nulls; text as a categorical or the other way round; an
+    enum of other categories (a newer minor version may add some: those read as null)."""
+    if found == want or found == pl.Null:
+        return True
+    if want.base_type() is pl.Enum:
+        return found.base_type() is pl.Enum
+    return _strings(want) and _strings(found) and found.base_type() is not pl.Enum
+
+
+def parquet_problem(path: Path, sch: dict[str, pl.DataType]) -> tuple[dict | None, str | None]:
+    """(the file's schema, None), or (None, what is wrong with it): not a
+    regular file, not Parquet, cut short, a damaged footer, a column of
+    another type, or damaged data."""
+    try:
+        fd = open_regular(path)
+    except FormatError as e:
+        return None, str(e).removeprefix(f"{path}: ")
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if size < 12 or os.pread(fd, 4, 0) != b"PAR1":
+            return None, "not a Parquet file"
+        if os.pread(fd, 4, size - 4) != b"PAR1":
+            return None, "truncated Parquet file (no footer at its end)"
+        try:
+            arrow = pq.ParquetFile(f)
+        except ARROW_ERRORS as e:
+            return None, f"damaged Parquet footer ({first_line(e)})"
+        try:
+            found = dict(pl.read_parquet_schema(path))
+        except POLARS_ERRORS as e:
+            return None, f"damaged Parquet footer ({first_line(e)})"
+        wrong = [f"column {k} is {found[k]}, expected {t}" for k, t in sch.items()
+                 if k in found and not type_fits(found[k], t)]
+        if wrong:
+            return None, wrong[0]
+        return (found, None) if (why := _data_problem(arrow, size)) is None else (None, why)
+
+
+#: Above this size a file's columns are decoded on several threads; below, threads cost more than they save.
+THREADED_BYTES = 8 << 20
+
+
+def _data_problem(f: pq.ParquetFile, size: int) -> str | None:
+    """Every page decoded once by Arrow's reader, a row group at a time (the
+    memory of one).  Polars trusts what a page header says: a damaged one can
+    make it panic, or abort the process on an allocation of exabytes; Arrow's
+    reader checks and raises.  So what reaches Polars decodes."""
+    try:
+        for i in range(f.num_row_groups):
+            f.read_row_group(i, use_threads=size > THREADED_BYTES)
+    except ARROW_ERRORS as e:
+        return f"damaged Parquet data ({first_line(e)})"
+    return None
+
+
+@dataclass
+class Scanner:
+    """Scans the Parquet files of one capture or timeline after checking each;
+    a file that fails a check is left out, said in `damaged`."""
+
+    damaged: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    def frames(self, paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+        """One lazy frame of the schema `sch` over the files that pass."""
+        by_schema: dict[tuple, list[Path]] = {}
+        for p in paths:
+            found, why = parquet_problem(p, sch)
+            if why is not None:
+                self.damaged.append(f"{p}: {why}")
+                continue
+            self.files.append(p)
+            by_schema.setdefault(tuple(found.items()), []).append(p)  # type: ignore[union-attr]
+        if not by_schema:
+            return pl.DataFrame(schema=sch).lazy()
+        # one scan per distinct file schema: a multi-file scan wants them all alike
+        parts = [_conform(pl.scan_parquet([str(p) for p in ps], glob=False), dict(key), sch)
+                 for key, ps in by_schema.items()]
+        return parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal")
+
+    def optional(self, path: Path, sch: dict[str, pl.DataType]) -> pl.LazyFrame | None:
+        """The frame of one file, None when it is absent or left out."""
+        if not os.path.lexists(path):
+            return None
+        n = len(self.damaged)
+        lf = self.frames([path], sch)
+        return None if len(self.damaged) > n else lf
+
+    def one(self, path: Path, sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+        """The frame of one file; empty when it is absent or left out."""
+        lf = self.optional(path, sch)
+        return pl.DataFrame(schema=sch).lazy() if lf is None else lf
+
+    def device(self, d: Path) -> dict[str, pl.LazyFrame]:
+        """Decoded device frames stored as d/<frame>.parquet, scanned lazily."""
+        out = {}
+        for name, sch in schema.DEVICE_FRAMES.items():
+            lf = self.optional(d / f"{name}.parquet", sch)
+            if lf is not None:
+                out[name] = lf
+        return out
+
+
+def _conform(lf: pl.LazyFrame, found: dict[str, pl.DataType], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+    # a column added in a later minor version reads as null from older files
+    missing = [pl.lit(None, v).alias(k) for k, v in sch.items() if k not in found]
+    return (lf.with_columns(missing) if missing else lf).cast(dict(sch), strict=False)

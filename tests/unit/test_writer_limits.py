@@ -1,0 +1,148 @@
+"""The capture writer at its limits: an events writer process that falls
+behind (a bounded queue: drops counted, never unbounded memory) and a full
+disk (what was written stays, what was not is counted, no temporaries, the
+manifest still completed)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pasta_trace import schema
+from pasta_trace.capture import manifest as mf, summary
+from pasta_trace.capture.finish import complete_manifest
+from pasta_trace.capture.writer import RESERVE_BYTES, CaptureWriter
+from pasta_trace.safe_output import OutputDir
+
+APIS = ["cuLaunchKernel"]
+BATCH = 1000  # records; 144 kB, more than a pipe holds (64 KiB), so a stalled reader blocks the sender
+
+
+def _launches(batch: int, n: int = BATCH) -> np.ndarray:
+    recs = np.zeros(n, schema.HOST_EVENT.dtype)
+    recs["ts_ns"] = batch * n + np.arange(n)
+    recs["kind"] = int(schema.Kind.launch)
+    recs["pid"], recs["tid"], recs["comm"] = 100, 100, b"flood"
+    return recs
+
+
+def _wait(cond, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _rows(d: Path) -> list[int]:
+    return sorted(pl.read_parquet(f)["ts_ns"].to_list() for f in sorted(d.glob("events-*.parquet")))
+
+
+def test_a_stalled_events_writer_costs_counted_drops_not_memory(tmp_path):
+    """The writer process stops reading: the queue holds 2.5 batches of
+    records, the rest is dropped (the newest), counted exactly, and what was
+    queued is all written once it reads again."""
+    size = BATCH * schema.HOST_EVENT.size
+    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, queue_bytes=2 * size + size // 2)
+    os.kill(w._proc.pid, signal.SIGSTOP)
+    try:
+        w.add_events(_launches(0))
+        _wait(lambda: w.queued_bytes == 0)  # taken by the sender, which now blocks in the full pipe
+        for batch in range(1, 7):
+            w.add_events(_launches(batch))
+        assert w.queued_bytes == 2 * size + size // 2 // schema.HOST_EVENT.size * schema.HOST_EVENT.size
+    finally:
+        os.kill(w._proc.pid, signal.SIGCONT)
+    w.close()
+    produced = 7 * BATCH
+    assert w.events == 3500 and w.written == 3500 and w.unwritten == 0
+    assert w.lost_behind == 3500  # half of batch 3, batches 4-6
+    assert w.written + w.lost_behind == produced
+    ts = pl.concat([pl.read_parquet(f) for f in w.event_files])["ts_ns"].sort().to_list()
+    assert ts == list(range(3500))  # batches 0-2 and the first half of batch 3
+    assert w.by_kind.tolist()[int(schema.Kind.launch)] == 3500
+
+
+def test_summary_shows_the_manifest_notes_as_warnings(tmp_path):
+    names = pl.DataFrame(schema={"pid": pl.UInt32, "handle": pl.UInt64, "name": pl.String})
+    notes = ["removing the probes: Exception: Failed to detach BPF from uprobe"] + [f"n{i}" for i in range(6)]
+    text = summary.render(tmp_path, {}, names, {"lost_writer_behind": 1234}, {}, notes)
+    assert text.splitlines()[-8:] == [
+        "LOST: 1,234 events: the events writer fell behind",
+        "  use --aggregate or trace fewer processes",
+        "warning: removing the probes: Exception: Failed to detach BPF from uprobe",
+        "warning: n0", "warning: n1", "warning: n2", "warning: n3",
+        f"... and 2 more warnings in {tmp_path / 'manifest.json'}",
+    ]
+    assert summary.render(tmp_path, {}, names, {}, {}).splitlines()[-1] == "lost: 0"
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+def _fill(d: Path) -> Path:
+    """Fill the file system of ``d`` to the last byte."""
+    filler = d / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    return filler
+
+
+def _free(d: Path) -> int:
+    st = os.statvfs(d)
+    return st.f_bavail * st.f_frsize
+
+
+def test_a_full_disk_keeps_what_was_written_and_counts_what_was_not(small_fs):
+    free_before = _free(small_fs)
+    out = OutputDir.claim(small_fs / "cap", force=False)
+    w = CaptureWriter(out, APIS)
+    assert free_before - _free(small_fs) >= RESERVE_BYTES  # room held for the manifest
+    w.add_events(_launches(0))
+    w.flush()  # synchronous: events-00000 is on disk
+    filler = _fill(small_fs)
+    w.add_events(_launches(1))
+    w.add_names(np.zeros(3, schema.HOST_NAME.dtype))
+    w.flush()  # neither the events nor names.parquet fit
+    assert w.failed == {"names.parquet": "No space left on device"}
+    filler.unlink()  # room again: the next flush writes
+    w.add_events(_launches(2))
+    w.close()
+    assert [f.name for f in w.event_files] == ["events-00000.parquet", "events-00001.parquet"]
+    assert (w.written, w.unwritten, w.write_error) == (2000, 1000, "No space left on device")
+    assert w.written + w.unwritten == w.events == 3000
+    assert _rows(small_fs / "cap") == [list(range(1000)), list(range(2000, 3000))]
+    assert w.failed == {}  # names.parquet written at close
+    assert sorted(os.listdir(small_fs / "cap")) == ["events-00000.parquet", "events-00001.parquet",
+                                                     "names.parquet"]  # no temporaries
+
+
+def test_the_manifest_is_completed_on_a_full_disk_from_the_room_held_aside(small_fs):
+    out = OutputDir.claim(small_fs / "cap", force=False)
+    out.keep_free(RESERVE_BYTES)
+    m = mf.Manifest(command_line=["pasta-trace"], mode="pid", start=mf.ClockSample.now())
+    m.write(out, complete=False)
+    _fill(small_fs)
+    m.counts = mf.counts(events=1, names=0, lost={"lost_unwritten": 9}, by_kind={})
+    m.notes = ["x" * 100_000]  # more than the filler left
+    assert complete_manifest(out, m) is None
+    data = json.loads((small_fs / "cap" / "manifest.json").read_text())
+    assert data["complete"] is True and data["counts"]["lost_unwritten"] == 9
+    assert os.listdir(small_fs / "cap") == ["manifest.json"]
+    # without room left at all it says why, and the last manifest stays
+    _fill(small_fs)
+    m.notes = ["y" * 100_000]
+    assert complete_manifest(out, m) == "No space left on device"
+    assert json.loads((small_fs / "cap" / "manifest.json").read_text())["notes"] == ["x" * 100_000]
+    assert os.listdir(small_fs / "cap") == ["manifest.json"]
+    out.close()
