@@ -232,6 +232,17 @@ static __always_inline u64 pt_nest(struct pt_regs *ctx, int role, u32 api, u32 k
     return 0;
 }
 
+/* An entry-only call made inside the outer call that began at ``outer``
+ * (0: none).  A function, not macro text: the handler macros have a
+ * parameter named `kind`. */
+static __always_inline void pt_nested(struct pt_event *e, u64 outer)
+{
+    if (outer) {
+        e->kind = PT_KIND_NESTED;
+        e->outer_ts = outer;
+    }
+}
+
 /* The return of an outer call with a return probe: its mark goes. */
 static __always_inline void pt_outer_end(int role, u64 ts)
 {
@@ -356,12 +367,8 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
             return 0;                                                          \
         __VA_ARGS__;                                                           \
         /* after the body: a runtime launch has read its return address */    \
-        u64 outer_ = pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 0,              \
-                             (E->valid & PT_V_CALLER) ? E->caller : 0);        \
-        if (outer_) {                                                          \
-            E->kind = PT_KIND_NESTED;                                          \
-            E->outer_ts = outer_;                                              \
-        }                                                                      \
+        pt_nested(E, pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 0,              \
+                             (E->valid & PT_V_CALLER) ? E->caller : 0));       \
         pt_close(ctx, E);                                                           \
         return 0;                                                              \
     }
