@@ -30,14 +30,7 @@ static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e
     PT_ENTRY_ALL(name, id, kind, {                                             \
         u64 st[3];                                                             \
         PT_LAUNCH_ZERO(E);                                                     \
-        u64 g = PT_P2, b = PT_P4;                                              \
-        E->func = PT_P1;                                                       \
-        E->grid_x = (u32)g;                                                    \
-        E->grid_y = g >> 32;                                                   \
-        E->grid_z = PT_P3;                                                     \
-        E->block_x = (u32)b;                                                   \
-        E->block_y = b >> 32;                                                  \
-        E->block_z = PT_P5;                                                    \
+        pt_launch_rt_regs(ctx, E);                                             \
         E->shmem = 0;                                                          \
         E->stream = 0;                                                         \
         E->valid = PT_V_FUNC | PT_V_GRID | PT_V_BLOCK;                         \

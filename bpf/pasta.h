@@ -437,6 +437,19 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 /* runtime layout, dim3 by value: (f, grid x|y<<32, grid z, block x|y<<32,
  * block z, args, [shmem, stream]) */
+/* (f, grid x|y<<32, grid z, block x|y<<32, block z, ...): dim3 by value */
+static __always_inline void pt_launch_rt_regs(struct pt_regs *ctx, struct pt_event *e)
+{
+    u64 g = PT_REGS_PARM2(ctx), b = PT_REGS_PARM4(ctx);
+    e->func = PT_REGS_PARM1(ctx);
+    e->grid_x = (u32)g;
+    e->grid_y = g >> 32;
+    e->grid_z = PT_REGS_PARM3(ctx);
+    e->block_x = (u32)b;
+    e->block_y = b >> 32;
+    e->block_z = PT_REGS_PARM5(ctx);
+}
+
 #define PT_H_LAUNCH_RT(name, id, kind, arg)                                      \
     PT_ENTRY_ALL(name, id, kind, {                                             \
         u64 st[2];                                                             \
@@ -444,14 +457,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         E->valid = PT_V_FUNC | PT_V_GRID | PT_V_BLOCK;                         \
         if (!pt_stack(ctx, st, sizeof(st)))                                    \
             E->valid = PT_LAUNCH_V;                                            \
-        u64 g = PT_P2, b = PT_P4;                                              \
-        E->func = PT_P1;                                                       \
-        E->grid_x = (u32)g;                                                    \
-        E->grid_y = g >> 32;                                                   \
-        E->grid_z = PT_P3;                                                     \
-        E->block_x = (u32)b;                                                   \
-        E->block_y = b >> 32;                                                  \
-        E->block_z = PT_P5;                                                    \
+        pt_launch_rt_regs(ctx, E);                                             \
         E->shmem = (u32)st[0];                                                 \
         E->stream = st[1];                                                     \
     })

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +19,9 @@ import cudart_expect as ce
 from pasta_run import run_pasta, wait_for_file
 from pasta_trace.read import open_capture
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_probe_catalog import vendor_libcuda  # noqa: E402
+
 ROUNDS = 3
 #: per round, without a GPU: four <<<>>> and one cudaLaunchKernel (cudaGetFuncBySymbol fails:
 #: no launch through the driver alone)
@@ -31,11 +34,7 @@ INSUFFICIENT_DRIVER = 35
 
 @pytest.fixture(scope="module")
 def real_driver_env() -> dict[str, str]:
-    r = subprocess.run([str(ROOT / "scripts" / "fetch_vendor_libs.sh")], capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        pytest.skip(f"NVIDIA's libcuda1 package is unavailable: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    return {"LD_LIBRARY_PATH": str(Path(r.stdout.strip().splitlines()[-1]).parent)}
+    return {"LD_LIBRARY_PATH": str(Path(vendor_libcuda()[0]).parent)}
 
 
 def _check(cap, report: dict, library: Path) -> None:
