@@ -68,23 +68,39 @@ def host_frees(events: pl.LazyFrame) -> pl.LazyFrame:
 
 def pair(allocs: pl.LazyFrame, frees: pl.LazyFrame, by: tuple[str, ...] = ("pid", "base")) -> pl.LazyFrame:
     """`allocs` with free_ts_ns and free_api of the free that ended each
-    instance (null: not freed during the capture).  An instance is keyed by
-    `by` (tensors: pid, device and base)."""
+    instance (null: not freed during the capture); computed when called.  An
+    instance is keyed by `by` (tensors: pid, device and base)."""
     keys = list(by)
-    # join_asof(by=...) does not check sortedness: sort both sides explicitly
-    allocs = allocs.sort([*keys, "alloc_ts_ns"]).with_columns(
-        pl.col("alloc_ts_ns").shift(-1).over(keys).alias("_next_alloc")
-    )
-    frees = frees.sort([*keys, "free_ts_ns"])
-    paired = allocs.join_asof(
-        frees, left_on="alloc_ts_ns", right_on="free_ts_ns", by=keys, strategy="forward",
-        check_sortedness=False,
-    )
+    # Allocs and frees in one frame sorted by (keys, time), a free after an
+    # alloc of the same time: the first free at or after an alloc is then the
+    # next free row, and the next alloc of the address the next alloc row,
+    # both found by filling row numbers backwards (a join_asof(by=) over
+    # hundreds of thousands of addresses costs microseconds an allocation).
+    both = pl.concat([
+        allocs.with_columns(pl.col("alloc_ts_ns").alias("_ts"), pl.lit(False).alias("_free")),
+        frees.select(*keys, pl.col("free_ts_ns").alias("_ts"), "free_api", pl.lit(True).alias("_free")),
+    ], how="diagonal_relaxed").sort([*keys, "_ts", "_free"]).with_row_index("_i")
+    row = pl.col("_i").cast(pl.Int64)
+    next_free = pl.when(pl.col("_free")).then(row).fill_null(strategy="backward")
+    next_alloc = pl.when(~pl.col("_free")).then(row).shift(-1).fill_null(strategy="backward")
+
+    def at(i: pl.Expr, col: str) -> pl.Expr:
+        """`col` of row i where it has this row's keys; null otherwise."""
+        j = i.fill_null(0)
+        same = pl.all_horizontal(i.is_not_null(), *(pl.col(k).gather(j) == pl.col(k) for k in keys))
+        return pl.when(same).then(pl.col(col).gather(j))
+
+    paired = both.with_columns(
+        at(next_free, "_ts").alias("free_ts_ns"), at(next_free, "free_api").alias("free_api"),
+        at(next_alloc, "_ts").alias("_next_alloc"),
+    ).filter(~pl.col("_free"))
     late = pl.col("_next_alloc").is_not_null() & (pl.col("free_ts_ns") > pl.col("_next_alloc"))
+    # gathers by computed row numbers need the whole frame: run here by the
+    # in-memory engine (the streaming one panicked on them, Polars 2.1.0)
     return paired.with_columns(
         pl.when(late).then(None).otherwise(pl.col("free_ts_ns")).alias("free_ts_ns"),
         pl.when(late).then(None).otherwise(pl.col("free_api")).alias("free_api"),
-    ).drop("_next_alloc")
+    ).drop("_next_alloc", "_ts", "_free", "_i").collect(engine="in-memory").lazy()
 
 
 #: totals() columns

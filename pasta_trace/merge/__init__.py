@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .allocations import allocations
 from .attribution import Segments, segments
-from .kernels import (TOLERANCE_NS, aggregate_launches, device_executions, host_launches, kernel_executions,
-                      kernel_names)
+from .kernels import TOLERANCE_NS, aggregate_launches, device_executions, kernel_executions, kernel_names
+from .launches import host_launches, launch_order
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, stats
 from .timeline import is_timeline, load, timeline_output, write_timeline
@@ -21,5 +21,5 @@ __all__ = [
     "allocations",
     "attributed_pages", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
     "kernel_names",
-    "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",
+    "launch_order", "load", "segments", "stats", "timeline_output", "working_set", "write_timeline",
 ]

@@ -29,8 +29,6 @@ import polars as pl
 
 
 ADDRESS_BITS = 48
-LAUNCH_BITS = 40
-LAUNCH_MASK = (1 << LAUNCH_BITS) - 1
 #: a morsel is split across threads only above this many rows per part
 SPLIT_ROWS = 32_768
 
@@ -87,35 +85,6 @@ class Segments:
         key = self.key(pl.col(pid) if isinstance(pid, str) else pid, addr)
         return key.map_batches(lambda s: pl.Series(self.lookup(s.to_numpy())), return_dtype=pl.Int64,
                                is_elementwise=True)
-
-
-    def launch_segment_expr(self, pid: str, addr: pl.Expr, launch_id: str) -> pl.Expr:
-        """One UInt64 group key ``(segment + 1) << LAUNCH_BITS | launch_id``:
-        grouping on it costs a third of grouping on (pid, launch_id,
-        segment), and the segment implies the pid.  A launch_id of
-        2^LAUNCH_BITS or more (the device module's per-process counter never
-        gets there) goes to segment -1, unattributed.  Needs
-        `fits_launch_segment`."""
-        key = self.key(pl.col(pid), addr)
-
-        def f(cols: list[pl.Series]) -> pl.Series:
-            seg = self.lookup(cols[0].to_numpy()) + 1
-            lid = cols[1].to_numpy().astype(np.uint64)
-            seg[lid >= np.uint64(1 << LAUNCH_BITS)] = 0
-            return pl.Series((seg.astype(np.uint64) << np.uint64(LAUNCH_BITS)) | (lid & np.uint64(LAUNCH_MASK)))
-
-        return pl.map_batches([key, pl.col(launch_id)], f, return_dtype=pl.UInt64, is_elementwise=True)
-
-    @property
-    def fits_launch_segment(self) -> bool:
-        return self.kstart.size + 1 < 1 << (64 - LAUNCH_BITS)
-
-    def segment_pids(self) -> pl.DataFrame:
-        """seg_id -> pid of every segment."""
-        return pl.DataFrame({
-            "seg_id": np.arange(self.kstart.size, dtype=np.int64),
-            "pid": self.pids[(self.kstart >> np.uint64(ADDRESS_BITS)).astype(np.int64)],
-        })
 
     def instance(self, seg: np.ndarray, t: np.ndarray, t_known: np.ndarray) -> np.ndarray:
         """alloc_id live in segment `seg` at host time `t` (the latest one

@@ -25,11 +25,13 @@ queued kernel starts after later launches and time alone mismatches some):
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from .. import clock, schema
 from ..hexfmt import hex_expr
 from ..read import Capture
+from .launches import by_row, launch_events, launch_order, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
 _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
@@ -40,17 +42,6 @@ _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_
 TOLERANCE_NS = 1_000_000
 
 
-def host_launches(cap: Capture) -> pl.LazyFrame:
-    """Host launch events with launch_seq: 0-based order within the process.
-    Without the columns only tensor events carry (their `device` is not the
-    GPU index the device data calls `device`)."""
-    return (
-        cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values())
-        .sort(["pid", "ts_ns", "tid"])
-        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
-    )
-
-
 def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
     """`launches` (pid, func, ts_ns, ...) with the kernel `name` of each: the
     latest handle->name seen before the launch, else any name of that handle
@@ -58,14 +49,21 @@ def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
     back in another order."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
-    timed = launches.sort(["pid", "func", "ts_ns"]).join_asof(
+    per_handle = names.sort("name_ts").group_by(["pid", "func"]).agg(
+        pl.len().alias("_names"), pl.col("name").first().alias("_any_name"))
+    launches = launches.join(per_handle, on=["pid", "func"], how="left")
+    # a handle named once (the usual case) has that name whenever it was seen:
+    # only launches of renamed handles (a module reloaded) need the as-of join,
+    # which costs ~1 us a row with by= on millions of launches
+    renamed = pl.col("_names").fill_null(0) > 1
+    timed = launches.filter(renamed).sort(["pid", "func", "ts_ns"]).join_asof(
         names.sort(["pid", "func", "name_ts"]), left_on="ts_ns", right_on="name_ts",
         by=["pid", "func"], strategy="backward", check_sortedness=False,
-    )
-    anytime = names.sort("name_ts").group_by(["pid", "func"]).agg(pl.col("name").first().alias("_any_name"))
-    return timed.join(anytime, on=["pid", "func"], how="left").with_columns(
+    ).drop("name_ts")
+    once = launches.filter(renamed.not_()).with_columns(pl.lit(None, pl.String).alias("name"))
+    return pl.concat([once, timed], how="vertical").with_columns(
         pl.coalesce("name", "_any_name").alias("name")
-    ).drop("_any_name", "name_ts")
+    ).drop("_any_name", "_names")
 
 
 def _clock_maps(cap: Capture, execs: pl.LazyFrame) -> pl.LazyFrame:
@@ -148,9 +146,13 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         # ids below stay the same in every branch of the plan (joins do not keep order)
         .collect()
         .with_row_index("_dev_row")
-        .lazy()
     )
-    host = host_launches(cap).select("pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
+    # without executions to match, the launches need not even be numbered
+    ev = schema.EVENTS_SCHEMA
+    host = (launch_order(cap) if execs.height else pl.DataFrame(schema={
+        "pid": ev["pid"], "tid": ev["tid"], "ts_ns": ev["ts_ns"], "launch_seq": pl.Int64})).lazy().select(
+        "pid", "tid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
+    execs = execs.lazy()
 
     # 2. time: device API-enter time -> host uprobe entry, same pid and thread
     timed = execs.filter(pl.col("dev_ts").is_not_null() & pl.col("tid").is_not_null()).sort(
@@ -206,7 +208,8 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         )
     )
     # two executions claiming one launch (a time fallback gone wrong): the first keeps it
-    claimed = pl.int_range(pl.len()).over(["pid", "launch_seq"]) > 0
+    # (sorted: a row claims what the row above claimed; cheaper than a window over every launch)
+    claimed = (pl.col("pid") == pl.col("pid").shift(1)) & (pl.col("launch_seq") == pl.col("launch_seq").shift(1))
     matched = matched.sort(["pid", "launch_seq", "launch_id", "_dev_row"], nulls_last=True).with_columns(
         pl.when(pl.col("launch_seq").is_not_null() & claimed).then(None).otherwise(pl.col("launch_seq"))
         .alias("launch_seq"),
@@ -220,15 +223,35 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
-    launches = host_launches(cap)
+    # names and output order worked out on the narrow launch_order; the wide
+    # launch rows only gather them (launches.py)
+    order = launch_order(cap)
+    named = kernel_names(cap, order.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort("_i").collect()
+    funcs = order["func"].unique().drop_nulls()
+    unknown = order["func"].replace_strict(  # formatted once per handle
+        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None)
+    rank = time_rank(order)
+    launches = launch_events(cap).with_columns(
+        by_row(order, order["launch_seq"]).alias("launch_seq"),
+        by_row(order, named["name"].cast(pl.Categorical)).alias("name"),
+        by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
+        by_row(order, rank).alias("_rank"),
+    )
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    out = kernel_names(cap, launches).join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left")
-    out = out.with_columns(
-        pl.coalesce("name", "dev_name", pl.format("unknown@{}", hex_expr(pl.col("func")))).alias("name")
-    )
-    return out.sort(["ts_ns", "pid", "launch_seq"]).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    if device_executions(cap, tolerance_ns).select(pl.len()).collect().item():
+        out = launches.join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left", maintain_order="left")
+    else:  # a host-only capture: nothing to join
+        dev_schema = dev.select(dev_cols).collect_schema()
+        out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
+    in_scan_order = np.empty(order.height, dtype=np.uint32)
+    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
+    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+        out = out.sort("_rank")  # launches stored out of time order: reordered (a gather of every row)
+    return out.with_columns(
+        pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
+    ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
 
 
 def aggregate_launches(cap: Capture) -> pl.LazyFrame:

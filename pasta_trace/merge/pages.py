@@ -9,8 +9,10 @@ import polars as pl
 from .. import schema
 from ..read import Capture
 from .allocations import allocations
-from .attribution import LAUNCH_BITS, Segments, segments
-from .kernels import TOLERANCE_NS, device_executions, host_launches, kernel_executions
+from .attribution import Segments, segments
+from .kernels import TOLERANCE_NS, device_executions, kernel_executions
+from .launches import launch_order
+from .samples import SampleSums, packing, sample_sums
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
 #: has no page histogram to take it from: 64 KiB, the device module's default.
@@ -30,7 +32,7 @@ def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS, names: bool = T
     time, else the kernel's start on the host clock."""
     key = ("launch_times", tolerance_ns, names)
     if key not in cap.cache:
-        host = host_launches(cap).select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
+        host = launch_order(cap).lazy().select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
         dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
         out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
             "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
@@ -73,9 +75,13 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
     merged = cap.merged.get("pages")
     if merged is not None:
         return merged
+    cols = schema.TIMELINE_FRAMES["pages"]
+    hist, samples = cap.device["page_hist"], cap.device["access_samples"]
+    if _is_empty(hist) and _is_empty(samples):
+        # no device pages: nothing to attribute (and no segments or launch times to build)
+        return schema.empty_frame(cols).lazy()
     segs, allocs = _segments(cap)
     times = launch_times(cap, tolerance_ns)
-    hist = cap.device["page_hist"]
     if not _is_empty(hist):
         rows = hist.select(
             "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
@@ -84,14 +90,12 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
         shift = PAGE_SHIFT if page_shift is None else page_shift
         lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
         rows = (
-            cap.device["access_samples"]
-            .with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+            samples.with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
             .group_by("pid", "launch_id", "seg_id", (pl.col("address") // (1 << shift)).alias("page"))
             .agg(lanes.sum().alias("count"), (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
             .with_columns(pl.lit(shift, pl.UInt32).alias("page_shift"))
         )
     out = _attribute(rows, segs, allocs, times)
-    cols = schema.TIMELINE_FRAMES["pages"]
     return out.select([pl.col(k).cast(v) for k, v in cols.items()]).sort(["pid", "launch_id", "page"])
 
 
@@ -119,70 +123,31 @@ def working_set(cap: Capture, page_shift: int = WS_PAGE_SHIFT) -> pl.LazyFrame:
     merged = cap.merged.get("working_set")
     if merged is not None:
         return merged
-    lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
     cols = schema.TIMELINE_FRAMES["working_set"]
+    shared = _sample_sums(cap, page_shift)
+    if shared is not None:
+        return shared.per_launch.lazy().select([pl.col(k).cast(v) for k, v in cols.items()])
+    # keys too wide for the sorting pass: hash group-bys, distinct pages in two
+    # of them (a third less CPU than n_unique in the streaming engine, no more memory)
     samples = cap.device["access_samples"]
-    sums = [pl.len().alias("samples"), lanes.sum().alias("accesses"),
-            (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes")]
-    page = pl.col("address") // (1 << page_shift)
-    packing = _launch_page_packing(cap, page_shift)
-    if packing is None:
-        # distinct pages in two group-bys: a third less CPU than n_unique in the
-        # streaming engine, and no more memory (measured at 1e7 and 1e8 rows)
-        per_launch = samples.group_by("pid", "launch_id").agg(sums)
-        pages = samples.group_by("pid", "launch_id", page.alias("page")).agg().group_by("pid", "launch_id").agg(
-            pl.len().alias("pages"))
-        return per_launch.join(pages, on=["pid", "launch_id"], how="left").select(
-            [pl.col(k).cast(v) for k, v in cols.items()])
-    # grouping on one packed UInt64 costs ~half of grouping on (pid, launch_id, page)
-    pids, launch_bits, page_bits = packing
-    lk = _pid_index(pids) * (1 << launch_bits) + pl.col("launch_id")
-    per_launch = samples.group_by(lk.alias("lk")).agg(sums)
-    pages = (
-        samples.group_by((lk * (1 << page_bits) + page).alias("kp")).agg()
-        .group_by((pl.col("kp") // (1 << page_bits)).alias("lk")).agg(pl.len().alias("pages"))
-    )
-    pid_of = pl.DataFrame({"pidx": np.arange(pids.size, dtype=np.uint64), "pid": pids}).lazy()
-    return (
-        per_launch.join(pages, on="lk", how="left")
-        .with_columns((pl.col("lk") // (1 << launch_bits)).alias("pidx"),
-                      (pl.col("lk") % (1 << launch_bits)).alias("launch_id"))
-        .join(pid_of, on="pidx", how="left")
-        .select([pl.col(k).cast(v) for k, v in cols.items()])
-    )
+    lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
+    per_launch = samples.group_by("pid", "launch_id").agg(
+        pl.len().alias("samples"), lanes.sum().alias("accesses"),
+        (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
+    pages = samples.group_by("pid", "launch_id", (pl.col("address") // (1 << page_shift)).alias("page")).agg(
+    ).group_by("pid", "launch_id").agg(pl.len().alias("pages"))
+    return per_launch.join(pages, on=["pid", "launch_id"], how="left").select(
+        [pl.col(k).cast(v) for k, v in cols.items()])
 
 
-def _pid_index(pids: np.ndarray) -> pl.Expr:
-    """pid -> its index in `pids` (UInt64), as a when/then chain: native in
-    the streaming engine, unlike replace_strict (which buffers the whole column)."""
-    idx: pl.Expr = pl.lit(None, pl.UInt64)
-    for i, p in enumerate(pids.tolist()):
-        idx = pl.when(pl.col("pid") == p).then(pl.lit(i, pl.UInt64)).otherwise(idx)
-    return idx
-
-
-def _launch_page_packing(cap: Capture, page_shift: int) -> tuple[np.ndarray, int, int] | None:
-    """(sorted pids, launch bits, page bits) when every sample's (pid index,
-    launch_id, page) fits one UInt64 key; None otherwise (or with nulls).
-    One cheap pass over three columns, cached on the capture."""
-    key = ("launch_page_packing", page_shift)
-    if key not in cap.cache:
-        r = cap.device["access_samples"].select(
-            pl.col("pid").unique().sort().implode().alias("pids"),
-            pl.col("launch_id").max().alias("lmax"), pl.col("address").max().alias("amax"),
-            (pl.col("pid").null_count() + pl.col("launch_id").null_count() + pl.col("address").null_count())
-            .alias("nulls"),
-        ).collect(engine="streaming").row(0, named=True)
-        pids = np.array(r["pids"], dtype=np.int64)
-        packing = None
-        if pids.size and not r["nulls"]:
-            pid_bits = max(1, int(pids.size - 1).bit_length())
-            launch_bits = max(1, int(r["lmax"]).bit_length())
-            page_bits = max(1, int(r["amax"] >> page_shift).bit_length())
-            if pid_bits + launch_bits + page_bits <= 64:
-                packing = (pids, launch_bits, page_bits)
-        cap.cache[key] = packing
-    return cap.cache[key]
+def _sample_sums(cap: Capture, page_shift: int) -> SampleSums | None:
+    """The one pass over the samples that the working set and the hotness
+    share (samples.py), when its keys fit 64 bits."""
+    pk = packing(cap, page_shift)
+    if pk is None:
+        return None
+    segs, _ = _segments(cap)
+    return sample_sums(cap, segs, pk, page_shift) if pk.fits(segs) else None
 
 
 def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
@@ -194,23 +159,16 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     if merged is not None:
         return merged
     segs, allocs = _segments(cap)
-    lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
-    sums = [pl.len().alias("samples"), lanes.sum().alias("accesses"),
-            (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes")]
-    samples = cap.device["access_samples"]
-    if segs.fits_launch_segment:
-        per_seg = (
-            samples.group_by(segs.launch_segment_expr("pid", pl.col("address"), "launch_id").alias("k")).agg(sums)
-            .select((pl.col("k") // (1 << LAUNCH_BITS)).cast(pl.Int64).alias("seg_id") - 1,
-                    (pl.col("k") % (1 << LAUNCH_BITS)).alias("launch_id"), "samples", "accesses", "bytes")
-            # segment -1 (below every allocation, or a launch id out of range) holds nothing to attribute
-            .filter(pl.col("seg_id") >= 0)
-            .join(segs.segment_pids().lazy(), on="seg_id", how="left")
-        )
+    shared = _sample_sums(cap, WS_PAGE_SHIFT)
+    if shared is not None:
+        per_seg = shared.per_segment.lazy()
     else:
+        lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
         per_seg = (
-            samples.with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
-            .group_by("pid", "launch_id", "seg_id").agg(sums)
+            cap.device["access_samples"].with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
+            .group_by("pid", "launch_id", "seg_id")
+            .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
+                 (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
         )
     times = launch_times(cap, tolerance_ns, names=False)
     cols = schema.TIMELINE_FRAMES["hotness"]

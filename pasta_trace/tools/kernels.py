@@ -87,12 +87,13 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
 
 def _executions(cap: Capture, no_stack: str | None) -> pl.LazyFrame:
     """Each launch with its device execution, GPU time and call site."""
-    return (
-        merge.kernel_executions(cap)
-        .join(launch_sites(cap), on=["pid", "launch_seq"], how="left")
-        .with_columns((pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"),
-                      pl.col("call_site").fill_null(no_stack) if no_stack else pl.col("call_site"))
-    )
+    ex = merge.kernel_executions(cap)
+    if cap.stacks.select(pl.len()).collect().item():
+        ex = ex.join(launch_sites(cap), on=["pid", "launch_seq"], how="left")
+    else:  # no stacks: no call sites to join onto millions of launches
+        ex = ex.with_columns(pl.lit(None, pl.String).alias("call_site"))
+    return ex.with_columns((pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"),
+                           pl.col("call_site").fill_null(no_stack) if no_stack else pl.col("call_site"))
 
 
 def _times() -> list[pl.Expr]:
@@ -112,10 +113,14 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     dur_s = duration_ns(cap) / 1e9
     if cap.aggregate is not None:
         return _aggregate_summary(cap, dur_s)
-    ex = _shaped(_executions(cap, None))
-    summary = ex.group_by(_KEY).agg(
-        pl.len().alias("launches"), pl.struct("grid", "block").n_unique().alias("shapes"), *_times())
-    return _finish(summary, _top_shape(ex, pl.len()), top_site(ex, _KEY, pl.len()), dur_s)
+    ex = _executions(cap, None)
+    # shapes formatted once per distinct (kernel, grid, block), not per launch
+    dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    shaped = _shaped(ex.group_by([*_KEY, *dims]).agg(pl.len().alias("_n")))
+    shapes = shaped.group_by(_KEY).agg(pl.struct("grid", "block").n_unique().alias("shapes"))
+    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), *_times()).join(
+        shapes, on=_KEY, how="left", nulls_equal=True)
+    return _finish(summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
 
 
 @returns(KERNEL_SITES)

@@ -57,7 +57,8 @@ def with_top_site(result: pl.LazyFrame, calls: pl.LazyFrame, keys: list[str], *w
 def launch_sites(cap: Capture) -> pl.LazyFrame:
     """(pid, launch_seq, call_site): the line of each launch, as the merge
     numbers launches (null call_site: no stack)."""
-    return with_site(merge.host_launches(cap).select("pid", "launch_seq", "stack_id"), cap, None).drop("stack_id")
+    return with_site(merge.launch_order(cap).lazy().select("pid", "launch_seq", "stack_id"), cap, None).drop(
+        "stack_id")
 
 
 def allocation_sites(cap: Capture, device_only: bool = True) -> pl.LazyFrame:

@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from pasta_trace.capture import summary
+from pasta_trace.lifetimes import pair
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
 from test_tools_capture import write_capture
@@ -53,3 +54,16 @@ def test_report_counts_the_same_bytes_under_the_same_names(tmp_path: Path) -> No
     assert peaks.select("allocations", "device_alloc_bytes", "peak_bytes", "end_bytes").rows() == [(3, 450, 300, 50)]
     sites = REGISTRY["call_sites"].compute(cap)
     assert sites.select("device_alloc_bytes", "pinned_alloc_bytes").rows() == [(450, 96)]
+
+
+def test_pair_keys_instances_by_every_key_given() -> None:
+    """Tensors key an instance by (pid, device, base): the same address on two
+    devices is two instances, and a free on one device ends only its own."""
+    # cuda:1's free at 500 ends a tensor allocated before the capture, not cuda:0's
+    allocs = pl.LazyFrame({"pid": [7, 7], "device": ["cuda:0", "cuda:1"], "base": [0xB1, 0xB1],
+                           "alloc_ts_ns": [100, 600]})
+    frees = pl.LazyFrame({"pid": [7, 7], "device": ["cuda:1", "cuda:1"], "base": [0xB1, 0xB1],
+                          "free_ts_ns": [500, 900], "free_api": ["free", "free"]})
+    got = pair(allocs, frees, by=("pid", "device", "base")).sort("device", "alloc_ts_ns").collect()
+    assert got.select("device", "alloc_ts_ns", "free_ts_ns", "free_api").rows() == [
+        ("cuda:0", 100, None, None), ("cuda:1", 600, 900, "free")]

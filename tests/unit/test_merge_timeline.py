@@ -13,6 +13,7 @@ import polars as pl
 from pasta_trace import merge, schema, synthetic
 from pasta_trace.cli import main
 from pasta_trace.device.writer import DeviceFileWriter
+from pasta_trace.merge import samples
 from pasta_trace.read import open_capture
 from pasta_trace.schema import DeviceBackend, DeviceRecordType
 
@@ -156,11 +157,17 @@ def test_big_side_streams_without_sorts_or_whole_column_nodes(tmp_path: Path) ->
     synthetic.write_capture(tmp_path / "cap", synthetic.Spec(accesses=2_000, launches=50, allocations=40,
                                                               page_hist=False))
     cap = open_capture(tmp_path / "cap")
-    for lf in (merge.hotness(cap), merge.working_set(cap), merge.attributed_pages(cap)):
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    segs = merge.segments(merge.allocations(cap).collect())
+    assert pk is not None and pk.fits(segs)
+    # the working set and hotness: one query computing sort keys row by row
+    # (samples.py); the pages folded from samples: a streaming group-by
+    for lf, last in ((samples.keys(cap, segs, pk, merge.WS_PAGE_SHIFT), "select"),
+                     (merge.attributed_pages(cap), "group-by")):
         chains = _big_side_nodes(lf)
         assert chains, "no access-sample scan found in the plan"
         for chain in chains:
-            assert chain[0] == "multi-scan[parquet]" and chain[-1] == "group-by", chain
+            assert chain[0] == "multi-scan[parquet]" and chain[-1] == last, chain
             # no sort, no in-memory fallback, no columnar-function buffering the
             # column; a multiplexer feeds one scan to two group-bys
             assert set(chain[1:-1]) <= {"select", "with-columns", "filter", "multiplexer"}, chain

@@ -1,0 +1,87 @@
+"""Host launches numbered within their process (launch_seq), for captures of
+millions of launches.
+
+Each launch's number is its rank by (pid, ts_ns, tid).  It is worked out once
+per capture on a narrow table (launch_order) and put onto the wide launch rows
+by a gather per batch (by_row), because on millions of rows each reordering
+of the wide rows, and each multi-key Polars sort, costs seconds:
+launches are stored roughly in time order, so a stable numpy argsort by time
+(timsort: linear on sorted runs) then by process (a radix sort of 16-bit
+ranks) orders them in a few passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from .. import schema
+from ..read import Capture
+
+
+def launch_events(cap: Capture) -> pl.LazyFrame:
+    """The capture's launch events, `_row` numbering them in scan order;
+    without the columns only tensor events carry (their `device` is not the
+    GPU index the device data calls `device`)."""
+    return cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values()).with_row_index("_row")
+
+
+def launch_order(cap: Capture) -> pl.DataFrame:
+    """_row, pid, tid, ts_ns, func, stack_id and launch_seq (0-based order
+    within the process, by time then thread) of every host launch, sorted by
+    (pid, ts_ns, tid).  Computed once per capture."""
+    key = ("launch_order",)
+    if key not in cap.cache:
+        df = launch_events(cap).select("_row", "pid", "tid", "ts_ns", "func", "stack_id").collect()
+        perm = _pid_time_order(df)
+        df = df.sort(["pid", "ts_ns", "tid"]) if perm is None else df[perm]
+        cap.cache[key] = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
+    return cap.cache[key]
+
+
+def _pid_time_order(df: pl.DataFrame) -> np.ndarray | None:
+    """The permutation sorting `df` by (pid, ts_ns); None where that is not
+    the order by (pid, ts_ns, tid) (two launches of a process in the same ns)
+    or cannot be found this way (nulls, more than 2^16 processes)."""
+    if df["pid"].null_count() or df["ts_ns"].null_count():
+        return None
+    pids = df["pid"].unique().sort().to_numpy()
+    if pids.size > 1 << 16:
+        return None
+    ts = df["ts_ns"].to_numpy()
+    by_time = np.argsort(ts, kind="stable")
+    rank = np.searchsorted(pids, df["pid"].to_numpy()[by_time]).astype(np.uint16)
+    perm = by_time[np.argsort(rank, kind="stable")]
+    t, p = ts[perm], df["pid"].to_numpy()[perm]
+    if np.any((t[1:] == t[:-1]) & (p[1:] == p[:-1])):
+        return None
+    return perm
+
+
+def host_launches(cap: Capture) -> pl.LazyFrame:
+    """Host launch events with launch_seq (see launch_order), in scan order."""
+    order = launch_order(cap)
+    return launch_events(cap).with_columns(by_row(order, order["launch_seq"]).alias("launch_seq")).drop("_row")
+
+
+def by_row(order: pl.DataFrame, values: pl.Series) -> pl.Expr:
+    """`values` (one per row of `order`, which has `_row`) as a column of
+    launch_events: put in place by `_row`, a gather per batch rather than a
+    join of millions of rows."""
+    at = np.empty(order.height, dtype=np.int64)
+    at[order["_row"].to_numpy()] = np.arange(order.height)
+    return pl.col("_row").map_batches(lambda r: values.gather(at[r.to_numpy()]), return_dtype=values.dtype,
+                                      is_elementwise=True)
+
+
+def time_rank(order: pl.DataFrame) -> pl.Series:
+    """Per row of launch_order: its position in (ts_ns, pid, launch_seq)
+    order.  launch_order is in (pid, launch_seq) order, so a stable sort by
+    time alone gives it."""
+    if order["ts_ns"].null_count():
+        perm = order.with_row_index("_i").sort(["ts_ns", "pid", "launch_seq"])["_i"].to_numpy()
+    else:
+        perm = np.argsort(order["ts_ns"].to_numpy(), kind="stable")
+    rank = np.empty(order.height, dtype=np.uint32)
+    rank[perm] = np.arange(order.height, dtype=np.uint32)
+    return pl.Series("_rank", rank)

@@ -1,0 +1,83 @@
+"""The one sorting pass over access samples (merge/samples.py) against the
+hash group-bys it replaces, which stay for keys too wide to pack."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from pasta_trace import merge, schema, synthetic
+from pasta_trace.merge import pages, samples
+from pasta_trace.read import open_capture
+
+SPEC = synthetic.Spec(seed=7, accesses=30_000, launches=400, allocations=80, page_hist=False)
+
+
+@pytest.fixture(scope="module")
+def cap_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("samples") / "cap"
+    synthetic.write_capture(d, SPEC)
+    return d
+
+
+def frames(cap_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    cap = open_capture(cap_dir)
+    return (merge.working_set(cap).collect().sort("pid", "launch_id"),
+            merge.hotness(cap).collect().sort("alloc_id"))
+
+
+def test_sorting_pass_equals_the_hash_group_bys(cap_dir: Path, monkeypatch) -> None:
+    cap = open_capture(cap_dir)
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    assert pk is not None and pk.rows == 30_000 and pk.fits(merge.segments(merge.allocations(cap).collect()))
+    ws, hot = frames(cap_dir)
+    assert (ws.height, int(ws["samples"].sum()), hot.height) == (400, 30_000, 80)
+    monkeypatch.setattr(pages, "packing", lambda *_: None)
+    ws_hash, hot_hash = frames(cap_dir)
+    assert ws.equals(ws_hash)
+    assert hot.equals(hot_hash)
+
+
+def test_many_batches_add_up_to_one(cap_dir: Path, monkeypatch) -> None:
+    ws, hot = frames(cap_dir)
+    # 30 batches, and the distinct pages read back 1,000 at a time
+    monkeypatch.setattr(samples, "BATCH_ROWS", 1_000)
+    ws_small, hot_small = frames(cap_dir)
+    assert ws.equals(ws_small)
+    assert hot.equals(hot_small)
+
+
+def test_keys_too_wide_to_pack_fall_back(tmp_path: Path) -> None:
+    cap = open_capture(fx_capture(tmp_path))
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    # 2 pids (1 bit) + launch ids of 51 bits + pages of 36 bits: 88 bits
+    assert (pk.launch_bits, pk.page_bits, pk.lk_bits) == (51, 36, 52)
+    assert not pk.fits(merge.segments(merge.allocations(cap).collect()))
+    got = merge.working_set(cap).collect().sort("pid", "launch_id")
+    assert got.select("pid", "launch_id", "samples", "accesses", "bytes", "pages").rows() == [
+        (1, 2**50, 2, 64, 256, 2), (1, 2**50 + 1, 1, 1, 8, 1), (2, 5, 1, 32, 128, 1)]
+
+
+def fx_capture(tmp_path: Path) -> Path:
+    """Four samples of two processes, with launch ids of 51 bits and addresses of 48."""
+    synthetic.write_capture(tmp_path / "cap", synthetic.Spec(accesses=10, launches=10, allocations=4,
+                                                              page_hist=False))
+    rows = {"pid": [1, 1, 1, 2], "launch_id": [2**50, 2**50, 2**50 + 1, 5],
+            "address": [0xFFFF_0000_0000, 0xFFFF_0000_1000, 0x10, 0x20], "size": [4, 4, 8, 4],
+            "lanes": [0xFFFF_FFFF, 0xFFFF_FFFF, 1, 0xFFFF_FFFF]}
+    sch = schema.DEVICE_FRAMES["access_samples"]
+    pl.DataFrame({k: rows.get(k, [0] * 4) for k in sch}, schema=sch).write_parquet(
+        tmp_path / "cap" / "device" / "access_samples.parquet")
+    return tmp_path / "cap"
+
+
+def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path) -> None:
+    # the streaming engine's batches end quietly when its decoder panics: rows are counted
+    cap = open_capture(cap_dir)
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    segs = merge.segments(merge.allocations(cap).collect())
+    with pytest.raises(pl.exceptions.ComputeError, match="read 30000 of 30001 rows"):
+        samples.sample_sums(cap, segs, dataclasses.replace(pk, rows=30_001), merge.WS_PAGE_SHIFT)
