@@ -113,7 +113,9 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
     /* the cgroup at this moment: a short-lived process may be gone before
      * user space can read /proc/PID/cgroup */
     e->cgroup_id = bpf_get_current_cgroup_id();
-    discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    /* an exec wakes the tracer: a short program must have its maps read
+     * (runtime launches are named through them) before it exits */
+    discover_events.ringbuf_submit(e, type == PT_DISCOVER_EXEC ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 /* (device, inode) of the current task's descriptor fd: task->files->fdt->fd[fd]->f_inode */

@@ -179,6 +179,11 @@ class LateLoadWatcher:
         """Library files with probes that the full known_files table could not hold."""
         return len(self._unremembered)
 
+    @property
+    def wake_fd(self) -> int | None:
+        """The fd of the notification ring, readable when an exec was noted (None once closed)."""
+        return self._ring.fd if self._ring is not None else None
+
     def poll(self) -> int:
         """Handle every pending stop and notification; returns how many there were."""
         recs = self._ring.drain()
