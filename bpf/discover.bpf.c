@@ -6,8 +6,9 @@
  * never from the installed headers, which may be another kernel's.
  *
  * - open/openat/openat2 for reading, of a file named libcuda.so*,
- *   libamdhip64.so*, libc10.so* (PyTorch) or libnccl.so*, by a traced process, that
- *   succeeded, and whose file (device, inode) is not in `known_files`: the process is stopped (SIGSTOP)
+ *   libcudart.so*, libamdhip64.so*, libc10.so* (PyTorch) or libnccl.so*, by a
+ *   traced process, that succeeded, and whose file (device, inode) is not in
+ *   `known_files`: the process is stopped (SIGSTOP)
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
  *   record and sends SIGCONT, so the library's first call is traced.  If the
@@ -112,7 +113,9 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
     /* the cgroup at this moment: a short-lived process may be gone before
      * user space can read /proc/PID/cgroup */
     e->cgroup_id = bpf_get_current_cgroup_id();
-    discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    /* an exec wakes the tracer: a short program must have its maps read
+     * (runtime launches are named through them) before it exits */
+    discover_events.ringbuf_submit(e, type == PT_DISCOVER_EXEC ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 /* (device, inode) of the current task's descriptor fd: task->files->fdt->fd[fd]->f_inode */
@@ -142,10 +145,10 @@ static __always_inline int pt_fd_file(long fd, struct pt_file *out)
     return 0;
 }
 
-/* a path component that starts with `libcuda.so`, `libamdhip64.so`,
- * `libc10.so` or `libnccl.so`, then NUL or '.'.  No state besides the index,
- * so the verifier walks the loop once per iteration; user space re-checks
- * that it is the last component. */
+/* a path component that starts with `libcuda.so` (1), `libamdhip64.so` (2),
+ * `libc10.so` (3), `libnccl.so` (4) or `libcudart.so` (5), then NUL or '.'.
+ * No state besides the index, so the verifier walks the loop once per
+ * iteration; user space re-checks that it is the last component. */
 static __always_inline int pt_is_gpu_library(const char *p)
 {
 #pragma clang loop unroll(disable)
@@ -158,6 +161,10 @@ static __always_inline int pt_is_gpu_library(const char *p)
         if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == 'u' && b[5] == 'd' && b[6] == 'a' &&
             b[7] == '.' && b[8] == 's' && b[9] == 'o' && (b[10] == 0 || b[10] == '.'))
             return 1;
+        if (b[1] == 'i' && b[2] == 'b' && b[3] == 'c' && b[4] == 'u' && b[5] == 'd' && b[6] == 'a' &&
+            b[7] == 'r' && b[8] == 't' && b[9] == '.' && b[10] == 's' && b[11] == 'o' &&
+            (b[12] == 0 || b[12] == '.'))
+            return 5;
         if (b[1] == 'i' && b[2] == 'b' && b[3] == 'a' && b[4] == 'm' && b[5] == 'd' && b[6] == 'h' &&
             b[7] == 'i' && b[8] == 'p' && b[9] == '6' && b[10] == '4' && b[11] == '.' && b[12] == 's' &&
             b[13] == 'o' && (b[14] == 0 || b[14] == '.'))

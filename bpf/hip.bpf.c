@@ -100,12 +100,3 @@ static __always_inline void pt_hip_copy3d(struct pt_event *e, u64 p)
         pt_hip_copy3d(E, PT_P1);                                               \
     })
 
-/* __hipRegisterFunction(modules, hostFunction, deviceFunction, deviceName,
- * ...): runs from static constructors; names the host stub that
- * hipLaunchKernel receives. */
-#define PT_H_REGISTER_FUNCTION(name, id, kind, arg)                              \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->func = PT_P2;                                                       \
-        E->valid = PT_V_FUNC;                                                  \
-        pt_name_emit(id, arg, 0, PT_P2, 0, PT_P4);                             \
-    })

@@ -3,7 +3,8 @@
  * pasta_trace/probes/program.py concatenates: the generated schema header
  * (struct pt_event, pt_name, pt_agg_*), the configuration and struct-offset
  * #defines, this file, cuda.bpf.c, hip.bpf.c, then one PT_H_<SHAPE>(symbol, id,
- * kind, arg) line per probed API generated from pasta_trace/probes/catalog.py.
+ * kind, arg) line per probed API generated from pasta_trace/probes/catalog.py,
+ * preceded by one PT_ROLE_<id> #define per API (its part in nesting, below).
  *
  * Map calls live only in the static helpers below: BCC rewrites
  * `map.method()` by source location and does not see through macros.
@@ -27,6 +28,7 @@ BPF_HASH(pid_filter, u32, u8, PT_PID_FILTER_MAX);
 struct pt_frame {
     u64 api;
     u64 ts;
+    u64 outer; /* pt_nest at entry: the outer call's entry time, or 0 */
     u64 a[4];
 };
 struct pt_frames {
@@ -34,6 +36,32 @@ struct pt_frames {
     struct pt_frame f[PT_DEPTH];
 };
 BPF_TASK_STORAGE(inflight, struct pt_frames);
+
+/* Nesting: a CUDA runtime call (cudaLaunchKernel) reaches the driver through
+ * its exported entry points (cuLaunchKernel), so both are probed for one
+ * launch.  An "outer" call (PT_ROLE_OUTER: libcudart) leaves this mark on its
+ * thread; a call of the same kind of an "inner" layer (PT_ROLE_INNER:
+ * libcuda) made while the outer call still runs is its nested part: kind
+ * PT_KIND_NESTED, outer_ts = the outer call's entry time (its ts_ns), so a
+ * launch counts once and keeps both layers.  "Still runs": the inner call is
+ * on the same stack at or below the outer call's entry sp, and either the
+ * outer call has a return probe, which clears the mark (its uretprobe also
+ * replaced the return address in the slot), or, without one, the outer
+ * call's return address is still in its slot (any frame built there after
+ * the outer call returned overwrites it). */
+#define PT_ROLE_NONE 0
+#define PT_ROLE_OUTER 1
+#define PT_ROLE_INNER 2
+struct pt_outer {
+    u64 ts;  /* entry time of the outer call; 0: none, or already paired */
+    u64 sp;  /* its stack pointer at entry */
+    u64 ret; /* its return address, [sp] at entry */
+    u32 kind;
+    u32 api;
+    u32 paired; /* the outer call has a return probe: it clears the mark */
+    u32 pad;
+};
+BPF_TASK_STORAGE(outer_call, struct pt_outer);
 
 #ifdef PT_AGGREGATE
 BPF_HASH(agg, struct pt_agg_key, struct pt_agg_val, PT_AGG_MAX);
@@ -115,6 +143,9 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int cl
     pt_comm(e->comm);
 #endif
     e->stack_id = 0; /* handlers that skip the memset rely on it */
+    e->outer_ts = 0;
+    e->caller = 0;
+    e->caller_fp = 0;
     return e;
 }
 
@@ -175,7 +206,73 @@ static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
 #endif
 }
 
-static __always_inline void pt_save(u32 api, u64 a0, u64 a1, u64 a2, u64 a3)
+static __always_inline int pt_still_in(struct pt_outer *o, u64 sp)
+{
+    u64 v = 0;
+    if (sp > o->sp)
+        return 0;
+    return o->paired || (!bpf_probe_read_user(&v, sizeof(v), (void *)o->sp) && v == o->ret);
+}
+
+/* The entry time of the outer call this one is nested in, or 0; an outer
+ * call that is not nested marks its thread.  role is a constant
+ * (PT_ROLE_<id>): the branches not taken compile away.  ret: the return
+ * address if the handler read it already, else 0. */
+static __always_inline u64 pt_nest(struct pt_regs *ctx, int role, u32 api, u32 kind, u64 ts, u32 paired,
+                                   u64 ret)
+{
+    if (role == PT_ROLE_NONE)
+        return 0;
+    u64 sp = PT_REGS_SP(ctx);
+    if (role == PT_ROLE_INNER) {
+        struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+        if (!o || !o->ts || o->kind != kind || !pt_still_in(o, sp))
+            return 0;
+        u64 t = o->ts;
+        o->ts = 0; /* one inner call per outer call: a later one is its own */
+        return t;
+    }
+    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                    BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!o)
+        return 0;
+    /* an outer call inside another of the same kind (a wrapper of the same
+     * library); the same api at the same sp is the next call of a loop */
+    if (o->ts && o->kind == kind && !(sp == o->sp && o->api == api) && pt_still_in(o, sp))
+        return o->ts;
+    if (!ret)
+        bpf_probe_read_user(&ret, sizeof(ret), (void *)sp);
+    o->ts = ts;
+    o->sp = sp;
+    o->ret = ret;
+    o->kind = kind;
+    o->api = api;
+    o->paired = paired;
+    return 0;
+}
+
+/* An entry-only call made inside the outer call that began at ``outer``
+ * (0: none).  A function, not macro text: the handler macros have a
+ * parameter named `kind`. */
+static __always_inline void pt_nested(struct pt_event *e, u64 outer)
+{
+    if (outer) {
+        e->kind = PT_KIND_NESTED;
+        e->outer_ts = outer;
+    }
+}
+
+/* The return of an outer call with a return probe: its mark goes. */
+static __always_inline void pt_outer_end(int role, u64 ts)
+{
+    if (role != PT_ROLE_OUTER)
+        return;
+    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (o && o->ts == ts)
+        o->ts = 0;
+}
+
+static __always_inline void pt_save(u32 api, u64 ts, u64 outer, u64 a0, u64 a1, u64 a2, u64 a3)
 {
     struct pt_frames *s = inflight.task_storage_get(bpf_get_current_task_btf(), 0,
                                                     BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -185,7 +282,8 @@ static __always_inline void pt_save(u32 api, u64 a0, u64 a1, u64 a2, u64 a3)
     }
     struct pt_frame *f = &s->f[s->depth & (PT_DEPTH - 1)];
     f->api = api;
-    f->ts = bpf_ktime_get_ns();
+    f->ts = ts;
+    f->outer = outer;
     f->a[0] = a0;
     f->a[1] = a1;
     f->a[2] = a2;
@@ -216,9 +314,10 @@ static __always_inline int pt_take(u32 api, struct pt_frame *out)
 static __always_inline struct pt_event *pt_open_ret(struct pt_regs *ctx, u16 api, u8 kind,
                                                     struct pt_frame *in)
 {
-    struct pt_event *e = pt_open(api, kind, in->ts, 1);
+    struct pt_event *e = pt_open(api, in->outer ? PT_KIND_NESTED : kind, in->ts, 1);
     if (!e)
         return 0;
+    e->outer_ts = in->outer;
     e->dur_ns = bpf_ktime_get_ns() - in->ts;
     e->ret = (int)PT_REGS_RC(ctx);
     e->flags = PT_FLAG_HAS_RET | PT_FLAG_HAS_DUR;
@@ -281,10 +380,14 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
     {                                                                          \
         if (pt_skip())                                                         \
             return 0;                                                          \
-        struct pt_event *E = pt_open(id, kind, bpf_ktime_get_ns(), clear);     \
+        u64 ts_ = bpf_ktime_get_ns();                                          \
+        struct pt_event *E = pt_open(id, kind, ts_, clear);                    \
         if (!E)                                                                \
             return 0;                                                          \
         __VA_ARGS__;                                                           \
+        /* after the body: a runtime launch has read its return address */    \
+        pt_nested(E, pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 0,              \
+                             (E->valid & PT_V_CALLER) ? E->caller : 0));       \
         pt_close(ctx, E);                                                           \
         return 0;                                                              \
     }
@@ -312,7 +415,8 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
     {                                                                          \
         if (pt_skip())                                                         \
             return 0;                                                          \
-        pt_save(id, a0, a1, a2, a3);                                           \
+        u64 ts_ = bpf_ktime_get_ns();                                          \
+        pt_save(id, ts_, pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 1, 0), a0, a1, a2, a3); \
         return 0;                                                              \
     }                                                                          \
     int pt_r_##name(struct pt_regs *ctx)                                       \
@@ -320,6 +424,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         struct pt_frame IN;                                                    \
         if (pt_take(id, &IN))                                                  \
             return 0;                                                          \
+        pt_outer_end(PT_ROLE_##id, IN.ts);                                     \
         struct pt_event *E = pt_open_ret(ctx, id, kind, &IN);                  \
         if (!E)                                                                \
             return 0;                                                          \
@@ -351,6 +456,19 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 /* runtime layout, dim3 by value: (f, grid x|y<<32, grid z, block x|y<<32,
  * block z, args, [shmem, stream]) */
+/* (f, grid x|y<<32, grid z, block x|y<<32, block z, ...): dim3 by value */
+static __always_inline void pt_launch_rt_regs(struct pt_regs *ctx, struct pt_event *e)
+{
+    u64 g = PT_REGS_PARM2(ctx), b = PT_REGS_PARM4(ctx);
+    e->func = PT_REGS_PARM1(ctx);
+    e->grid_x = (u32)g;
+    e->grid_y = g >> 32;
+    e->grid_z = PT_REGS_PARM3(ctx);
+    e->block_x = (u32)b;
+    e->block_y = b >> 32;
+    e->block_z = PT_REGS_PARM5(ctx);
+}
+
 #define PT_H_LAUNCH_RT(name, id, kind, arg)                                      \
     PT_ENTRY_ALL(name, id, kind, {                                             \
         u64 st[2];                                                             \
@@ -358,14 +476,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         E->valid = PT_V_FUNC | PT_V_GRID | PT_V_BLOCK;                         \
         if (!pt_stack(ctx, st, sizeof(st)))                                    \
             E->valid = PT_LAUNCH_V;                                            \
-        u64 g = PT_P2, b = PT_P4;                                              \
-        E->func = PT_P1;                                                       \
-        E->grid_x = (u32)g;                                                    \
-        E->grid_y = g >> 32;                                                   \
-        E->grid_z = PT_P3;                                                     \
-        E->block_x = (u32)b;                                                   \
-        E->block_y = b >> 32;                                                  \
-        E->block_z = PT_P5;                                                    \
+        pt_launch_rt_regs(ctx, E);                                             \
         E->shmem = (u32)st[0];                                                 \
         E->stream = st[1];                                                     \
     })
@@ -390,24 +501,30 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         }                                                                      \
     })
 
-/* cudaLaunchConfig_t / hipLaunchConfig_t at PARM1, function at PARM2 */
+/* cudaLaunchConfig_t / hipLaunchConfig_t at cfg; the function is set by the caller */
+static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
+{
+    u64 c[5] = {};
+    e->valid = PT_V_FUNC;
+    if (bpf_probe_read_user(c, sizeof(c), (void *)cfg))
+        return;
+    u8 *b = (u8 *)c;
+    e->grid_x = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM);
+    e->grid_y = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 4);
+    e->grid_z = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 8);
+    e->block_x = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM);
+    e->block_y = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 4);
+    e->block_z = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 8);
+    e->shmem = *(u32 *)(b + PT_OFF_CFGRT_DYNAMICSMEMBYTES);
+    e->stream = *(u64 *)(b + PT_OFF_CFGRT_STREAM);
+    e->valid = PT_LAUNCH_V;
+}
+
+/* (const cudaLaunchConfig_t / hipLaunchConfig_t *, function, args) */
 #define PT_H_LAUNCH_CFG_RT(name, id, kind, arg)                                  \
     PT_ENTRY(name, id, kind, {                                                 \
-        u64 c[5] = {};                                                         \
         E->func = PT_P2;                                                       \
-        E->valid = PT_V_FUNC;                                                  \
-        if (!bpf_probe_read_user(c, sizeof(c), (void *)PT_P1)) {               \
-            u8 *b = (u8 *)c;                                                   \
-            E->grid_x = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM);                    \
-            E->grid_y = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 4);                \
-            E->grid_z = *(u32 *)(b + PT_OFF_CFGRT_GRIDDIM + 8);                \
-            E->block_x = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM);                  \
-            E->block_y = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 4);              \
-            E->block_z = *(u32 *)(b + PT_OFF_CFGRT_BLOCKDIM + 8);              \
-            E->shmem = *(u32 *)(b + PT_OFF_CFGRT_DYNAMICSMEMBYTES);            \
-            E->stream = *(u64 *)(b + PT_OFF_CFGRT_STREAM);                     \
-            E->valid = PT_LAUNCH_V;                                            \
-        }                                                                      \
+        pt_launch_cfg_rt(E, PT_P1);                                            \
     })
 
 /* (graphExec, stream): the kernels inside are not seen one by one */
@@ -642,6 +759,16 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         E->valid = PT_V_FUNC;                                                  \
         pt_read_out(E, IN.a[0], &s);                                           \
         pt_name_emit(id, arg, E->ret, IN.a[1], 0, s);                          \
+    })
+
+/* __hipRegisterFunction / __cudaRegisterFunction(modules, hostFunction,
+ * deviceFunction, deviceName, ...): run from static constructors; names the
+ * host stub a runtime launch receives. */
+#define PT_H_REGISTER_FUNCTION(name, id, kind, arg)                              \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->func = PT_P2;                                                       \
+        E->valid = PT_V_FUNC;                                                  \
+        pt_name_emit(id, arg, 0, PT_P2, 0, PT_P4);                             \
     })
 
 /* (T *out, image or path, ...): ptr = the module/library handle, src = image */

@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 3)
+CAPTURE_FORMAT_VERSION = (1, 4)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -182,6 +182,10 @@ class Kind(enum.IntEnum):
     p2p = 12  # Send, Recv
     group = 13  # GroupStart, GroupEnd
     comm = 14  # communicator life: GetUniqueId, CommInitRank*, CommInitAll, CommSplit, CommFinalize/Destroy/Abort
+    #: a call made inside a traced call of a higher layer that does the same
+    #: thing (cuLaunchKernel inside cudaLaunchKernel): that outer call counts
+    #: it; `outer_ts_ns` names it (format 1.4)
+    nested = 15
 
 
 KIND_NAMES = [k.name for k in Kind]
@@ -220,6 +224,8 @@ class NameSource(enum.IntEnum):
     elf_stub = 6  # host stub's ELF symbol (runtime-API launches), found offline
     fatbin = 7  # the name exists in the process's fatbins
     unknown = 8
+    host_stub = 9  # cudaGetFuncBySymbol / cudaGetKernel: the handle of a host stub named through the ELF (1.4)
+    runtime_launch = 10  # a driver handle launched inside a named runtime launch (1.4)
 
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]
@@ -257,6 +263,8 @@ PAYLOAD_BITS = {
     "shmem": 8,
     "copy_kind": 9,
     "aux": 10,
+    "caller": 11,
+    "caller_fp": 12,
     # the NCCL kinds' named columns (NCCL_SLOTS), from bit 16 on
     "count": 16,
     "datatype": 17,
@@ -366,6 +374,9 @@ HOST_EVENT = Record(
             ("aux", "u32", "", "API-specific: alloc flags, memset value, event/ctx low bits"),
             ("comm", f"char[{COMM_LEN}]", "", "task comm"),
             ("stack_id", "u64", "", "the caller's stack in stacks.parquet; 0 = none"),
+            ("outer_ts", "u64", "ns CLOCK_MONOTONIC", "entry time of the traced call this one is nested in; 0 = none"),
+            ("caller", "u64", "", "return address at entry: the call site (runtime launches)"),
+            ("caller_fp", "u64", "", "return address of the frame rbp points at (runtime launches)"),
         ]
     ),
     "one traced API call, as written into the events ring buffer",
@@ -1083,6 +1094,10 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "peer": pl.Int32,
     "nranks": pl.Int32,
     "rank": pl.Int32,
+    # format 1.4: the runtime <-> driver pairing
+    "outer_ts_ns": pl.Int64,  # kind "nested": ts_ns of the call (same pid, tid) it is part of
+    "caller": pl.UInt64,  # runtime launches: return address at entry (in the host stub)
+    "caller_fp": pl.UInt64,  # runtime launches: return address one frame up, through the frame pointer
 }
 
 #: communicators.parquet (format 1.3): one row per NCCL communicator a traced
@@ -1182,7 +1197,7 @@ LIBRARIES_SCHEMA: dict[str, pl.DataType] = {
     "dev": pl.UInt64,
     "inode": pl.UInt64,
     "build_id": pl.String,
-    "family": pl.Categorical,  # cuda | hip
+    "family": pl.Categorical,  # cuda | hip | cudart (libcudart, or an executable it is linked into)
     "symbols_attached": pl.UInt32,
     "symbols_missing": pl.UInt32,
 }

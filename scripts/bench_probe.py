@@ -9,6 +9,10 @@ One run measures, on the same functions and interleaved rep by rep:
   (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
   probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
   uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* a -O0 stub runtime (``cudaLaunchKernel`` from ``cuda_runtime_api.h``) that
+  calls the stub driver's ``cuLaunchKernel``: untraced; an empty uprobe on
+  each of the two; pasta-trace's runtime and driver launch probes (one launch
+  event, the driver's nested in it).  Target: <= 1.3x the two empty uprobes;
 * the same stub's PyTorch tensor entry points (libc10's
   ``c10::reportMemoryUsageToProfiler``, the CUDA caching allocator's path, and
   ``ProfiledCPUMemoryReporter::New`` + ``Delete``, the CPU path with its size
@@ -91,6 +95,16 @@ void c10_delete(void *self, void *p) __asm__("_ZN3c1025ProfiledCPUMemoryReporter
 void c10_delete(void *self, void *p) { c10_sink = (size_t)p; }
 """
 
+RT_STUB_C = r"""
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+cudaError_t CUDARTAPI cudaLaunchKernel(const void *func, dim3 g, dim3 b, void **args, size_t smem, cudaStream_t s)
+{
+    return cuLaunchKernel((CUfunction)func, g.x, g.y, g.z, b.x, b.y, b.z, (unsigned)smem, (CUstream)s, args, 0)
+        ? cudaErrorInvalidResourceHandle : cudaSuccess;
+}
+"""
+
 LOOP_C = r"""
 #include <dlfcn.h>
 #include <stdio.h>
@@ -100,6 +114,8 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
+typedef struct { unsigned x, y, z; } dim3;  /* by value: rsi = x | y << 32, rdx = z, like the runtime's */
+typedef int (*rt_launch_t)(const void *, dim3, dim3, void **, size_t, void *);
 struct c10_device { signed char type, index; };
 typedef void (*report_t)(void *, long long, size_t, size_t, struct c10_device);
 typedef void (*new_t)(void *, void *, size_t);
@@ -118,6 +134,12 @@ int main(int argc, char **argv)
         launch_t f = (launch_t)dlsym(h, "cuLaunchKernel");
         START;
         for (long i = 0; i < n; i++) f((void *)0x1000, 1, 1, 1, 32, 1, 1, 0, (void *)0x99, 0, 0);
+        STOP;
+    } else if (!strcmp(argv[2], "rtlaunch")) {
+        rt_launch_t f = (rt_launch_t)dlsym(h, "cudaLaunchKernel");
+        dim3 g = {1, 1, 1}, b = {32, 1, 1};
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x1000, g, b, 0, 0, (void *)0x99);
         STOP;
     } else if (!strcmp(argv[2], "tensor")) {  /* a 2 MiB block handed out, then taken back, on cuda:0 */
         report_t f = (report_t)dlsym(h, "_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE");
@@ -154,24 +176,27 @@ int main(int argc, char **argv)
 #: running on the same machine does not discover (and probe) these copies.
 BENCH_STUB = "libbench_cuda_stub.so"
 BENCH_NCCL = "libbench_nccl_stub.so"
+BENCH_RT_STUB = "libbench_cudart_stub.so"
 BENCH_REAL = "libbench_nvidia_driver.so"
 
 EMPTY_BPF = b"int empty(struct pt_regs *ctx) { return 0; }\n"
 
 
-
-def build(tmp: Path) -> tuple[Path, Path, Path]:
+def build(tmp: Path) -> tuple[Path, Path, Path, Path]:
     (tmp / "stub.c").write_text(STUB_C)
+    (tmp / "rt_stub.c").write_text(RT_STUB_C)
     (tmp / "nccl_stub.c").write_text(NCCL_STUB_C)
     (tmp / "loop.c").write_text(LOOP_C)
-    stub, nccl = tmp / BENCH_STUB, tmp / BENCH_NCCL
+    stub, rt_stub, nccl = tmp / BENCH_STUB, tmp / BENCH_RT_STUB, tmp / BENCH_NCCL
     loop = tmp / "loop"
     subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
                     str(tmp / "stub.c"), "-o", str(stub)], check=True)  # fmt: skip
+    subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", f"-I{CUDA_INCLUDE}",
+                    str(tmp / "rt_stub.c"), "-o", str(rt_stub), str(stub), f"-Wl,-rpath,{tmp}"], check=True)  # fmt: skip
     subprocess.run(["gcc", "-O0", "-fcf-protection=none", "-shared", "-fPIC", str(tmp / "nccl_stub.c"),
                     "-o", str(nccl)], check=True)  # fmt: skip
     subprocess.run(["gcc", "-O2", str(tmp / "loop.c"), "-o", str(loop), "-ldl"], check=True)
-    return stub, nccl, loop
+    return stub, rt_stub, nccl, loop
 
 
 def real_libcuda() -> str | None:
@@ -221,37 +246,42 @@ def main() -> int:
     from bcc import BPF
 
     by = {x.symbol: x for x in catalog.APIS}
-    launch, alloc, allreduce = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["ncclAllReduce"]
-    report, new, delete = by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE]
+    launch, alloc, rt_launch = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["cudaLaunchKernel"]
+    report, new, delete, allreduce = (by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE],
+                                      by["ncclAllReduce"])
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages,
-                                            apis=(launch, alloc, report, new, delete, allreduce)).encode())
+    apis = (launch, alloc, rt_launch, report, new, delete, allreduce)
+    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=apis).encode())
     empty = BPF(text=EMPTY_BPF)
 
-    def empty_probe(lib: str, sym: str, ret: bool, *more: str):
+    def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):
+        """An empty uprobe (+ uretprobe) on lib:sym, and an empty uprobe on each (lib, sym) of ``more``."""
         def attach_it() -> None:
-            exports = elf.exported_symbols(lib)
-            for name in (sym, *more):
+            def one(path: str, name: str, with_ret: bool) -> None:
+                sym_ = elf.exported_symbols(path)[name]
                 if uprobe_link.available():  # the way pasta-trace attaches: same dispatch cost in the kernel
-                    uprobe_link.attach(empty, "empty", lib, exports[name].file_offset)
-                    if ret:
-                        uprobe_link.attach(empty, "empty", lib, exports[name].file_offset, retprobe=True)
-                    continue
-                addr = exports[name].vaddr
-                empty.attach_uprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
-                if ret:
-                    empty.attach_uretprobe(name=lib.encode(), addr=addr, fn_name=b"empty")
+                    uprobe_link.attach(empty, "empty", path, sym_.file_offset)
+                    if with_ret:
+                        uprobe_link.attach(empty, "empty", path, sym_.file_offset, retprobe=True)
+                    return
+                empty.attach_uprobe(name=path.encode(), addr=sym_.vaddr, fn_name=b"empty")
+                if with_ret:
+                    empty.attach_uretprobe(name=path.encode(), addr=sym_.vaddr, fn_name=b"empty")
+
+            one(lib, sym, ret)
+            for other, osym in more:
+                one(other, osym, False)
 
         return attach_it, lambda: attach.detach_all(empty)
 
-    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: catalog.Api):
+    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: tuple[str, catalog.Api]):
         def attach_it() -> None:
-            apis = (api, *more)
-            res = attach.attach_library(pasta, lib, api.family, apis)
-            if res.errors or res.attached != [a.symbol for a in apis]:
-                raise SystemExit(f"attach failed: {res.errors or res.missing}")
-            placements.update({(lib, a.symbol): res.placements[a.symbol] for a in apis})
+            for where, what in ((lib, api), *more):
+                res = attach.attach_library(pasta, where, what.family, (what,))
+                if res.errors or res.attached != [what.symbol]:
+                    raise SystemExit(f"attach failed: {res.errors or res.missing}")
+                placements[(where, what.symbol)] = res.placements[what.symbol]
 
         return attach_it, lambda: attach.detach_all(pasta)
 
@@ -259,8 +289,8 @@ def main() -> int:
         return (lambda: None), (lambda: None)
 
     with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
-        stub, nccl, loop = build(Path(d))
-        stub_s, nccl_s = str(stub), str(nccl)
+        stub, rt_stub, nccl, loop = build(Path(d))
+        stub_s, rt_s, nccl_s = str(stub), str(rt_stub), str(nccl)
         placements: dict = {}
         configs = {
             "stub launch untraced": (stub_s, "launch", none(), False),
@@ -269,12 +299,19 @@ def main() -> int:
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
+            "stub rtlaunch untraced": (rt_s, "rtlaunch", none(), False),
+            "stub rtlaunch two empty uprobes": (rt_s, "rtlaunch", empty_probe(rt_s, "cudaLaunchKernel", False,
+                                                                               (stub_s, "cuLaunchKernel")), False),
+            # two events per call: the runtime launch and the driver launch nested in it
+            "stub rtlaunch pasta-trace": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch, placements,
+                                                                        (stub_s, launch)), 2),
             "stub tensor untraced": (stub_s, "tensor", none(), False),
             "stub tensor empty uprobe": (stub_s, "tensor", empty_probe(stub_s, report.symbol, False), False),
             "stub tensor pasta-trace": (stub_s, "tensor", pasta_probe(stub_s, report, placements), True),
             "stub cpu untraced": (stub_s, "cpu", none(), False),
-            "stub cpu empty uprobes": (stub_s, "cpu", empty_probe(stub_s, new.symbol, False, delete.symbol), False),
-            "stub cpu pasta-trace": (stub_s, "cpu", pasta_probe(stub_s, new, placements, delete), 2),
+            "stub cpu empty uprobes": (stub_s, "cpu", empty_probe(stub_s, new.symbol, False, (stub_s, delete.symbol)),
+                                       False),
+            "stub cpu pasta-trace": (stub_s, "cpu", pasta_probe(stub_s, new, placements, (stub_s, delete)), 2),
             "stub nccl untraced": (nccl_s, "allreduce", none(), False),
             "stub nccl empty uprobe+uretprobe": (nccl_s, "allreduce", empty_probe(nccl_s, "ncclAllReduce", True),
                                                  False),
@@ -334,6 +371,8 @@ def main() -> int:
         ("stub launch: pasta-trace / empty uprobe", "stub launch pasta-trace", "stub launch empty uprobe", "<= 1.3"),
         ("stub alloc: pasta-trace / empty uprobe+uretprobe", "stub alloc pasta-trace",
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
+        ("stub runtime+driver launch: pasta-trace / two empty", "stub rtlaunch pasta-trace",
+         "stub rtlaunch two empty uprobes", "<= 1.3"),
         ("stub tensor (report): pasta-trace / empty uprobe", "stub tensor pasta-trace", "stub tensor empty uprobe",
          "<= 1.3"),
         ("stub tensor (New+Delete): pasta-trace / 2 empty", "stub cpu pasta-trace", "stub cpu empty uprobes",

@@ -99,6 +99,17 @@ def native_chain(build_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def cudart_stub(build_dir: Path) -> Path:
+    return _built("cudart_stub", build_dir)
+
+
+@pytest.fixture(scope="session")
+def cudart_launcher(build_dir: Path):
+    """Factory: cudart_launcher("shared" | "static") -> the nvcc-built launcher (tests/fixtures/cudart_launcher.cu)."""
+    return lambda cudart: _built(f"cudart_launcher_{cudart}", build_dir)
+
+
+@pytest.fixture(scope="session")
 def torch_cpu() -> torch_env.TorchEnv:
     """PyTorch's CPU build in a private cache (installed on first use), or a skip saying why."""
     try:

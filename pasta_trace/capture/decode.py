@@ -29,6 +29,8 @@ _PAYLOAD_COLUMNS = {
     "block_z": "block",
     "shmem": "shmem",
     "aux": "aux",
+    "caller": "caller",
+    "caller_fp": "caller_fp",
 }
 
 
@@ -125,13 +127,14 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequence
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     table = api_table(api_names, int(recs["api"].max()) + 1)
     cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
-                          "comm", "stack_id", *_PAYLOAD_COLUMNS])
+                          "comm", "stack_id", "outer_ts", *_PAYLOAD_COLUMNS])
     kinds = schema.kind_index(cols.pop("kind"))
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
     comm = cols.pop("comm")
     cols["ts_ns"] = cols["ts_ns"].view(np.int64)
     cols["dur_ns"] = cols["dur_ns"].view(np.int64)
+    cols["outer_ts"] = cols["outer_ts"].view(np.int64)
     cols["_kind"] = kinds.astype(np.uint8)
     raw = pl.DataFrame(cols).with_columns(
         _comm(comm),
@@ -170,6 +173,7 @@ def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequence
         "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
         "layer": pl.col("layer"),
+        "outer_ts_ns": pl.when(pl.col("outer_ts") != 0).then(pl.col("outer_ts")),
         **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) for col, (src, ks) in named.items()},
         **_nccl_exprs(has),
         "seq": pl.lit(None, pl.Int64),
@@ -204,6 +208,19 @@ def names_frame(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
         _lookup(recs["api"], table, pl.Categorical, "api"),
     )
     return resolve_aliases(frame)
+
+
+def host_stub_aliases(recs: np.ndarray, api_names: Sequence[str]) -> pl.DataFrame:
+    """The successful host-stub lookups (cudaGetFuncBySymbol, cudaGetKernel,
+    ...) among HOST_NAME records: pid, handle, alias (the host stub), ts_ns,
+    api.  Their names come from the stub's ELF symbol, found offline."""
+    keep = recs[(recs["source"] == int(schema.NameSource.host_stub)) & (recs["ret"] == 0) & (recs["handle"] != 0)]
+    table = api_table(api_names, int(keep["api"].max()) + 1 if keep.size else 0)
+    return pl.DataFrame({
+        "pid": keep["pid"], "handle": keep["handle"], "alias": keep["alias"],
+        "ts_ns": keep["ts_ns"].view(np.int64),
+    }, schema={"pid": pl.UInt32, "handle": pl.UInt64, "alias": pl.UInt64, "ts_ns": pl.Int64}).with_columns(
+        _lookup(keep["api"], table, pl.Categorical, "api"))
 
 
 def resolve_aliases(frame: pl.DataFrame) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""Find the CUDA driver, HIP, PyTorch (libc10) and NCCL libraries that processes have mapped.
+"""Find the CUDA driver, CUDA runtime, HIP, PyTorch (libc10) and NCCL libraries that processes have mapped.
 
 /proc/PID/maps shows each mapping's path as seen inside the process's mount
 namespace; /proc/PID/map_files/<start>-<end> gives the file actually mapped
@@ -6,6 +6,10 @@ namespace; /proc/PID/map_files/<start>-<end> gives the file actually mapped
 replaced), and /proc/PID/root/<path> reaches that file from the host, which is
 what the uprobe attach needs.  Libraries are de-duplicated on (dev, inode):
 one attach covers every process that maps the same file.
+
+The CUDA runtime may also be linked into the executable itself (nvcc links
+libcudart_static by default): an executable whose .symtab defines the runtime's
+functions is traced as a `cudart` library too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 #: Libraries we attach to, by file name (maps shows the resolved name,
@@ -20,14 +25,19 @@ from pathlib import Path
 TRACED = {
     "cuda": re.compile(r"^libcuda\.so(\.[0-9.]+)?$"),
     "hip": re.compile(r"^libamdhip64\.so(\.[0-9.]+)?$"),
+    "cudart": re.compile(r"^libcudart\.so(\.[0-9.]+)?$"),
     # PyTorch's core library, wherever a wheel, conda or a container put it
     "c10": re.compile(r"^libc10\.so(\.[0-9.]+)?$"),
     "nccl": re.compile(r"^libnccl\.so(\.[0-9.]+)?$"),
 }
 
+#: Functions whose definition in an executable's .symtab says the CUDA
+#: runtime is linked into it.
+STATIC_CUDART_MARKERS = frozenset({"cudaLaunchKernel", "cudaMalloc"})
+
 #: Other GPU libraries worth naming when a process has not loaded a traced one yet.
 OTHER_GPU = re.compile(
-    r"^(libcudart|libnvrtc|libcupti|libcublas(Lt)?|libcufft|libcurand|libcusparse|libcusolver|libcudnn\w*"
+    r"^(libnvrtc|libcupti|libcublas(Lt)?|libcufft|libcurand|libcusparse|libcusolver|libcudnn\w*"
     r"|libnvidia-ml|libnvJitLink|libtorch_cuda|libc10_cuda|libhsa-runtime64|librocblas|libMIOpen|librccl"
     r"|libhiprtc|libamd_comgr|libroctracer64|librocprofiler\w*)\.so(\.[0-9.]+)?$"
 )
@@ -98,8 +108,58 @@ def scan_pid(pid: int, proc: Path = Path("/proc")) -> ProcessLibraries:
         # a replaced file has no path any more: attach through the mapping itself
         attach = str(mapped) if path.endswith(DELETED) else f"{proc}/{pid}/root{path}"
         out.traced.append(Library(fam, path.removesuffix(DELETED), attach, st.st_dev, st.st_ino, pid))
+    exe = static_cudart(pid, proc)
+    if exe is not None and exe.key not in seen:
+        out.traced.append(exe)
     out.other_gpu = list(others)
     return out
+
+
+@lru_cache(maxsize=256)
+def _links_cudart(path: str, key: tuple[int, int, int, int]) -> bool:
+    """``path`` (identified by ``key``: dev, inode, size, mtime) defines the
+    CUDA runtime's functions in its .symtab.  Cached: -a asks for every
+    process, and most processes run one of a few executables."""
+    from elftools.common.exceptions import ELFError
+
+    from ..probes import elf
+
+    try:
+        return bool(elf.local_functions(path, set(STATIC_CUDART_MARKERS)))
+    except (OSError, ELFError, ValueError):
+        return False
+
+
+def links_cudart(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _links_cudart(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+def static_cudart(pid: int, proc: Path = Path("/proc")) -> Library | None:
+    """``pid``'s executable, as a `cudart` library, if the runtime is linked into it.
+    Attached through /proc/PID/exe, which reaches the file from any mount namespace."""
+    exe = proc / str(pid) / "exe"
+    try:
+        st = os.stat(exe)
+        ns_path = os.readlink(exe).removesuffix(DELETED)
+    except OSError:
+        return None  # a kernel thread, or gone
+    if not links_cudart(str(exe)):
+        return None
+    return Library("cudart", ns_path, str(exe), st.st_dev, st.st_ino, pid)
+
+
+def executable_library(path: str) -> Library | None:
+    """An executable file given by path on this host (launch mode), as a
+    `cudart` library if the runtime is linked into it."""
+    real = os.path.realpath(path)
+    if not links_cudart(real):
+        return None
+    st = os.stat(real)
+    return Library("cudart", real, real, st.st_dev, st.st_ino, 0)
 
 
 def all_pids(proc: Path = Path("/proc")) -> list[int]:

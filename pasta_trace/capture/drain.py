@@ -64,14 +64,15 @@ class DrainLoop:
         self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
         self._wake = None
-        for c in (stacks, native):
-            if c is not None:
+        # a new stack, a new process's native stack or an exec wakes the loop before POLL_INTERVAL_S
+        for fd in [c.fd for c in (stacks, native) if c is not None] + [watcher.wake_fd]:
+            if fd is not None:
                 self._wake = self._wake or select.poll()
-                self._wake.register(c.fd, select.POLLIN)
+                self._wake.register(fd, select.POLLIN)
         self._open = True
 
     def _sleep(self) -> None:
-        """Wait POLL_INTERVAL_S, or less when a new stack (or a new process's native stack) arrives."""
+        """Wait POLL_INTERVAL_S, or less when a new stack (or a new process's native stack) or an exec arrives."""
         if self._wake is None:
             time.sleep(POLL_INTERVAL_S)
             return

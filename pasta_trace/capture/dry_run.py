@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
 from . import discovery
 from .launch import check_command
@@ -21,13 +22,30 @@ def bpf_text(args: argparse.Namespace) -> str:
                         native_pages=args.native_stack_buffer_pages)
 
 
-def probe_plan(path: str, family: str) -> tuple[list[str], list[str]]:
-    """(symbols that would be probed, probed symbols the file lacks)."""
-    from ..probes import catalog, elf
+@dataclass
+class ProbePlan:
+    attach: list[str]  # symbols that would be probed
+    missing: list[str]  # probed symbols the file lacks
+    aliases: dict[str, str]  # symbols reported under another (same address, or a jump to it)
 
-    exports = elf.exported_symbols(path)
+    def line(self) -> str:
+        fwd = f" ({len(self.aliases)} more reported under the functions they jump to)" if self.aliases else ""
+        return f"would attach {len(self.attach)} functions{fwd}, {len(self.missing)} missing"
+
+
+def probe_plan(path: str, family: str) -> ProbePlan:
+    """What attach.attach_library would do with ``path``, without attaching."""
+    from ..probes import attach, catalog, elf
+
     wanted = [a.symbol for a in catalog.for_family(family)]
-    return [s for s in wanted if s in exports], [s for s in wanted if s not in exports]
+    syms = elf.probe_symbols(path, set(wanted))
+    aliases = attach.forwarders(path, syms)
+    first: dict[int, str] = {}
+    for s in wanted:
+        if s in syms and s not in aliases and first.setdefault(syms[s].vaddr, s) != s:
+            aliases[s] = first[syms[s].vaddr]
+    return ProbePlan([s for s in wanted if s in syms and s not in aliases], [s for s in wanted if s not in syms],
+                     aliases)
 
 
 def plan(opts: Options) -> str:
@@ -43,7 +61,7 @@ def plan(opts: Options) -> str:
             found.append(p)
             if not p.traced:
                 others = ", ".join(os.path.basename(x) for x in p.other_gpu) or "no GPU library"
-                lines.append(f"PID {pid}: no libcuda/libamdhip64/libc10/libnccl mapped yet ({others}); "
+                lines.append(f"PID {pid}: no libcuda/libcudart/libamdhip64/libc10/libnccl mapped yet ({others}); "
                              "would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
@@ -54,10 +72,13 @@ def plan(opts: Options) -> str:
         lines.append(f"would start: {' '.join(opts.command)}")
     lines.append(f"mode {opts.mode}: {len(libs)} libraries")
     for lib in libs:
-        attach, missing = probe_plan(lib.attach_path, lib.family)
-        lines.append(f"{lib.path} ({lib.family}, dev {lib.dev} inode {lib.inode}, via {lib.attach_path}): "
-                     f"would attach {len(attach)} functions, {len(missing)} missing")
-        if opts.verbose and missing:
-            lines.append("  missing: " + ", ".join(missing))
-    lines.append("later loads of libcuda.so*/libamdhip64.so*/libc10.so*/libnccl.so* would be caught when opened")
+        p = probe_plan(lib.attach_path, lib.family)
+        what = lib.family if discovery.family_of(lib.path) else f"{lib.family}: the CUDA runtime linked in"
+        lines.append(f"{lib.path} ({what}, dev {lib.dev} inode {lib.inode}, via {lib.attach_path}): {p.line()}")
+        if opts.verbose and p.missing:
+            lines.append("  missing: " + ", ".join(p.missing))
+        if opts.verbose and p.aliases:
+            lines.append("  reported under another: " + ", ".join(f"{a} -> {b}" for a, b in p.aliases.items()))
+    lines.append("later loads of libcuda.so*/libcudart.so*/libamdhip64.so*/libc10.so*/libnccl.so* "
+                 "would be caught when opened")
     return "\n".join(lines) + "\n"

@@ -69,7 +69,7 @@ class Finisher:
             processes.add_minimal(pid, comm)
         for pid in list(self._tracker.traced_pids):
             processes.add(pid)
-        names = writer.names_table(self._offline_names(writer))
+        names = self._paired_names(writer, writer.names_table(self._offline_names(writer)))
         writer.write_frame(writer.dir / "names.parquet", names)
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
@@ -127,10 +127,21 @@ class Finisher:
                 alive = Path(f"/proc/{pid}/root").exists()
                 os.symlink(f"/proc/{pid}/root" if alive else "/", d / "root")
             try:
-                return symbolize.name_capture(writer.dir, proc=Path(tmp))
+                return symbolize.name_capture(writer.dir, proc=Path(tmp), aliases=writer.host_stub_aliases())
             except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
                 self._probes.notes.append(f"offline kernel naming failed: {type(e).__name__}: {e}")
                 return None
+
+    def _paired_names(self, writer: CaptureWriter, names: pl.DataFrame) -> pl.DataFrame:
+        """``names`` plus the names runtime launches give the driver handles launched inside them."""
+        from .pairing import nested_launch_names
+
+        try:
+            paired = nested_launch_names(writer.dir, names)
+        except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
+            self._probes.notes.append(f"naming driver handles from runtime launches failed: {type(e).__name__}: {e}")
+            return names
+        return pl.concat([names, paired], how="vertical") if not paired.is_empty() else names
 
 
 def complete_manifest(out: OutputDir, manifest: mf.Manifest) -> str | None:

@@ -1,7 +1,7 @@
 """Libraries loaded after the capture starts, traced from their first call.
 
 bpf/discover.bpf.c stops (SIGSTOP) a traced process whose open of a
-libcuda.so* / libamdhip64.so* / libnccl.so* file for reading succeeded, before the open
+libcuda.so* / libcudart.so* / libamdhip64.so* / libc10.so* / libnccl.so* file for reading succeeded, before the open
 returns, and records it in the pt_stops map.  The watcher resolves the opened
 file through /proc/PID/fd/<fd>, attaches the probes if its inode is new,
 records the file's (device, inode) as known (so the next open of that file,
@@ -178,6 +178,11 @@ class LateLoadWatcher:
     def known_full(self) -> int:
         """Library files with probes that the full known_files table could not hold."""
         return len(self._unremembered)
+
+    @property
+    def wake_fd(self) -> int | None:
+        """The fd of the notification ring, readable when an exec was noted (None once closed)."""
+        return self._ring.fd if self._ring is not None else None
 
     def poll(self) -> int:
         """Handle every pending stop and notification; returns how many there were."""

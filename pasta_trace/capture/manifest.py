@@ -50,6 +50,9 @@ class LibraryEntry:
     #: symbol -> offset from the symbol where the probe sits (0 = at the symbol)
     placements: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: probed symbols not attached because their events come from another:
+    #: the same address, or a function that only jumps to it (symbol -> it)
+    aliases: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -84,7 +84,8 @@ class ProbeSet:
         key = (lib.dev, lib.inode)
         if key in self.attached:
             return None
-        fam = family or discovery.family_of(lib.attach_path) or discovery.family_of(getattr(lib, "path", ""))
+        fam = (family or getattr(lib, "family", None) or discovery.family_of(lib.attach_path)
+               or discovery.family_of(getattr(lib, "path", "")))
         if fam is None:
             return None
         path = getattr(lib, "ns_path", None) or lib.path
@@ -104,7 +105,7 @@ class ProbeSet:
         entry = mf.LibraryEntry(
             path=path, attach_path=lib.attach_path, dev=lib.dev, inode=lib.inode, build_id=bid, family=fam,
             symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,
-            errors=res.errors,
+            errors=res.errors, aliases=res.aliases,
         )
         if self._verbose:
             self._say(probe_attach.describe_missing(res, None))

@@ -104,7 +104,7 @@ class Session:
             # it has loaded none of them yet: count what is ready, not what it uses
             ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
                      if self._probes.attached
-                     else "no libcuda/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
+                     else "no libcuda/libcudart/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
             self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
         who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"

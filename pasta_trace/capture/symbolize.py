@@ -6,6 +6,13 @@ mangled name.  So: find the mapping that holds the address (/proc/PID/maps
 text), turn it into the file's virtual address, look the symbol up in
 `.symtab`/`.dynsym`, and keep it only if it is a kernel of that file's fatbin
 (source `elf_stub`).  Anything else gets `unknown@0x...` with the reason.
+
+A CUDA 13 stub passes a `cudaKernel_t` instead (a driver object on a GPU), so
+a runtime launch also carries where it was called from (`caller`, and
+`caller_fp` one frame up): an address in the stub itself (named after the
+kernel) or in nvcc's device stub function `__device_stub__<mangled kernel>`,
+which names it too.  The handle gets the first of (func, caller, caller_fp)
+that names a kernel of the fatbin.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+
+import re
 
 import polars as pl
 from elftools.common.exceptions import ELFError
@@ -72,6 +81,30 @@ def _elf_tables(path: str) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]]:
     return segs, table, kernels
 
 
+_DEVICE_STUB = re.compile(r"(\d+)__device_stub__")
+
+
+def kernel_of_symbol(symbol: str | None, kernels: frozenset[str]) -> str | None:
+    """The fatbin kernel a host function symbol launches: the symbol itself
+    (nvcc names a kernel's host stub after it), or the kernel of a device stub
+    (`_Z32__device_stub__Z6vecAddPKfS0_Pfi...`: the length-prefixed identifier
+    holds the kernel's mangled name without its leading `_`; an extern "C"
+    kernel's is mangled anyway, `Z14plain_c_kernelPi`).  None for others."""
+    if symbol is None:
+        return None
+    if symbol in kernels:
+        return symbol
+    m = _DEVICE_STUB.search(symbol)
+    if m is None:
+        return None
+    ident = symbol[m.end(): m.end() + int(m.group(1)) - len("__device_stub__")]
+    plain = re.match(r"Z(\d+)", ident)
+    for cand in ("_" + ident, ident[plain.end(): plain.end() + int(plain.group(1))] if plain else None):
+        if cand in kernels:
+            return cand
+    return None
+
+
 def _unknown(handle: pl.Expr) -> pl.Expr:
     # per-row formatting is fine here: only the few unresolved handles get it
     return pl.lit("unknown@0x") + handle.cast(pl.UInt64).map_elements(lambda h: f"{h:x}", return_dtype=pl.String)
@@ -94,10 +127,15 @@ def _resolve_file(hits: pl.DataFrame, path: str, root: str) -> pl.DataFrame:
         .join_asof(syms, left_on="vaddr", right_on="sym_addr", strategy="backward")
     )
     in_sym = pl.col("sym_addr").is_not_null() & (pl.col("vaddr") < pl.col("sym_addr") + pl.col("sym_size"))
-    is_kernel = in_sym & pl.col("symbol").is_in(list(kernels))
+    # a few distinct symbols per file: mapped one by one
+    symbols = located.filter(in_sym)["symbol"].unique().to_list()
+    launched = pl.DataFrame({"symbol": symbols, "kernel": [kernel_of_symbol(x, kernels) for x in symbols]},
+                            schema={"symbol": pl.String, "kernel": pl.String})
+    located = located.join(launched, on="symbol", how="left")
+    is_kernel = in_sym & pl.col("kernel").is_not_null()
     return located.select(
         "handle",
-        name=pl.when(is_kernel).then(pl.col("symbol")).otherwise(_unknown(pl.col("handle"))),
+        name=pl.when(is_kernel).then(pl.col("kernel")).otherwise(_unknown(pl.col("handle"))),
         source=pl.when(is_kernel).then(pl.lit("elf_stub")).otherwise(pl.lit("unknown")),
         reason=pl.when(is_kernel).then(None)
         .when(in_sym & (len(kernels) == 0)).then(pl.lit(f"{path} has no CUDA fatbin kernels"))
@@ -135,12 +173,70 @@ def _runtime_launch_apis() -> list[str]:
     """APIs whose launch handle is a host stub address (runtime-style launches)."""
     from ..probes.catalog import APIS
 
-    return [a.symbol for a in APIS if a.shape in ("launch_rt", "launch_cfg_rt")]
+    return [a.symbol for a in APIS
+            if a.shape in ("launch_rt", "launch_cfg_rt", "launch_rt_caller", "launch_cfg_rt_caller")]
 
 
-def name_capture(capture_dir: Path, proc: Path = Path("/proc")) -> pl.DataFrame:
+def name_launches(pid_maps: str, root: str, launches: pl.DataFrame) -> pl.DataFrame:
+    """Kernel names for the runtime launches of one process: ``launches`` has
+    func, caller, caller_fp (null where not read); returns RESULT_SCHEMA, one
+    row per func, named by the first of func, caller, caller_fp that names a
+    kernel (a func with no name from any keeps func's own reason)."""
+    addrs = pl.concat([launches.select(pl.col(c).alias("handle")) for c in ("func", "caller", "caller_fp")])
+    named = name_handles(pid_maps, root, addrs.drop_nulls()["handle"])
+    known = named.filter(pl.col("source") != "unknown").select("handle", "name")
+    picks = launches.select("func", "caller", "caller_fp").unique(maintain_order=True).with_row_index("_order")
+    for c in ("func", "caller", "caller_fp"):
+        picks = picks.join(known.rename({"handle": c, "name": f"_{c}"}), on=c, how="left")
+    first = pl.coalesce("_func", "_caller", "_caller_fp")
+    return (
+        picks.sort("_order").group_by("func", maintain_order=True)
+        .agg(first.drop_nulls().first().alias("kernel"))
+        .join(named.rename({"handle": "func"}), on="func", how="left")
+        .select(
+            pl.col("func").alias("handle"),
+            pl.coalesce("kernel", "name").alias("name"),
+            pl.when(pl.col("kernel").is_not_null()).then(pl.lit("elf_stub")).otherwise(pl.col("source"))
+            .alias("source"),
+            pl.when(pl.col("kernel").is_null()).then(pl.col("reason")).alias("reason"),
+        )
+        .cast(RESULT_SCHEMA)
+    )
+
+
+def _maps(proc: Path, pid: int) -> tuple[str, str] | None:
+    try:
+        return (proc / str(pid) / "maps").read_text(), str(proc / str(pid) / "root")
+    except OSError:
+        return None
+
+
+def name_aliases(aliases: pl.DataFrame, proc: Path = Path("/proc")) -> pl.DataFrame:
+    """Names (schema.NAMES_SCHEMA, source `host_stub`) for the handles that
+    cudaGetFuncBySymbol / cudaGetKernel returned for a host stub: ``aliases``
+    has pid, handle, alias (the stub), ts_ns, api.  Only stubs that name a
+    kernel give a row."""
+    parts = []
+    for (pid,), group in aliases.group_by("pid"):
+        where = _maps(proc, pid)
+        if where is None:
+            continue
+        named = name_handles(*where, group["alias"]).filter(pl.col("source") == "elf_stub")
+        parts.append(
+            group.join(named.select(pl.col("handle").alias("alias"), "name"), on="alias")
+            .group_by("pid", "handle", "name").agg(pl.col("ts_ns").min(), pl.col("api").sort_by("ts_ns").first())
+            .select("pid", "handle", "name", pl.lit("host_stub").alias("source"), "ts_ns", "api",
+                    pl.lit(None, pl.String).alias("reason"))
+            .sort("ts_ns"))
+    if not parts:
+        return schema.empty_frame(schema.NAMES_SCHEMA)
+    return pl.concat(parts).cast(schema.NAMES_SCHEMA)
+
+
+def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.DataFrame | None = None) -> pl.DataFrame:
     """Offline names (schema.NAMES_SCHEMA) for the host-stub handles of the
-    runtime-style launches in a capture directory's events.
+    runtime-style launches in a capture directory's events, and for the
+    handles of ``aliases`` (name_aliases).
 
     Each process's mappings are read from `proc`/PID/maps while it is still
     alive (paths under `proc`/PID/root, so containers work); a process that
@@ -149,25 +245,30 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc")) -> pl.DataFrame:
     """
     files = sorted(Path(capture_dir).glob("events*.parquet"))
     empty = schema.empty_frame(schema.NAMES_SCHEMA)
+    stubs = name_aliases(aliases, proc) if aliases is not None and not aliases.is_empty() else empty
     if not files:
-        return empty
+        return stubs
+    events = pl.scan_parquet([str(f) for f in files])
+    cols = events.collect_schema().names()
+    callers = [pl.col(c) if c in cols else pl.lit(None, pl.UInt64).alias(c) for c in ("caller", "caller_fp")]
     launches = (
-        pl.scan_parquet([str(f) for f in files])
-        .filter(pl.col("api").cast(pl.String).is_in(_runtime_launch_apis()) & pl.col("func").is_not_null())
-        .group_by("pid", "func")
+        events.filter(pl.col("api").cast(pl.String).is_in(_runtime_launch_apis()) & pl.col("func").is_not_null())
+        .group_by("pid", "func", *callers)
         .agg(pl.col("ts_ns").min(), pl.col("api").first().cast(pl.String))
+        .sort("ts_ns")
         .collect()
     )
-    parts = []
-    for (pid,), group in launches.group_by("pid"):  # one maps read per process
+    parts = [stubs]
+    for (pid,), by_site in launches.group_by("pid", maintain_order=True):  # one maps read per process
+        group = by_site.sort("ts_ns").group_by("func", maintain_order=True).agg(
+            pl.col("ts_ns").min(), pl.col("api").first())
         try:
             maps = (proc / str(pid) / "maps").read_text()
-            named = name_handles(maps, str(proc / str(pid) / "root"), group["func"])
+            named = name_launches(maps, str(proc / str(pid) / "root"), by_site)
         except OSError:
             named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"),
                                  reason=pl.lit(f"the maps of PID {pid} could not be read (the process exited)"))
         parts.append(group.join(named, left_on="func", right_on="handle").select(
-            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api", "reason"))
-    if not parts:
-        return empty
-    return pl.concat(parts).cast(schema.NAMES_SCHEMA)
+            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api",
+            "reason").cast(schema.NAMES_SCHEMA))
+    return pl.concat(parts)

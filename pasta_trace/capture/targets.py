@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -110,7 +111,8 @@ def _hidepid() -> str | None:
 def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> list[discovery.Library]:
     """Traced library files a launched command can load by name: those in
     LD_LIBRARY_PATH and in the ld.so cache, and, when the command is a Python
-    interpreter, those its environment's packages hold (torch's libc10.so).
+    interpreter, those its environment's packages hold (torch's libc10.so);
+    and the command's executable when the CUDA runtime is linked into it.
     Others are caught when opened."""
     paths: list[str] = python_env.traced_libraries(argv[0], env) if argv else []
     for d in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
@@ -133,4 +135,8 @@ def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> lis
             continue
         if lib is not None:
             libs.setdefault(lib.key, lib)
+    exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+    lib = discovery.executable_library(exe) if exe else None
+    if lib is not None:
+        libs.setdefault(lib.key, lib)
     return list(libs.values())

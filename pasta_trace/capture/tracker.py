@@ -57,6 +57,7 @@ class ProcessTracker:
             for lib in found.traced:
                 self._probes.attach(lib)
             self.processes.add(found.pid)
+            self.save_maps([found.pid])
             self._seen_pids.add(found.pid)
             self._python(found.pid)
         self._last_rescan = time.monotonic()
@@ -70,14 +71,16 @@ class ProcessTracker:
                 return  # start_pids ends it like any exit; the other PIDs are traced
             raise unreadable(pid, e) from None  # not ours to read: say why
         self.processes.add(pid)
-        self.save_maps([pid])  # native stacks of a process that exits before the first drain need them
+        # now, while it surely runs: native stacks of a process that exits before the
+        # first drain, and offline naming of its runtime launches at the end, need them
+        self.save_maps([pid])
         self._python(pid)
         for lib in found.traced:
             self._probes.attach(lib)
         if not found.traced:
             others = f" (it maps {', '.join(os.path.basename(p) for p in found.other_gpu)})" if found.other_gpu else ""
-            self._say(f"PID {pid} has not loaded libcuda.so, libamdhip64.so, libc10.so or libnccl.so yet{others}: "
-                      "waiting for it to load one; its first call will be traced")
+            self._say(f"PID {pid} has not loaded libcuda.so, libcudart.so, libamdhip64.so, libc10.so or libnccl.so "
+                      f"yet{others}: waiting for it to load one; its first call will be traced")
 
     # ------------------------------------------------------------------ callbacks from the discover program
 
@@ -103,6 +106,11 @@ class ProcessTracker:
         self.processes.refresh(pid, cgroup_id=cgroup_id)
         if pid in self.traced_pids:
             self.save_maps([pid])
+            # an executable with the CUDA runtime linked in: attached as soon as
+            # its exec is seen (its first calls may run before: say so in the docs)
+            exe = discovery.static_cudart(pid)
+            if exe is not None and self._probes.attach(exe) is not None:
+                self._say(f"PID {pid} runs {exe.path}, which has the CUDA runtime linked in: attached")
         if self._stacks is not None:
             self._stacks.exec(pid)
         if self._native is not None:
@@ -137,9 +145,11 @@ class ProcessTracker:
     def save_maps(self, pids: Iterable[int]) -> None:
         for pid in pids:
             try:
-                self.maps[pid] = Path(f"/proc/{pid}/maps").read_text()
+                text = Path(f"/proc/{pid}/maps").read_text()
             except OSError:
-                pass
+                continue
+            if text:  # an exiting process (its memory released, not yet reaped) reads empty: keep what it had
+                self.maps[pid] = text
 
     def rescan_if_due(self) -> None:
         if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:

@@ -36,7 +36,7 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
-from .decode import names_frame
+from .decode import host_stub_aliases, names_frame
 from .event_writer import frame, write_atomic
 from .writer_queue import BUDGET_BYTES, WriterQueue
 
@@ -173,6 +173,11 @@ class CaptureWriter:
         elif "names.parquet" not in self.failed:
             return
         self.write_frame(self.dir / "names.parquet", names_frame(self._all_names[0], self.api_names))
+
+    def host_stub_aliases(self) -> pl.DataFrame:
+        """Handles returned for host stubs at run time, to be named offline (decode.host_stub_aliases)."""
+        return host_stub_aliases(self._all_names[0] if self._all_names else np.empty(0, schema.HOST_NAME.dtype),
+                                 self.api_names)
 
     def pids_and_comms(self) -> list[tuple[int, str]]:
         """Each process seen in the events written (after close())."""

@@ -116,58 +116,72 @@ def _python_envs() -> list[str]:
     return [str(Path(e) / "bin" / "python") for e in envs if e] + ["python3"]
 
 
-def _library_files() -> dict[str, set[str]]:
-    """Traced library files on this machine -> where they were found."""
+#: Where the CUDA toolkit keeps libcudart (it is rarely in the ld.so cache).
+CUDA_LIB_GLOBS = ("/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targets/*/lib/libcudart.so*")
+
+
+def _library_files() -> dict[str, tuple[str, set[str]]]:
+    """Traced library files on this machine -> (family, where they were found)."""
     from ..capture import discovery, python_env
 
-    found: dict[str, set[str]] = {}
+    found: dict[str, tuple[str, set[str]]] = {}
+
+    def add(path: str, family: str, where: str) -> None:
+        found.setdefault(path, (family, set()))[1].add(where)
+
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     for line in out.splitlines():
         name, _, target = line.strip().partition(" => ")
-        if target and discovery.family_of(name.split(" ")[0]):
-            found.setdefault(os.path.realpath(target), set()).add("ldconfig")
+        if target and (fam := discovery.family_of(name.split(" ")[0])):
+            add(os.path.realpath(target), fam, "ldconfig")
+    cuda_home = os.environ.get("CUDA_HOME")
+    for pattern in (*CUDA_LIB_GLOBS, *([f"{cuda_home}/lib64/libcudart.so*"] if cuda_home else [])):
+        for f in glob.glob(pattern):
+            if discovery.family_of(f) and os.path.isfile(f):
+                add(os.path.realpath(f), "cudart", "CUDA toolkit")
     for p in discovery.scan_all(skip={os.getpid()}):
         for lib in p.traced:
-            found.setdefault(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, set()).add(
-                f"PID {p.pid}")
+            where = f"PID {p.pid}" if discovery.family_of(lib.path) else f"PID {p.pid}, the CUDA runtime linked in"
+            add(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, lib.family, where)
     for name in _python_envs():
         python = python_env.interpreter(name, dict(os.environ))
         for f in python_env.traced_libraries(str(python), dict(os.environ)) if python else []:
-            found.setdefault(os.path.realpath(f), set()).add(f"python env {python.parent.parent}")
+            if fam := discovery.family_of(f):
+                add(os.path.realpath(f), fam, f"python env {python.parent.parent}")
     for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
-        if discovery.family_of(f) and os.path.isfile(f):
-            found.setdefault(os.path.realpath(f), set()).add("vendor cache")
+        if (fam := discovery.family_of(f)) and os.path.isfile(f):
+            add(os.path.realpath(f), fam, "vendor cache")
     # PyTorch's CPU build for the tests (scripts/fetch_torch_cpu.sh)
     for f in glob.glob(str(VENDOR_CACHE.parent / "torch-*" / "torch" / "lib" / "lib*.so*")):
-        if discovery.family_of(f):
-            found.setdefault(os.path.realpath(f), set()).add("torch test cache")
+        if fam := discovery.family_of(f):
+            add(os.path.realpath(f), fam, "torch test cache")
     return found
 
 
 def _library_checks(verbose: bool) -> list[Check]:
-    from ..capture import discovery
     from ..capture.dry_run import probe_plan
 
     files = _library_files()
     if not files:
-        return [Check(True, "GPU libraries: no libcuda.so*, libamdhip64.so*, libc10.so* or libnccl.so* found "
-                            "(nothing to trace yet; libraries loaded later are caught when opened)")]
+        return [Check(True, "GPU libraries: no libcuda.so*, libcudart.so*, libamdhip64.so*, libc10.so* or "
+                            "libnccl.so* found (nothing to trace yet; libraries loaded later are caught when opened)")]
     out = []
-    for path, where in sorted(files.items()):
-        fam = discovery.family_of(path)
+    for path, (fam, where) in sorted(files.items()):
         try:
-            attach, missing = probe_plan(path, fam)
+            plan = probe_plan(path, fam)
         except Exception as e:  # noqa: BLE001 - an unreadable or damaged ELF
             out.append(Check(False, f"{path} ({fam}): cannot read its symbols: {e}", "check the file"))
             continue
-        what = (f"{path} ({fam}; {', '.join(sorted(where))}): {len(attach)} probes would attach, "
-                f"{len(missing)} probed functions missing")
-        if verbose and missing:
-            what += "\n     missing: " + ", ".join(missing)
-        out.append(Check(bool(attach), what, "not a CUDA driver / HIP runtime / PyTorch library?"))
+        fwd = f" ({len(plan.aliases)} more reported under the functions they jump to)" if plan.aliases else ""
+        what = (f"{path} ({fam}; {', '.join(sorted(where))}): {len(plan.attach)} probes would attach{fwd}, "
+                f"{len(plan.missing)} probed functions missing")
+        if verbose and plan.missing:
+            what += "\n     missing: " + ", ".join(plan.missing)
+        out.append(Check(bool(plan.attach), what,
+                         "not a CUDA driver, CUDA runtime, HIP runtime, PyTorch or NCCL library?"))
     return out
 
 

@@ -18,7 +18,8 @@ class AttachResult:
     placements: dict[str, int] = field(default_factory=dict)  # symbol -> offset past it
     errors: list[str] = field(default_factory=list)
     #: symbols not attached because another probed symbol has the same
-    #: address (its events carry that symbol's api): alias -> attached symbol
+    #: address, or because they only jump to one (placement.forward_target):
+    #: their events carry that symbol's api.  alias -> attached symbol
     aliases: dict[str, str] = field(default_factory=dict)
     probes: int = 0  # uprobes + uretprobes created
 
@@ -37,20 +38,25 @@ def attach_library(
     and failed attaches are reported, never raised.  ``at_symbol`` puts every
     probe on the symbol itself instead of the chosen placement (to compare)."""
     result = AttachResult(path)
+    wanted = catalog.for_family(family, apis)
     try:
-        exports = elf.exported_symbols(path)
+        syms = elf.probe_symbols(path, {a.symbol for a in wanted})
+        forwards = forwarders(path, syms)
     except (OSError, ELFError) as e:
         result.errors.append(f"{path}: cannot read its ELF symbols: {e}")
         return result
     by_address: dict[int, str] = {}
-    for api in catalog.for_family(family, apis):
-        sym = exports.get(api.symbol)
+    for api in wanted:
+        sym = syms.get(api.symbol)
         if sym is None:
             result.missing.append(api.symbol)
             continue
         first = by_address.setdefault(sym.vaddr, api.symbol)
         if first != api.symbol:
             result.aliases[api.symbol] = first
+            continue
+        if api.symbol in forwards:
+            result.aliases[api.symbol] = forwards[api.symbol]
             continue
         entry_fn, return_fn = program.handler_names(api)
         try:
@@ -77,6 +83,19 @@ def attach_library(
     return result
 
 
+def forwarders(path: str, syms: dict[str, elf.Sym]) -> dict[str, str]:
+    """Probed symbols that only jump to another probed symbol -> that symbol.
+    Probing both would report one call twice; the target sees the same
+    arguments and return address, so it alone is probed."""
+    at = {s.vaddr: name for name, s in syms.items()}
+    out = {}
+    for name, sym in syms.items():
+        target = at.get(placement.forward_target(placement.read_code(path, sym), sym.vaddr))
+        if target is not None and target != name:
+            out[name] = target
+    return out
+
+
 def describe_missing(result: AttachResult, version: str | None) -> str:
     """One paragraph for ``-v`` and the manifest: what this library lacks."""
     ver = f" (version {version})" if version else ""
@@ -85,7 +104,7 @@ def describe_missing(result: AttachResult, version: str | None) -> str:
         lines.append("  missing (not exported by this version): " + ", ".join(sorted(result.missing)))
     if result.aliases:
         lines.append(
-            "  aliases (same address, reported under the first): "
+            "  aliases (same address, or a jump to it: reported under the second): "
             + ", ".join(f"{a}={b}" for a, b in sorted(result.aliases.items()))
         )
     for err in result.errors:

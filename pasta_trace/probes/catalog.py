@@ -1,4 +1,4 @@
-"""Every probed CUDA driver, HIP and PyTorch (libc10) entry point, in one table.
+"""Every probed CUDA driver, CUDA runtime, HIP and PyTorch (libc10) entry point, in one table.
 
 The index of an :class:`Api` in :data:`APIS` is the ``api`` id the BPF programs
 write into events and names, so the table is append-only in spirit: the capture
@@ -100,8 +100,16 @@ SHAPES: dict[str, str] = {
     "kernel_get_function": "common",
     "func_get_name": "common",
     "module_load": "common",
-    "register_function": "hip",
+    "register_function": "common",
     "get_proc_address": "cuda",
+    "launch_rt_caller": "cudart",
+    "launch_cfg_rt_caller": "cudart",
+    "copy_rt": "cudart",
+    "copy_rt_async": "cudart",
+    "copy_symbol": "cudart",
+    "copy_symbol_async": "cudart",
+    "copy_2d_rt": "cudart",
+    "copy_2d_rt_async": "cudart",
     "tensor_report": "c10",
     "tensor_new": "c10",
     "tensor_delete": "c10",
@@ -122,14 +130,20 @@ SHAPES: dict[str, str] = {
 #: The layer each family's calls are seen at (the `layer` column).  HIP's
 #: library is the HIP runtime: there is no separate driver library below it.
 FAMILY_LAYER: dict[str, Layer] = {
-    "cuda": Layer.driver, "hip": Layer.runtime, "c10": Layer.framework, "nccl": Layer.nccl,
+    "cuda": Layer.driver, "cudart": Layer.runtime, "hip": Layer.runtime, "c10": Layer.framework, "nccl": Layer.nccl,
 }
+
+#: How a family's calls take part in nesting (bpf/pasta.h, pt_nest): an
+#: "outer" call marks its thread, and a call of an "inner" family (or a
+#: deeper call of the same outer family) of the same kind made before it
+#: returns is its nested part (kind `nested`, counted once by the outer call).
+NEST_ROLE: dict[str, str] = {"cudart": "outer", "cuda": "inner"}
 
 
 @dataclass(frozen=True)
 class Api:
     symbol: str
-    family: str  # 'cuda' | 'hip' | 'c10' | 'nccl'
+    family: str  # 'cuda' | 'hip' | 'cudart' | 'c10' | 'nccl'
     kind: Kind
     shape: str
     ret: bool  # needs a uretprobe
@@ -148,6 +162,10 @@ class Api:
     @property
     def layer(self) -> Layer:
         return FAMILY_LAYER[self.family]
+
+    @property
+    def nest_role(self) -> str | None:
+        return NEST_ROLE.get(self.family)
 
 
 def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0, label: str = "") -> Api:
@@ -363,7 +381,62 @@ def _nccl() -> list[Api]:
     return out
 
 
-APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _c10() + _nccl())
+def _cudart() -> list[Api]:
+    """libcudart (shared, or linked statically into an executable).  Its
+    calls reach libcuda through cuGetProcAddress pointers to the exported
+    entry points, so the driver's probes fire inside them: those driver
+    events are marked nested (NEST_ROLE) and each call counts once."""
+    L, A, F, C, M, S = Kind.launch, Kind.alloc, Kind.free, Kind.memcpy, Kind.memset, Kind.sync
+    out: list[Api] = []
+
+    def add(symbols, kind, shape, category, arg=0):
+        out.extend(_api(s, "cudart", kind, shape, category, arg) for s in symbols)
+
+    # CUDA 13 host stubs call __cudaLaunchKernel(cudaKernel_t, ...): libcudart
+    # 13's is a jump to cudaLaunchKernel, reported under it (attach.forwarders)
+    add(["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz",
+         "cudaLaunchCooperativeKernel", "cudaLaunchCooperativeKernel_ptsz"], L, "launch_rt_caller", "launch")
+    add(["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz"], L, "launch_cfg_rt_caller", "launch")
+    add(["cudaLaunchHostFunc", "cudaLaunchHostFunc_ptsz"], L, "host_func", "launch")
+    add(["cudaGraphLaunch", "cudaGraphLaunch_ptsz"], Kind.graph, "graph_launch", "launch")
+
+    add(["cudaMalloc", "cudaMallocHost"], A, "alloc", "alloc")
+    add(["cudaMallocManaged", "cudaHostAlloc"], A, "alloc_flags", "alloc")
+    add(["cudaMallocAsync", "cudaMallocAsync_ptsz"], A, "alloc_stream", "alloc")
+    add(["cudaMallocFromPoolAsync", "cudaMallocFromPoolAsync_ptsz"], A, "alloc_pool", "alloc")
+    add(["cudaMallocPitch"], A, "alloc_pitch", "alloc")
+    add(["cudaFree", "cudaFreeHost"], F, "free", "free")
+    add(["cudaFreeAsync", "cudaFreeAsync_ptsz"], F, "free_stream", "free")
+
+    add(["cudaMemcpy", "cudaMemcpy_ptds"], C, "copy_rt", "copy")
+    add(["cudaMemcpyAsync", "cudaMemcpyAsync_ptsz"], C, "copy_rt_async", "copy")
+    add(["cudaMemcpyToSymbol", "cudaMemcpyToSymbol_ptds", "cudaMemcpyFromSymbol", "cudaMemcpyFromSymbol_ptds"], C,
+        "copy_symbol", "copy")
+    add(["cudaMemcpyToSymbolAsync", "cudaMemcpyToSymbolAsync_ptsz", "cudaMemcpyFromSymbolAsync",
+         "cudaMemcpyFromSymbolAsync_ptsz"], C, "copy_symbol_async", "copy")
+    add(["cudaMemcpyPeer"], C, "copy_peer", "copy", CopyKind.peer)
+    add(["cudaMemcpyPeerAsync"], C, "copy_peer_async", "copy", CopyKind.peer)
+    add(["cudaMemcpy2D", "cudaMemcpy2D_ptds"], C, "copy_2d_rt", "copy 2D/3D")
+    add(["cudaMemcpy2DAsync", "cudaMemcpy2DAsync_ptsz"], C, "copy_2d_rt_async", "copy 2D/3D")
+
+    add(["cudaMemset", "cudaMemset_ptds"], M, "memset", "memset", 1)
+    add(["cudaMemsetAsync", "cudaMemsetAsync_ptsz"], M, "memset_async", "memset", 1)
+    add(["cudaMemset2D", "cudaMemset2D_ptds"], M, "memset2d", "memset", 1)
+    add(["cudaMemset2DAsync", "cudaMemset2DAsync_ptsz"], M, "memset2d_async", "memset", 1)
+
+    add(["cudaDeviceSynchronize"], S, "sync_none", "sync")
+    add(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], S, "sync_stream", "sync")
+    add(["cudaEventSynchronize"], S, "sync_handle", "sync")
+
+    # (T *out, const void *hostStub): the handle aliases the stub, named offline from the ELF
+    add(["cudaGetFuncBySymbol", "cudaGetKernel", "__cudaGetKernel"], Kind.module, "kernel_get_function", "names",
+        NameSource.host_stub)
+    # static constructors of each nvcc-built file: host stub -> device name, seen when launched
+    add(["__cudaRegisterFunction"], Kind.module, "register_function", "names", NameSource.register_function)
+    return out
+
+
+APIS: tuple[Api, ...] = tuple(_cuda() + _hip() + _c10() + _nccl() + _cudart())
 API_ID: dict[str, int] = {a.symbol: i for i, a in enumerate(APIS)}
 #: the capture's api names, by id
 API_NAMES: tuple[str, ...] = tuple(a.api_name for a in APIS)

@@ -70,10 +70,35 @@ def choose_offset(code: bytes, address: int = 0) -> Placement:
     return Placement(0, f"no emulated instruction reachable without a state change ({what}): symbol")
 
 
-def choose_probe_offset(path: str, sym: Sym) -> Placement:
-    """Placement of the probe for ``sym`` in the library at ``path``."""
-    n = min(sym.size or WINDOW, WINDOW)
+#: Instructions a pure forwarder may run before its jump: a frame set up and
+#: torn down again leaves registers and the stack as they were at the symbol.
+_FORWARDER_PROLOGUE = {("endbr64", ""), ("push", "rbp"), ("mov", "rbp, rsp"), ("pop", "rbp")}
+
+
+def forward_target(code: bytes, address: int = 0) -> int | None:
+    """The address a function jumps to if all it does is jump there (libcudart
+    13's ``__cudaLaunchKernel`` is ``push rbp; mov rbp,rsp; pop rbp; jmp
+    cudaLaunchKernel``): the callee then runs with the same arguments, stack
+    and return address.  None for any other function."""
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    pushed = 0
+    for insn in md.disasm(code, address):
+        if (insn.mnemonic, insn.op_str) in _FORWARDER_PROLOGUE:
+            pushed += {"push": 1, "pop": -1}.get(insn.mnemonic, 0)
+            continue
+        if insn.mnemonic == "jmp" and insn.op_str.startswith("0x") and pushed == 0:
+            return int(insn.op_str, 16)
+        return None
+    return None
+
+
+def read_code(path: str, sym: Sym) -> bytes:
+    """The first bytes of ``sym`` (at most WINDOW)."""
     with open(path, "rb") as f:
         f.seek(sym.file_offset)
-        code = f.read(n)
-    return choose_offset(code, sym.vaddr)
+        return f.read(min(sym.size or WINDOW, WINDOW))
+
+
+def choose_probe_offset(path: str, sym: Sym) -> Placement:
+    """Placement of the probe for ``sym`` in the library at ``path``."""
+    return choose_offset(read_code(path, sym), sym.vaddr)

@@ -21,7 +21,7 @@ def _bpf_dir() -> Path:
 
 
 BPF_DIR = _bpf_dir()
-SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c", "nccl.bpf.c")
+SOURCES = ("pasta.h", "cuda.bpf.c", "hip.bpf.c", "c10.bpf.c", "nccl.bpf.c", "cudart.bpf.c")
 STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
 NATIVE_SOURCE = "nativestack.h"  # after STACK_SOURCE: the Python walker tail-calls it
@@ -48,6 +48,14 @@ def handler_names(api: catalog.Api) -> tuple[str, str | None]:
 
 def instantiation(api: catalog.Api) -> str:
     return f"{api.macro}({api.symbol}, {catalog.API_ID[api.symbol]}, {int(api.kind)}, {api.arg})"
+
+
+_ROLES = {None: "PT_ROLE_NONE", "outer": "PT_ROLE_OUTER", "inner": "PT_ROLE_INNER"}
+
+
+def role_define(api: catalog.Api) -> str:
+    """``api``'s part in nesting (bpf/pasta.h, pt_nest), read by its handler."""
+    return f"#define PT_ROLE_{catalog.API_ID[api.symbol]} {_ROLES[api.nest_role]}"
 
 
 def task_comm_offset(btf: Path = VMLINUX_BTF) -> int | None:
@@ -144,5 +152,6 @@ def build_bpf_text(
         parts.append((BPF_DIR / STACK_SOURCE).read_text())
     if native:
         parts.append((BPF_DIR / NATIVE_SOURCE).read_text())
-    parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(instantiation(a) + "\n" for a in apis))
+    parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(role_define(a) + "\n" for a in apis)
+                 + "".join(instantiation(a) + "\n" for a in apis))
     return "\n".join(parts)

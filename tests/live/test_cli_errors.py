@@ -117,11 +117,11 @@ def test_bcc_missing_says_how_to_install_it(tmp_path, sleeper):
 
 
 def _maps_gpu_runtime(tmp_path: Path) -> subprocess.Popen:
-    """A process that maps a library named libcudart.so.12 (a renamed libz)
-    and no libcuda: like a CUDA program before its first driver call."""
+    """A process that maps a library named libcublas.so.12 (a renamed libz)
+    and none that is traced: like a CUDA program before it loads the runtime."""
     libz = next(Path(p) for p in ("/usr/lib/x86_64-linux-gnu/libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1")
                 if Path(p).exists())
-    fake = tmp_path / "libcudart.so.12"
+    fake = tmp_path / "libcublas.so.12"
     shutil.copy(libz, fake)
     p = subprocess.Popen([sys.executable, "-c", f"import ctypes, time; ctypes.CDLL({str(fake)!r}); "
                           "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -138,9 +138,8 @@ def test_pid_without_either_library_is_not_an_error_it_waits(tmp_path):
         proc.kill()
         proc.wait()
     assert r.returncode == 0, r.stderr
-    assert (f"PID {proc.pid} has not loaded libcuda.so, libamdhip64.so, libc10.so or libnccl.so yet "
-            "(it maps libcudart.so.12): "
-            "waiting for it to load one; its first call will be traced") in r.stderr
+    assert (f"PID {proc.pid} has not loaded libcuda.so, libcudart.so, libamdhip64.so, libc10.so or libnccl.so yet "
+            "(it maps libcublas.so.12): waiting for it to load one; its first call will be traced") in r.stderr
     assert f"Wrote {out}" in r.stderr
     assert r.stdout == ""  # messages on stderr only
     m = json.loads((out / "manifest.json").read_text())
@@ -198,9 +197,8 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
         mine.kill()
         mine.wait()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libamdhip64/libc10/libnccl mapped yet "
-                                        "(no GPU library); "
-                                        "would wait for one")
+    assert r.stdout.splitlines()[0] == (f"PID {mine.pid}: no libcuda/libcudart/libamdhip64/libc10/libnccl mapped yet "
+                                        "(no GPU library); would wait for one")
 
 
 def test_launch_under_sudo_runs_as_the_invoking_user_who_owns_the_files(tmp_path):
@@ -227,7 +225,7 @@ def test_start_and_end_say_what_happens_and_an_empty_device_backend_says_so(tmp_
     probed = [lib for lib in m["libraries"] if lib["symbols_attached"]]
     functions = sum(len(lib["symbols_attached"]) for lib in probed)
     ready = (f"{functions} functions ready in {len(probed)} librar{'y' if len(probed) == 1 else 'ies'}" if probed
-             else "no libcuda/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
+             else "no libcuda/libcudart/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
     lines = r.stderr.splitlines()
     expected = [
         "compiling the BPF program...",

@@ -210,7 +210,8 @@ def test_manifest_complete_is_written_atomically_last(tmp_path):
 @pytest.mark.parametrize(
     "name,family",
     [("libcuda.so.1", "cuda"), ("libcuda.so", "cuda"), ("libcuda.so.535.261.03", "cuda"),
-     ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", None),
+     ("libamdhip64.so.5", "hip"), ("libamdhip64.so", "hip"), ("libcudart.so.12", "cudart"),
+     ("libcudart.so", "cudart"), ("libcudart_static.a", None), ("libcublas.so.12", None),
      ("libcuda.so.1.bak", None), ("libcuda_stub.so", None), ("/opt/x/libcuda.so.1 (deleted)", "cuda"),
      ("/venv/lib/python3.11/site-packages/torch/lib/libc10.so", "c10"), ("libc10.so.2.13", "c10"),
      ("libc10_cuda.so", None), ("libc10.so.bak", None)],
@@ -279,6 +280,24 @@ def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kerne
         gone, "cuda_workload", f"/docker-{'cd' * 32}.scope", "cd" * 32)
 
 
+def test_nested_calls_keep_their_outer_call_and_each_event_its_layer():
+    """A driver launch made inside a runtime launch: kind nested, pointing at the
+    runtime launch's entry time; the layer comes from each API."""
+    apis = ["cudaLaunchKernel", "cuLaunchKernel", "hipMalloc", "someNewerApi"]
+    v = (1 << schema.PAYLOAD_BITS["func"]) | (1 << schema.PAYLOAD_BITS["caller"])
+    recs = np.concatenate([
+        _event(0, schema.Kind.launch, ts_ns=10, func=0x5000, caller=0x5123, caller_fp=0x6000, valid=v),
+        _event(1, schema.Kind.nested, ts_ns=12, func=0xABC, outer_ts=10, valid=v & ~(1 << schema.PAYLOAD_BITS["caller"])),
+        _event(2, schema.Kind.alloc, ts_ns=20),
+        _event(3, schema.Kind.other, ts_ns=30),
+    ])
+    df = events_frame(recs, apis).select("api", "kind", "layer", "outer_ts_ns", "func", "caller", "caller_fp")
+    assert [tuple(str(x) if i < 3 and x is not None else x for i, x in enumerate(r)) for r in df.rows()] == [
+        ("cudaLaunchKernel", "launch", "runtime", None, 0x5000, 0x5123, None),  # caller_fp's valid bit unset
+        ("cuLaunchKernel", "nested", "driver", 10, 0xABC, None, None),
+        ("hipMalloc", "alloc", "runtime", None, None, None, None),
+        ("someNewerApi", "other", None, None, None, None, None),  # not in this reader's catalog: no layer
+    ]
 def test_force_removes_an_earlier_captures_device_files(tmp_path):
     """`record --force` on an earlier capture: its device/ files (which the
     merge and report would read as this capture's) go with the rest of it;

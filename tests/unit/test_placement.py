@@ -93,3 +93,33 @@ def test_O0_stub(tmp_path, cf, offset):
     sym = elf.exported_symbols(str(lib))["cuMemAlloc_v2"]
     p = placement.choose_probe_offset(str(lib), sym)
     assert (p.offset, "push" in p.reason) == (offset, True)
+
+
+@pytest.mark.parametrize(
+    "code, target",
+    [
+        # push %rbp; mov %rsp,%rbp; pop %rbp; jmp rel32: libcudart 13's __cudaLaunchKernel
+        (bytes.fromhex("554889e55de9bb170500"), 0x1000 + 10 + 0x517BB),
+        (bytes.fromhex("f30f1efae9f0ffffff"), 0x1000 + 9 - 0x10),  # endbr64; jmp rel32
+        (bytes.fromhex("eb10"), 0x1000 + 2 + 0x10),  # jmp rel8
+        (bytes.fromhex("55e9f0ffffff"), None),  # push %rbp; jmp: the callee would see another stack
+        (bytes.fromhex("554889e5e8f0ffffff5dc3"), None),  # a call, not a jump
+        (bytes.fromhex("ff25aabbccdd"), None),  # jmp *rip-relative: not a known address
+    ],
+)
+def test_forward_target(code, target):
+    assert placement.forward_target(code, 0x1000) == target
+
+
+LIBCUDART = Path("/usr/local/cuda/lib64/libcudart.so.13")
+
+
+def test_real_libcudart_forwards_the_cuda13_launch_entry_to_cudaLaunchKernel():
+    from pasta_trace.probes import attach
+
+    if not LIBCUDART.exists():
+        pytest.skip(f"{LIBCUDART} not installed (the CUDA 13 toolkit)")
+    syms = elf.probe_symbols(str(LIBCUDART), {a.symbol for a in catalog.for_family("cudart")})
+    assert sorted({a.symbol for a in catalog.for_family("cudart")} - syms.keys()) == []
+    assert attach.forwarders(str(LIBCUDART), syms) == {"__cudaLaunchKernel": "cudaLaunchKernel",
+                                                        "__cudaLaunchKernel_ptsz": "cudaLaunchKernel_ptsz"}

@@ -59,7 +59,7 @@ def test_ids_are_table_indexes():
 def test_every_api_is_well_formed():
     for a in catalog.APIS:
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.symbol), a.symbol
-        assert a.family in ("cuda", "hip", "c10", "nccl")
+        assert a.family in ("cuda", "hip", "c10", "nccl", "cudart")
         assert isinstance(a.kind, schema.Kind)
         assert a.ret == (a.shape in catalog.RETURN_SHAPES)
         assert catalog.SHAPES[a.shape] in ("common", a.family)
@@ -68,6 +68,32 @@ def test_every_api_is_well_formed():
 def test_both_families_cover_every_category():
     assert {a.category for a in catalog.for_family("hip")} == CATEGORIES
     assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points"}
+    # the runtime has no VMM or module API of its own: those calls are the driver's
+    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"}
+
+
+def test_runtime_coverage_layers_and_nesting_roles():
+    by = {a.symbol: a for a in catalog.APIS}
+    launches = {a.symbol for a in catalog.for_family("cudart") if a.kind == schema.Kind.launch}
+    assert launches == {"cudaLaunchKernel", "cudaLaunchKernel_ptsz", "__cudaLaunchKernel", "__cudaLaunchKernel_ptsz",
+                        "cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz", "cudaLaunchCooperativeKernel",
+                        "cudaLaunchCooperativeKernel_ptsz", "cudaLaunchHostFunc", "cudaLaunchHostFunc_ptsz"}
+    assert (by["cudaMalloc"].kind, by["cudaMalloc"].ret, by["cudaFreeAsync_ptsz"].kind) == (
+        schema.Kind.alloc, True, schema.Kind.free)
+    assert (by["cudaMemcpyAsync_ptsz"].shape, by["cudaMemset2D_ptds"].kind) == ("copy_rt_async", schema.Kind.memset)
+    assert {by[s].kind for s in ("cudaDeviceSynchronize", "cudaStreamSynchronize_ptsz", "cudaEventSynchronize")} == {
+        schema.Kind.sync}
+    assert {by[s].arg for s in ("cudaGetFuncBySymbol", "cudaGetKernel", "__cudaGetKernel")} == {
+        schema.NameSource.host_stub}
+    assert (by["cudaGraphLaunch"].kind, by["__cudaRegisterFunction"].arg) == (
+        schema.Kind.graph, schema.NameSource.register_function)
+    assert [(by[s].layer.name, by[s].nest_role) for s in ("cuLaunchKernel", "cudaLaunchKernel", "hipLaunchKernel")] \
+        == [("driver", "inner"), ("runtime", "outer"), ("runtime", None)]
+    text = program.build_bpf_text(apis=(by["cuLaunchKernel"], by["cudaMalloc"], by["hipMalloc"]))
+    assert [ln for ln in text.splitlines() if ln.startswith("#define PT_ROLE_") and ln.split()[1][8:].isdigit()] == [
+        f"#define PT_ROLE_{catalog.API_ID['cuLaunchKernel']} PT_ROLE_INNER",
+        f"#define PT_ROLE_{catalog.API_ID['cudaMalloc']} PT_ROLE_OUTER",
+        f"#define PT_ROLE_{catalog.API_ID['hipMalloc']} PT_ROLE_NONE"]
 
 
 def test_c10_probes_are_named_demangled_and_framework_layer():
@@ -107,7 +133,7 @@ def test_every_shape_has_exactly_one_bpf_macro():
     assert sorted(defined) == sorted(s.upper() for s in catalog.SHAPES)
     for shape, where in catalog.SHAPES.items():
         file = {"common": "pasta.h", "cuda": "cuda.bpf.c", "hip": "hip.bpf.c", "c10": "c10.bpf.c",
-                "nccl": "nccl.bpf.c"}[where]
+                "nccl": "nccl.bpf.c", "cudart": "cudart.bpf.c"}[where]
         assert f"#define PT_H_{shape.upper()}(" in (program.BPF_DIR / file).read_text()
 
 
@@ -115,6 +141,8 @@ def test_program_text_instantiates_each_api_once():
     text = program.build_bpf_text(ring_pages=64, names_pages=16)
     lines = [ln for ln in text.splitlines() if ln.startswith("PT_H_")]
     assert lines == [program.instantiation(a) for a in catalog.APIS]
+    roles = [ln for ln in text.splitlines() if ln.startswith("#define PT_ROLE_") and ln.split()[1][8:].isdigit()]
+    assert roles == [program.role_define(a) for a in catalog.APIS]
     assert "PT_H_LAUNCH_CU(cuLaunchKernel, 0, 0, 0)" in lines
     assert "#define PT_RING_PAGES 64" in text and "#define PT_NAMES_PAGES 16" in text
     assert "#define PT_AGGREGATE" not in text and "#define PT_FILTER_PIDS" not in text

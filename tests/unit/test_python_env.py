@@ -50,7 +50,8 @@ def test_dry_run_of_a_python_program_lists_libc10_with_what_would_attach(venv, c
     st = libc10.stat()
     assert f"{libc10} (c10, dev {st.st_dev} inode {st.st_ino}, via {libc10}): would attach 3 functions, 0 missing" \
         in out
-    assert out[-1] == "later loads of libcuda.so*/libamdhip64.so*/libc10.so*/libnccl.so* would be caught when opened"
+    assert out[-1] == ("later loads of libcuda.so*/libcudart.so*/libamdhip64.so*/libc10.so*/libnccl.so* "
+                       "would be caught when opened")
 
 
 def test_doctor_lists_the_active_environments_libc10(venv, monkeypatch) -> None:

@@ -48,8 +48,8 @@ class FakeRing:
 
 
 def test_stride_is_header_plus_payload_rounded_to_8():
-    assert DT.itemsize == 144  # pt_event with stack_id
-    assert STRIDE == 152
+    assert DT.itemsize == 168  # pt_event with stack_id, outer_ts, caller, caller_fp
+    assert STRIDE == 176
     assert record_stride(1) == 16
     assert record_stride(8) == 16
 

@@ -26,9 +26,9 @@ def _exports(lib: Path) -> dict[str, bytes]:
         return out
 
 
-@pytest.mark.parametrize("fam", ["cuda", "hip"])
-def test_catalog_is_subset_of_stub_exports(fam, cuda_stub, hip_stub):
-    exports = _exports(cuda_stub if fam == "cuda" else hip_stub)
+@pytest.mark.parametrize("fam", ["cuda", "hip", "cudart"])
+def test_catalog_is_subset_of_stub_exports(fam, cuda_stub, hip_stub, cudart_stub):
+    exports = _exports({"cuda": cuda_stub, "hip": hip_stub, "cudart": cudart_stub}[fam])
     wanted = {a.symbol for a in APIS if a.family == fam}
     assert sorted(wanted - exports.keys()) == []
     # -O0: every probed export starts with push %rbp (0x55)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from pasta_trace.capture.symbolize import name_handles, parse_maps
@@ -103,3 +104,54 @@ def test_name_capture_names_runtime_launches(kernels_lib, tmp_path):
         (f"unknown@0x{stubs[0]:x}", "unknown", f"the maps of PID {2**22 + 7} could not be read (the process exited)"),
     ]
     assert name_capture(tmp_path / "empty").is_empty()
+
+
+def test_kernel_of_symbol_reads_device_stubs():
+    from pasta_trace.capture.symbolize import kernel_of_symbol
+
+    kernels = frozenset({"_Z6vecAddPKfS0_Pfi", "plain_c_kernel", "_ZN2ns5innerEPd", "_Z5scaleIfEvPT_S0_i"})
+    cases = {
+        "_Z6vecAddPKfS0_Pfi": "_Z6vecAddPKfS0_Pfi",  # the host stub is named after the kernel
+        "_Z32__device_stub__Z6vecAddPKfS0_PfiPKfS0_Pfi": "_Z6vecAddPKfS0_Pfi",
+        "_ZL33__device_stub__Z5scaleIfEvPT_S0_iPffi": "_Z5scaleIfEvPT_S0_i",  # a template: a local symbol
+        "_Z34__device_stub__Z14plain_c_kernelPiPi": "plain_c_kernel",  # extern "C": mangled in the stub's name
+        "_Z29__device_stub__ZN2ns5innerEPdPd": "_ZN2ns5innerEPd",
+        "_Z28__wrapper__device_stub_scaleIfEvRPT_RS0_Ri": None,
+        "_ZL25__cudaLaunchKernel_helperP9CUkern_st4dim3S1_PPvmP11CUstream_st": None,
+        "_Z32__device_stub__Z6otherPKfS0_PfiPKfS0_Pfi": None,  # not a kernel of this fatbin
+        "main": None,
+    }
+    assert {s: kernel_of_symbol(s, kernels) for s in cases} == cases
+
+
+def test_runtime_launches_named_through_their_call_site(kernels_lib):
+    """A CUDA 13 launch passes a handle that is no address of the file: the
+    name comes from the return address (in the device stub when it inlines
+    nvcc's helper) or the one a frame up (the helper, not inlined at -O0, is
+    shared by every kernel, so its own address names none)."""
+    from elftools.elf.elffile import ELFFile
+
+    from pasta_trace.capture.symbolize import name_launches
+
+    path, stubs, _ = kernels_lib
+    maps = Path("/proc/self/maps").read_text()
+    base = next(int(line.split("-")[0], 16) for line in maps.splitlines()
+                if line.endswith(str(path)) and line.split()[2] == "00000000")
+    with open(path, "rb") as f:
+        syms = {s.name: s["st_value"] for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
+    at = lambda name: base + syms[name] + 5  # noqa: E731 - an address inside the function
+    helper = at("_ZL25__cudaLaunchKernel_helperP9CUkern_st4dim3S1_PPvmP11CUstream_st")
+    launches = pl.DataFrame(
+        {"func": [0x5A0000001010, 0x5A0000001030, stubs[3], 0x5A0000001050, 0x5A0000001050],
+         "caller": [helper, at("_Z34__device_stub__Z14plain_c_kernelPiPi"), 0x77, helper, helper],
+         "caller_fp": [at("_Z32__device_stub__Z6vecAddPKfS0_PfiPKfS0_Pfi"), None, None, 0x99, 0x99]},
+        schema={"func": pl.UInt64, "caller": pl.UInt64, "caller_fp": pl.UInt64})
+    got = name_launches(maps, "", launches).sort("handle")
+    assert got.select("handle", "name", pl.col("source").cast(pl.String)).rows() == sorted([
+        (0x5A0000001010, "_Z6vecAddPKfS0_Pfi", "elf_stub"),
+        (0x5A0000001030, "plain_c_kernel", "elf_stub"),
+        (stubs[3], "plain_c_kernel", "elf_stub"),  # a CUDA 12 launch: the handle is the host stub
+        (0x5A0000001050, "unknown@0x5a0000001050", "unknown"),  # nothing names it: the handle's own reason
+    ], key=lambda r: r[0])
+    assert got.filter(pl.col("source") == "unknown")["reason"].to_list() == [
+        "address is not in a file-backed mapping"]
