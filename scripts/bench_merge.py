@@ -279,8 +279,15 @@ def checksum(out: Path) -> dict[str, tuple[int, int]]:
     return res
 
 
+def peak_rss() -> int:
+    """This process's peak resident bytes (VmHWM of its own address space)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+
+
 def measure(engine: str, cap_dir: Path, out: Path) -> dict:
-    """Run in a fresh process; its peak RSS comes from wait4's rusage."""
+    """Run in a fresh process, which reports its own peak RSS (wait4's ru_maxrss
+    would count this process's too: a forked child inherits its parent's peak)."""
     shutil.rmtree(out, ignore_errors=True)
     pid = os.fork()
     if pid == 0:
@@ -289,7 +296,7 @@ def measure(engine: str, cap_dir: Path, out: Path) -> dict:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{engine} failed (exit {os.waitstatus_to_exitcode(status)})")
     res = json.loads((out / "timing.json").read_text())
-    return {"seconds": res["seconds"], "peak_bytes": usage.ru_maxrss * 1024,
+    return {"seconds": res["seconds"], "peak_bytes": res["peak_bytes"],
             "cpu": usage.ru_utime + usage.ru_stime}
 
 
@@ -326,7 +333,7 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         {"pasta": run_pasta, "duckdb": run_duckdb, "numpy": run_numpy}[engine](cap_dir, out)
-        (out / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t}))
+        (out / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t, "peak_bytes": peak_rss()}))
         return 0
     engines = [e for e in a.engines.split(",") if e]
     if "pasta" not in engines or any(e not in ENGINES for e in engines):

@@ -9,6 +9,8 @@ per-event cost stays in BPF."""
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -23,6 +25,20 @@ from ..stacks.native import Frame, activations
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
 from .ringbuf import open_table
+
+
+#: how long a just-exec'd process is looked at again for an interpreter (its
+#: loader maps libpython after the exec; the first look may come before)
+EXEC_RETRY_S = 2.0
+
+
+def _runs_python(pid: int) -> bool:
+    """Whether ``pid``'s executable is named like an interpreter (only those are
+    looked at again after an exec: in -a mode every process of the machine execs)."""
+    try:
+        return "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
 
 
 @dataclass
@@ -56,6 +72,9 @@ class StackCollector:
         self._groups: dict[tuple[int, int], tuple[list[list[Frame]], bool]] = {}
         self.rows = StackRows()
         self._unsymbolized = 0
+        #: pid -> until when: just exec'd, not (yet) seen as Python: its loader may still be mapping
+        #: libpython, so it is looked at again at every drain until then
+        self._exec_pending: dict[int, float] = {}
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -138,6 +157,8 @@ class StackCollector:
             except KeyError:
                 pass
         self.register(pid, final=False)
+        if pid not in self._procs and pid not in self.status and _runs_python(pid):
+            self._exec_pending[pid] = time.monotonic() + EXEC_RETRY_S
 
     # ------------------------------------------------------------------ stacks
 
@@ -147,6 +168,12 @@ class StackCollector:
         return self._ring.fd
 
     def drain(self) -> None:
+        if self._exec_pending:
+            now = time.monotonic()
+            for pid, until in list(self._exec_pending.items()):
+                self.register(pid, final=now >= until)
+                if pid in self._procs or pid in self.status or now >= until:
+                    del self._exec_pending[pid]
         recs = self._ring.drain()
         if recs.size:
             self._symbolize(recs)
