@@ -202,8 +202,8 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult], findings: 
     nav = "".join(
         f'<a href="#{sid}">{escape(label)}</a>'
         for sid, label in [("findings", "key findings")] * bool(findings)
-        + [("timeline", "timeline"), ("memory", "memory")]
-        + [("tensors", "tensor memory")] * any(s.startswith('<section id="tensors"') for s in sections)
+        + [("timeline", "timeline chart"), ("memory", "memory chart")]  # "memory" alone is also a tool
+        + [("tensors", "tensor memory chart")] * any(s.startswith('<section id="tensors"') for s in sections)
         + [("flames", "flame graphs"), ("heatmap", "heat map")]
         + [(f"tool-{r.tool.name}", r.tool.name) for r in results]
     )

@@ -374,5 +374,6 @@ def test_tensor_memory_plots_render_and_zoom_with_the_timeline(tmp_path: Path, c
     # cpu: the activations; cuda:0: bytes from before the capture, weights, activations, the growing cache
     assert bands == [True] * (1 + 4 + 1 + 4)
     assert widths == {CONTENT_W}
-    assert nav[:5] == ["key findings", "timeline", "memory", "tensor memory", "flame graphs"]
+    assert nav[:5] == ["key findings", "timeline chart", "memory chart", "tensor memory chart", "flame graphs"]
+    assert len(nav) == len(set(nav))  # no two links read the same (the memory chart and the memory tool did)
     assert len(views) == 1  # every time plot shows the range dragged across the timeline
