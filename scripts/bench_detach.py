@@ -4,8 +4,9 @@
 
 The same N probes of the test fixtures' stub ``libcuda.so.1`` (a private copy,
 so that no other tracer's probes share its inode), each attached as
-pasta-trace attaches them (every probed symbol of the catalog; an entry
-probe, and a return probe where the API has one), are removed by closing
+pasta-trace attaches them (probes.attach.attach_library: every probed
+symbol of the catalog at its chosen placement; an entry probe, and a return
+probe where the API has one), are removed by closing
 their descriptors from --threads threads, as pasta-trace's background closer
 does: first as perf-event uprobes (the baseline, BCC's attach_uprobe), then
 as uprobe_multi links, alternating for --reps rounds.  Prints the wall time
@@ -30,23 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
-from pasta_trace.probes import catalog, elf, program, uprobe_link  # noqa: E402
-
-
-def _probes(lib: str) -> list[tuple[str, int, int, bool]]:
-    """(handler, vaddr, file offset, is return) of every probe pasta-trace puts on ``lib``."""
-    exports = elf.exported_symbols(lib)
-    out, seen = [], set()
-    for api in catalog.for_family("cuda", catalog.APIS):
-        sym = exports.get(api.symbol)
-        if sym is None or sym.vaddr in seen:
-            continue
-        seen.add(sym.vaddr)
-        entry_fn, return_fn = program.handler_names(api)
-        out.append((entry_fn, sym.vaddr, sym.file_offset, False))
-        if return_fn:
-            out.append((return_fn, sym.vaddr, sym.file_offset, True))
-    return out
+from pasta_trace.probes import program, uprobe_link  # noqa: E402
+from pasta_trace.probes.attach import attach_library  # noqa: E402
 
 
 def _round(lib: str, links: bool, threads: int) -> tuple[int, float, float]:
@@ -55,15 +41,10 @@ def _round(lib: str, links: bool, threads: int) -> tuple[int, float, float]:
     os.environ["PASTA_TRACE_PERF_UPROBES"] = "0" if links else "1"
     uprobe_link.available.cache_clear()
     bpf = BPF(text=program.build_bpf_text().encode())
-    probes = _probes(lib)
     t0 = time.monotonic()
-    for fn, vaddr, offset, ret in probes:
-        if links:
-            uprobe_link.attach(bpf, fn, lib, offset, retprobe=ret)
-        elif ret:
-            bpf.attach_uretprobe(name=lib.encode(), addr=vaddr, fn_name=fn.encode(), pid=-1)
-        else:
-            bpf.attach_uprobe(name=lib.encode(), addr=vaddr, fn_name=fn.encode(), pid=-1)
+    result = attach_library(bpf, lib, "cuda")  # as the tracer attaches: the catalog, placements, aliases
+    if result.errors:
+        raise SystemExit(f"attach failed: {result.errors[0]}")
     t1 = time.monotonic()
     fds = [*bpf.uprobe_fds.values(), *uprobe_link.take(bpf)]
     bpf.uprobe_fds.clear()
