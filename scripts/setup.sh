@@ -9,8 +9,8 @@
 #     across these versions.  An existing `build` link is never touched.
 #  3. A virtual environment (.venv) on Debian's python3 with --system-site-packages, so that BCC's Debian
 #     module is importable, and `pip install -e .[dev]` (the test tools, Dask for the cluster analyses).
-#  4. NVIDIA's real libcuda.so.1 from Debian non-free and libnccl.so.2 from PyPI's nvidia-nccl-cu13 wheel,
-#     unpacked into a cache (not installed): for tests.
+#  4. NVIDIA's real libcuda.so.1 from Debian non-free (drivers 535 from bookworm and 550 from trixie) and
+#     libnccl.so.2 from PyPI's nvidia-nccl-cu13 wheel, unpacked into a cache (not installed): for tests.
 #  5. PyTorch's CPU build (torch 2.13.0+cpu) in a private cache (not installed): for the tensor tests.
 #  6. gpu_probes: the device-side module (compile-only here; NVBit only where NVBIT_HOME is set).
 set -euo pipefail
@@ -52,9 +52,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-if ! scripts/fetch_vendor_libs.sh >/dev/null; then
-  say "could not fetch NVIDIA's libcuda1 (non-free): the real-driver tests will skip"
-fi
+for driver in 535 550; do
+  if ! scripts/fetch_vendor_libs.sh --driver "$driver" >/dev/null; then
+    say "could not fetch NVIDIA's libcuda1 $driver (non-free): the tests on that real driver will skip"
+  fi
+done
 if ! scripts/fetch_nccl.sh >/dev/null; then
   say "could not fetch NVIDIA's libnccl.so.2 (PyPI nvidia-nccl-cu13): the real-NCCL tests will skip"
 fi

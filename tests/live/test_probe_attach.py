@@ -1,7 +1,7 @@
 """Live: the BPF program compiles with BCC, attaches to NVIDIA's real
-libcuda.so.1 and Debian's libamdhip64, and calls made through them with
-ctypes (which fail: there is no device) arrive with their decoded arguments
-and exact return codes.  The ring is read with BCC's own ring-buffer API."""
+libcuda.so.1 (drivers 535 and 550) and Debian's libamdhip64, and calls made
+through them with ctypes (which fail: there is no device) arrive with their
+decoded arguments and exact return codes.  The ring is read with BCC's own ring-buffer API."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pasta_trace import schema
 from pasta_trace.probes import attach, catalog, elf, program, uprobe_link
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_probe_catalog import CUDA_ABSENT_535, HIP_ABSENT_5_2, HIP_LIB, vendor_libcuda  # noqa: E402
+from test_probe_catalog import CUDA_ABSENT, DRIVERS, HIP_ABSENT_5_2, HIP_LIB, vendor_libcuda  # noqa: E402
 
 pytestmark = pytest.mark.live
 
@@ -92,9 +92,8 @@ def tracer():
         t.close()
 
 
-@pytest.fixture(scope="module")
-def libcuda():
-    path, version = vendor_libcuda()
+def _load_libcuda(driver: str):
+    path, version = vendor_libcuda(driver)
     lib = C.CDLL(path)
     lib.cuLaunchKernel.argtypes = [C.c_void_p] + [C.c_uint] * 7 + [C.c_void_p] * 3
     lib.cuLaunchKernelEx.argtypes = [C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p]
@@ -108,6 +107,18 @@ def libcuda():
     lib.cuModuleGetFunction.argtypes = [C.POINTER(C.c_void_p), C.c_void_p, C.c_char_p]
     lib.cuGetProcAddress_v2.argtypes = [C.c_char_p, C.POINTER(C.c_void_p), C.c_int, C.c_uint64, C.c_void_p]
     return path, version, lib
+
+
+@pytest.fixture(scope="module")
+def libcuda():
+    """The 535 driver: the probe mechanics, checked once."""
+    return _load_libcuda("535")
+
+
+@pytest.fixture(scope="module", params=DRIVERS)
+def libcuda_each(request):
+    """Each real driver (535, 550): the symbols and the calls."""
+    return request.param, *_load_libcuda(request.param)
 
 
 def _hip():
@@ -169,13 +180,21 @@ def _link_type(fd: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("link_type:"))
 
 
-def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
-    path, version, cu = libcuda
+def test_real_libcuda(tracer, libcuda_each):
+    """Each real driver, attached whole once: the attach itself, then the
+    calls of every argument shape, on the same tracer."""
+    driver, path, version, cu = libcuda_each
     t = tracer(ring_pages=64, names_pages=16)
+    _attach_and_capture_return_codes(t, driver, path, version, cu)
+    _every_cuda_shape(t, driver, version, cu)
+    assert t.lost() == [0, 0, 0, 0]
+
+
+def _attach_and_capture_return_codes(t: Tracer, driver: str, path: str, version: str, cu) -> None:
     res = attach.attach_library(t.bpf, path, "cuda")
     attached, missing = _expected_attach(path, "cuda")
     assert (res.attached, res.missing, res.aliases, res.errors) == (attached, missing, {}, [])
-    assert set(res.missing) == CUDA_ABSENT_535, f"driver {version}"
+    assert set(res.missing) == CUDA_ABSENT[driver], f"driver {version}"
     assert set(res.placements.values()) == {10}
     assert res.probes == len(attached) + sum(catalog.APIS[API[s]].ret for s in attached)
     if uprobe_link.available():  # every probe is a uprobe_multi link (whose events are checked below)
@@ -207,6 +226,7 @@ def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
     ev, names = t.drain()
     proc_fn = fn.value
     assert rc["cuMemAlloc_v2"] != 0 and rc["cuGetProcAddress_v2"] == 0  # no device, but the table lookup works
+    assert proc_fn == C.cast(cu.cuLaunchKernel, C.c_void_p).value  # the exported (probed) address itself
     assert _rows(ev) == [
         {"api": "cuLaunchKernel", "kind": "launch", "func": 0x1234, "grid": (1, 2, 3), "block": (4, 5, 6),
          "shmem": 7, "stream": 0x99},
@@ -233,7 +253,6 @@ def test_attach_real_libcuda_and_capture_return_codes(tracer, libcuda):
         ("cuModuleGetFunction", "module_get_function", rc["cuModuleGetFunction"], 0, b"vecAdd"),
         ("cuGetProcAddress_v2", "get_proc_address", 0, proc_fn, b"cuLaunchKernel"),
     ]  # fmt: skip
-    assert t.lost() == [0, 0, 0, 0]
 
 
 def test_attach_real_libamdhip64_and_capture_return_codes(tracer):
@@ -383,12 +402,9 @@ class CUDA_MEMCPY3D(C.Structure):
     ]  # fmt: skip
 
 
-def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
-    """One call per remaining argument shape (the first test covers the
+def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
+    """One call per remaining argument shape (the calls above cover the
     others): decoded fields and return codes as called."""
-    path, version, cu = libcuda
-    t = tracer(ring_pages=64, names_pages=16)
-    attach.attach_library(t.bpf, path, "cuda")
     V, U64, SZ = C.c_void_p, C.c_uint64, C.c_size_t
     p, h = C.c_uint64(0), C.c_void_p(0)
     m2d = CUDA_MEMCPY2D(srcMemoryType=2, srcDevice=0x6000, dstMemoryType=1, dstHost=0x5000, WidthInBytes=10,
@@ -415,9 +431,10 @@ def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
                                                 "copy_kind": schema.CopyKind.default}),
         ("cuMemcpyAsync_ptsz", (U64(1), U64(2), SZ(3), V(4)),
          {"kind": "memcpy", "dst": 1, "src": 2, "size": 3, "copy_kind": schema.CopyKind.default, "stream": 4}),
-        ("cuMemcpyPeer", (U64(0x10), V(0x11), U64(0x20), V(0x21), SZ(48)),
+        # NULL contexts: 550 reads made-up ones even before cuInit (and crashes)
+        ("cuMemcpyPeer", (U64(0x10), V(0), U64(0x20), V(0), SZ(48)),
          {"kind": "memcpy", "dst": 0x10, "src": 0x20, "size": 48, "copy_kind": P}),
-        ("cuMemcpyPeerAsync", (U64(0x10), V(0x11), U64(0x20), V(0x21), SZ(48), V(5)),
+        ("cuMemcpyPeerAsync", (U64(0x10), V(0), U64(0x20), V(0), SZ(48), V(5)),
          {"kind": "memcpy", "dst": 0x10, "src": 0x20, "size": 48, "copy_kind": P, "stream": 5}),
         ("cuMemcpy2DAsync_v2", (C.byref(m2d), V(6)),
          {"kind": "memcpy", "dst": 0x5000, "src": 0x6000, "size": 20, "copy_kind": schema.CopyKind.d2h,
@@ -438,6 +455,17 @@ def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
         ("cuModuleLoadData", (C.byref(h), image), {"kind": "module", "src": C.addressof(image)}),
         ("cuGetProcAddress", (b"cuMemFree", C.byref(h), 12000, U64(0)), {"kind": "other", "aux": 12000}),
     ]  # fmt: skip
+    # The name getters (545 on).  Before cuInit the driver reads a handle
+    # unchecked (a made-up one crashes), but tests a NULL name pointer first
+    # (CUDA_ERROR_INVALID_VALUE); a zeroed object "succeeds" with no name.
+    zeroed = C.create_string_buffer(1 << 16)
+    name_p = C.c_char_p()
+    getters = [
+        (g, args, {"kind": "module", "func": args[1].value})
+        for g in ("cuFuncGetName", "cuKernelGetName") if g not in CUDA_ABSENT[driver]
+        for args in ((None, V(0x1234)), (C.byref(name_p), V(C.addressof(zeroed))))
+    ]
+    calls += getters
     expected = []
     for symbol, args, fields in calls:
         rc = getattr(cu, symbol)(*args)
@@ -445,9 +473,11 @@ def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
         if catalog.APIS[API[symbol]].ret:
             row["ret"] = rc
         if symbol == "cuGetProcAddress":
-            assert rc == 0
+            assert rc == 0 and h.value == C.cast(cu.cuMemFree_v2, C.c_void_p).value  # the export itself
             row["func"] = h.value
         expected.append(row | fields)
+    got_names = [r["ret"] for r in expected if r["api"] in ("cuFuncGetName", "cuKernelGetName")]
+    assert got_names == {"535": [], "550": [1, 0, 1, 0]}[driver]
     ev, names = t.drain()
     assert _rows(ev) == expected, f"driver {version}"
     assert [(catalog.APIS[n["api"]].symbol, schema.NameSource(n["source"]).name, int(n["handle"]),
@@ -455,11 +485,11 @@ def test_every_cuda_shape_on_the_real_libcuda(tracer, libcuda):
         ("cuLibraryGetKernel", "library_get_kernel", 0, 0, b"kern2"),
         ("cuKernelGetFunction", "kernel_get_function", 0, 0x34, b""),
         ("cuGetProcAddress", "get_proc_address", h.value, 0, b"cuMemFree"),
-    ]  # fmt: skip
+    ] + [(g, "func_get_name", args[1].value, 0, b"") for g, args, _ in getters]  # fmt: skip
     exercised = {catalog.APIS[API[s]].shape for s, _, _ in calls} | {
         "launch_cu", "launch_cfg_cu", "alloc", "alloc_pitch", "free", "copy", "copy_2d_cu", "memset",
         "sync_stream", "sync_none", "name_lookup", "get_proc_address"}  # fmt: skip
-    cuda_shapes = {a.shape for a in catalog.for_family("cuda") if a.symbol not in CUDA_ABSENT_535}
+    cuda_shapes = {a.shape for a in catalog.for_family("cuda") if a.symbol not in CUDA_ABSENT[driver]}
     assert cuda_shapes - exercised == set()
 
 

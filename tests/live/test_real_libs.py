@@ -1,7 +1,8 @@
-"""The real vendor libraries, no GPU: NVIDIA's libcuda.so.1 (Debian non-free
-`libcuda1`, unpacked into a cache by scripts/fetch_vendor_libs.sh, never
-installed) and Debian's libamdhip64.so.5.  Their calls fail ("no device"),
-which is exactly what lets us check the return codes the probes capture.
+"""The real vendor libraries, no GPU: NVIDIA's libcuda.so.1 of drivers 535
+and 550 (Debian non-free `libcuda1` of bookworm and trixie, unpacked into a
+cache by scripts/fetch_vendor_libs.sh, never installed) and Debian's
+libamdhip64.so.5.  Their calls fail ("no device"), which is exactly what lets
+us check the return codes the probes capture.
 Plus: a tracer killed with SIGKILL leaves readable Parquet files."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -23,21 +24,12 @@ from pasta_run import read_report, run_pasta, wait_for_file
 from pasta_trace.probes.catalog import APIS
 from pasta_trace.read import open_capture
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_probe_catalog import CUDA_ABSENT, DRIVERS, vendor_libcuda  # noqa: E402
+
 HIP_REAL = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 #: the kernel flushes row groups at least this often (issue 2, point 7)
 FLUSH_INTERVAL_S = 2.0
-
-
-@pytest.fixture(scope="session")
-def real_libcuda() -> tuple[Path, str]:
-    r = subprocess.run([str(ROOT / "scripts" / "fetch_vendor_libs.sh")], capture_output=True, text=True, timeout=600)
-    if r.returncode == 3:
-        pytest.skip(f"NVIDIA's libcuda1 package is unavailable: {r.stderr.strip()}")
-    assert r.returncode == 0, r.stderr
-    path = Path(r.stdout.strip().splitlines()[-1])
-    stamp = next((p / "VERSION" for p in path.parents if (p / "VERSION").exists()), None)
-    return path, stamp.read_text().strip() if stamp else "unknown version"
 
 
 @pytest.fixture(scope="session")
@@ -60,15 +52,12 @@ def absent(family: str, path: Path) -> list[str]:
     return sorted(a.symbol for a in APIS if a.family == family and a.symbol not in exports)
 
 
-def test_probed_symbols_in_real_libcuda(real_libcuda):
-    path, version = real_libcuda
-    missing = absent("cuda", path)
-    present = len([a for a in APIS if a.family == "cuda"]) - len(missing)
-    # the core of every category exists in any driver we support
-    assert {"cuLaunchKernel", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuStreamSynchronize",
-            "cuModuleGetFunction", "cuGetProcAddress_v2"}.isdisjoint(missing), f"libcuda {version}"
-    warnings.warn(f"NVIDIA libcuda {version}: {present} probed entry points present, "
-                  f"{len(missing)} absent: {', '.join(missing) or 'none'}")
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_probed_symbols_in_real_libcuda(driver):
+    """pyelftools, not our own ELF reader, finds exactly the entry points each
+    driver lacks (535: the name getters too)."""
+    path, version = vendor_libcuda(driver)
+    assert absent("cuda", Path(path)) == sorted(CUDA_ABSENT[driver]), f"libcuda {version}"
 
 
 def test_probed_symbols_in_real_libamdhip64(real_libamdhip64):
@@ -79,31 +68,61 @@ def test_probed_symbols_in_real_libamdhip64(real_libamdhip64):
                   f"{', '.join(missing) or 'none'}")
 
 
+#: what real_libs_calls passes to each CUDA call (tests/fixtures/real_libs_calls.c); "src" it prints
+CUDA_ARGS = {
+    "cuMemAlloc_v2": {"size": 4096},
+    "cuMemcpyHtoD_v2": {"dst": 0x1000, "size": 64, "copy_kind": "h2d"},
+    "cuLaunchKernel": {"func": 0, "grid_x": 1, "grid_y": 1, "grid_z": 1, "block_x": 32, "block_y": 1, "block_z": 1,
+                       "shmem": 0, "stream": 0},
+    "cuStreamSynchronize": {"stream": 0},
+    "cuCtxSynchronize": {},
+    "cuMemFree_v2": {"ptr": 0x1000},
+}  # fmt: skip
+
+
 @pytest.mark.live
-def test_calls_through_real_libraries_captured_with_return_codes(require_bpf, real_libcuda, real_libamdhip64,
-                                                                 real_libs_program, tmp_path):
-    libcuda, version = real_libcuda
+def test_calls_through_real_libraries_captured_with_return_codes(require_bpf, real_libamdhip64, real_libs_program,
+                                                                 tmp_path):
+    """One tracer, the same calls through each real driver (535, 550) and HIP,
+    one process each: every probed call once, with its arguments and return code."""
+    runs, unavailable = [], []  # (name, family, library, the catalog symbols it lacks)
+    for driver in DRIVERS:
+        try:
+            runs.append((f"cuda{driver}", "cuda", Path(vendor_libcuda(driver)[0]), sorted(CUDA_ABSENT[driver])))
+        except pytest.skip.Exception as e:
+            unavailable.append(str(e))
+    runs.append(("hip", "hip", real_libamdhip64, absent("hip", real_libamdhip64)))
     out = tmp_path / "cap"
-    script = (f"{real_libs_program} cuda {libcuda} > {tmp_path}/cuda.out && "
-              f"{real_libs_program} hip {real_libamdhip64} > {tmp_path}/hip.out")
+    script = " && ".join(  # one process per run, its PID written down
+        f"sh -c 'echo $$ > {tmp_path}/{run}.pid && exec {real_libs_program} {family} {lib} > {tmp_path}/{run}.out'"
+        for run, family, lib, _ in runs
+    )
     r = run_pasta(["-o", str(out), "--", "sh", "-c", script], timeout=300)
     assert r.returncode == 0, r.stderr
     cap = open_capture(out)
     assert cap.complete
     events = cap.events.sort("ts_ns").collect()
-    for family, lib in (("cuda", libcuda), ("hip", real_libamdhip64)):
-        printed = json.loads((tmp_path / f"{family}.out").read_text())
+    cols = sorted({c for args in CUDA_ARGS.values() for c in args} | {"src"})
+    for run, family, lib, lacks in runs:
+        printed = json.loads((tmp_path / f"{run}.out").read_text())
         assert all(c["ret"] != 0 for c in printed), "expected 'no device' failures"
-        want = [(c["api"], c["ret"] if c["api"] in expect.WITH_RET else None)
-                for c in printed if c["api"] in expect.PROBED]
-        fam_apis = [a.symbol for a in APIS if a.family == family]
-        got = events.filter(pl.col("api").cast(pl.String).is_in(fam_apis)).select(
-            pl.col("api").cast(pl.String), "ret").rows()
-        assert got == want, f"{family} ({lib})"
+        called = [c for c in printed if c["api"] in expect.PROBED]
+        got = events.filter(pl.col("pid") == int((tmp_path / f"{run}.pid").read_text()))
+        if family == "cuda":
+            assert [c["api"] for c in called] == list(CUDA_ARGS)
+            want = [{"api": c["api"], "ret": c["ret"] if c["api"] in expect.WITH_RET else None}
+                    | dict.fromkeys(cols) | CUDA_ARGS[c["api"]] | ({"src": c["src"]} if "src" in c else {})
+                    for c in called]  # fmt: skip
+            rows = got.select(pl.col("api").cast(pl.String), "ret", *[pl.col(k) for k in cols])
+            assert rows.with_columns(pl.col("copy_kind").cast(pl.String)).to_dicts() == want, f"{run} ({lib})"
+        else:
+            want = [(c["api"], c["ret"] if c["api"] in expect.WITH_RET else None) for c in called]
+            assert got.select(pl.col("api").cast(pl.String), "ret").rows() == want, f"{run} ({lib})"
         entry = [e for e in cap.manifest["libraries"] if e["inode"] == lib.stat().st_ino]
         assert len(entry) == 1, cap.manifest["libraries"]
-        assert sorted(entry[0]["symbols_missing"]) == absent(family, lib), (
-            f"{lib.name} {version if family == 'cuda' else ''}: manifest and pyelftools disagree on absent symbols")
+        assert sorted(entry[0]["symbols_missing"]) == lacks == absent(family, lib), run
+    if unavailable:
+        pytest.skip(f"checked {', '.join(r[0] for r in runs)} only: {'; '.join(unavailable)}")
 
 
 @pytest.mark.live

@@ -13,7 +13,7 @@ import pytest
 from pasta_trace.probes import catalog, elf, placement
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_probe_catalog import HIP_LIB, vendor_libcuda  # noqa: E402
+from test_probe_catalog import CUDA_ABSENT, DRIVERS, HIP_LIB, vendor_libcuda  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -51,17 +51,17 @@ def test_falls_back_to_the_symbol(code, first):
     assert p.reason.endswith(f"({first}): symbol")
 
 
-def test_real_libcuda_probes_the_je_after_the_cmpl():
-    path, version = vendor_libcuda()
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_real_libcuda_probes_the_je_after_the_cmpl(driver):
+    """Every probed export of each driver (103 on 535, 105 on 550) opens with
+    the same `cmpl` of a global flag and a `je`: each probe goes on the je."""
+    path, version = vendor_libcuda(driver)
     exports = elf.exported_symbols(path)
-    offsets = {
-        a.symbol: placement.choose_probe_offset(path, exports[a.symbol]).offset
-        for a in catalog.for_family("cuda")
-        if a.symbol in exports
-    }
-    assert set(offsets.values()) == {10}, f"driver {version}"
-    p = placement.choose_probe_offset(path, exports["cuLaunchKernel"])
-    assert p.reason == "je at +10 is emulated; skipped cmp (flags only)"
+    probed = {a.symbol for a in catalog.for_family("cuda")} - CUDA_ABSENT[driver]
+    placed = {s: placement.choose_probe_offset(path, exports[s]) for s in probed}
+    je = placement.Placement(10, "je at +10 is emulated; skipped cmp (flags only)")
+    assert placed == dict.fromkeys(probed, je), f"driver {version}"
+    assert len(placed) == {"535": 103, "550": 105}[driver]
 
 
 def test_debian_libamdhip64_probes_the_symbol():

@@ -15,9 +15,15 @@ from pasta_trace.probes import catalog, elf, program
 ROOT = Path(__file__).resolve().parents[2]
 HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 
-#: Entry points newer than NVIDIA 535 (cuCtxSynchronize_v2: 13.0; the name
-#: getters: 12.3+, the 535 driver is CUDA 12.2).
-CUDA_ABSENT_535 = {"cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"}
+#: Entry points newer than each real NVIDIA driver (cuCtxSynchronize_v2: 13.0;
+#: the name getters: 12.3+; 535 is CUDA 12.2, 550 is CUDA 12.4).
+CUDA_ABSENT = {
+    "535": {"cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"},
+    "550": {"cuCtxSynchronize_v2"},
+}
+#: The real drivers the symbol, placement and call tests run against
+#: (scripts/fetch_vendor_libs.sh --driver D).
+DRIVERS = sorted(CUDA_ABSENT)
 
 #: Entry points newer than HIP 5.2 (mostly ROCm 6.x-7.x), plus the two
 #: launchers 5.2 exports only with C++ linkage (probed under their mangled names).
@@ -41,13 +47,15 @@ HIP_ABSENT_5_2 = {
 CATEGORIES = {"launch", "alloc", "vmm", "free", "copy", "copy 2D/3D", "memset", "sync", "names", "modules"}
 
 
-def vendor_libcuda() -> tuple[str, str]:
-    """(path, driver version) of NVIDIA's libcuda.so.1, or skip saying why."""
-    proc = subprocess.run([str(ROOT / "scripts/fetch_vendor_libs.sh")], capture_output=True, text=True)
+def vendor_libcuda(driver: str = "535") -> tuple[str, str]:
+    """(path, package version) of NVIDIA's libcuda.so.1 `driver` (535, 550), or skip saying why."""
+    proc = subprocess.run([str(ROOT / "scripts/fetch_vendor_libs.sh"), "--driver", driver], capture_output=True,
+                          text=True, timeout=600)
     if proc.returncode != 0:
-        pytest.skip(f"NVIDIA libcuda1 not available: {proc.stderr.strip() or proc.returncode}")
+        pytest.skip(f"NVIDIA libcuda1 {driver} not available: {proc.stderr.strip() or proc.returncode}")
     path = proc.stdout.strip().splitlines()[-1]
     version = next(p / "VERSION" for p in Path(path).parents if (p / "VERSION").exists()).read_text().strip()
+    assert version.startswith(f"{driver}."), version
     return path, version
 
 
@@ -161,13 +169,14 @@ def test_handler_names():
     assert program.handler_names(by["cuMemAlloc_v2"]) == ("pt_e_cuMemAlloc_v2", "pt_r_cuMemAlloc_v2")
 
 
-def test_every_cuda_symbol_resolves_in_the_real_libcuda():
-    path, version = vendor_libcuda()
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_every_cuda_symbol_resolves_in_the_real_libcuda(driver):
+    path, version = vendor_libcuda(driver)
     exports = elf.exported_symbols(path)
     probed = {a.symbol for a in catalog.for_family("cuda")}
     absent = probed - exports.keys()
     print(f"libcuda.so.1 {version}: absent from this driver: {sorted(absent)}")
-    assert absent == CUDA_ABSENT_535, f"NVIDIA driver {version} lacks {sorted(absent)}"
+    assert absent == CUDA_ABSENT[driver], f"NVIDIA driver {version} lacks {sorted(absent)}"
     assert all(exports[s].size > 0 for s in probed - absent)
 
 
@@ -182,8 +191,9 @@ def test_every_hip_symbol_resolves_in_debian_libamdhip64():
     assert absent == HIP_ABSENT_5_2, f"HIP {version} lacks {sorted(absent)}"
 
 
-def test_build_id_of_the_real_libraries():
-    path, _ = vendor_libcuda()
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_build_id_of_the_real_libraries(driver):
+    path, _ = vendor_libcuda(driver)
     bid = elf.build_id(path)
     assert bid is not None and re.fullmatch(r"[0-9a-f]{40}", bid)
 
