@@ -12,7 +12,12 @@ framed messages on stdin: a type byte, a u64 length, the payload.
     b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
     b"C"  flush, answer a JSON line and exit: {"comms": {pid: comm}, "files": [...],
           "written": N, "unwritten": N, "by_kind": [N per schema.KIND_NAMES],
-          "error": why the first failed write failed, or null}
+          "error": why the first failed write failed, or null,
+          "spilled": records that waited in the spill file, "spill_peak_bytes": N}
+
+Records that arrive while a file is being written wait in memory up to
+PENDING_BYTES, then in an unnamed spill file (capture.event_spill), so that
+a flood faster than the decode is read on and written later, not dropped.
 
 Files are written by a thread while reading goes on (EventFiles).  A flush
 that cannot be written (a full disk) leaves no file behind: its records are
@@ -38,6 +43,7 @@ from ..safe_output import OutputDir
 from . import own_process
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
+from .event_spill import Spill, SpillLost
 from .ringbuf import padded_dtype
 from .tensor_sizes import TensorSizes
 
@@ -77,14 +83,17 @@ def kind_counts(recs: np.ndarray) -> np.ndarray:
     return np.bincount(schema.kind_index(recs["kind"]), minlength=len(schema.KIND_NAMES))
 
 
-def _read_exact(stream, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = stream.read(n - len(buf))
-        if not chunk:
+def _read_exact(stream, n: int) -> bytearray:
+    """n bytes, read straight into the buffer returned (records are read at
+    the flood's rate: no copy more than the pipe's)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = stream.readinto(view[got:])
+        if not k:
             raise EOFError("the tracer closed the pipe")
-        buf += chunk
-    return bytes(buf)
+        got += k
+    return buf
 
 
 class EventFiles:
@@ -108,22 +117,45 @@ class EventFiles:
         self._sizes = TensorSizes()  # files are written one after another: frees get their sizes in order
         self._sequencer = Sequencer()  # and collectives their numbers
         self._communicators = CommunicatorTable(socket.gethostname())
+        self._spill = Spill(out.fd)
 
     def add(self, recs: np.ndarray) -> None:
         self._pending.append(recs)
         self._pending_bytes += recs.nbytes
         if self._pending_bytes >= PENDING_BYTES:
-            self.flush()  # a file before the interval ends; waits for the write before (backpressure)
+            self.flush()  # a file before the interval ends
 
     def flush(self) -> None:
-        """Start writing what arrived since the last flush, once the write before it ended."""
+        """Have what arrived since the last flush written.  While a file is
+        being written, it goes to the spill file, behind what waits there, and
+        the writing thread takes it next; where it cannot (no room), this
+        waits for the write (backpressure: the tracer's queue fills)."""
+        if self._writing():
+            if not self._pending or self._spill_pending():
+                return
         self.wait()
-        if not self._pending:
+        recs = self._take_spilled()  # the oldest first
+        if recs is None:
+            if not self._pending:
+                return
+            recs = np.concatenate(self._pending)
+            self._pending, self._pending_bytes = [], 0
+        elif self._pending and not self._spill_pending():
+            # the pending records cannot go behind the spilled ones, and must not pass them: the spill
+            # is written here, the pending records after it (backpressure)
+            self._write_all(recs)
+            self.wait()
             return
-        recs = np.concatenate(self._pending)
-        self._pending, self._pending_bytes = [], 0
-        self._thread = threading.Thread(target=self._write, args=(recs,), name="pasta-events-file")
+        self._thread = threading.Thread(target=self._write_all, args=(recs,), name="pasta-events-file")
         self._thread.start()
+
+    def finish(self) -> None:
+        """Until everything that arrived is written (or counted unwritten)."""
+        while True:
+            self.flush()
+            self.wait()
+            if not self._pending and not self._spill:
+                return
 
     def wait(self) -> None:
         """Until the write in progress ended; raises what broke it (a bug: a full disk is counted)."""
@@ -132,6 +164,29 @@ class EventFiles:
             self._thread = None
         if self._failure is not None:
             raise self._failure
+
+    def _writing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _spill_pending(self) -> bool:
+        if not self._spill.put(self._pending):
+            return False
+        self._pending, self._pending_bytes = [], 0
+        return True
+
+    def _write_all(self, recs: np.ndarray | None) -> None:
+        """Write ``recs``, then what the spill file holds, a file each."""
+        while recs is not None and self._failure is None:
+            self._write(recs)
+            recs = self._take_spilled()
+
+    def _take_spilled(self) -> np.ndarray | None:
+        try:
+            return self._spill.take(PENDING_BYTES)
+        except SpillLost as e:  # records that cannot be read back are counted unwritten
+            self.unwritten += e.records
+            self.error = self.error or str(e)
+            return None
 
     def _write(self, recs: np.ndarray) -> None:
         try:
@@ -164,7 +219,8 @@ class EventFiles:
 
     def reply(self) -> dict:
         return {"comms": self.comms, "files": self.files, "written": self.written, "unwritten": self.unwritten,
-                "by_kind": self.by_kind.tolist(), "error": self.error}
+                "by_kind": self.by_kind.tolist(), "error": self.error, "spilled": self._spill.records,
+                "spill_peak_bytes": self._spill.peak_bytes}
 
 
 def main(argv: list[str]) -> int:
@@ -179,23 +235,21 @@ def main(argv: list[str]) -> int:
             kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
             payload = _read_exact(stdin, length) if length else b""
         except EOFError:
-            files.flush()  # the tracer died: keep what we have
-            files.wait()
+            files.finish()  # the tracer died: keep what we have
             return 1
         if kind == b"A":
             files.api_names = json.loads(payload)
         elif kind == b"E":
             size = struct.unpack_from("<I", payload)[0]
             files.add(np.frombuffer(payload, dtypes[size], offset=4))
-        elif kind in (b"F", b"S"):
+        elif kind == b"F":
             files.flush()
-            if kind == b"S":
-                files.wait()
-                stdout.write("ok\n")
-                stdout.flush()
+        elif kind == b"S":
+            files.finish()
+            stdout.write("ok\n")
+            stdout.flush()
         elif kind == b"C":
-            files.flush()
-            files.wait()
+            files.finish()
             stdout.write(json.dumps(files.reply()) + "\n")
             stdout.flush()
             return 0

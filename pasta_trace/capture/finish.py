@@ -93,6 +93,9 @@ class Finisher:
         write_error = writer.write_error or next(iter(writer.failed.values()), None)
         manifest.notes = [*self._probes.notes, *(f"{name} not written: {why} (its last version is kept)"
                                                   for name, why in writer.failed.items())]
+        if writer.spilled:
+            manifest.notes.append(f"the events writer fell behind: {writer.spilled:,} events waited in its spill file "
+                                  f"(at most {writer.spill_peak_bytes / 2**20:.0f} MiB) and were written after")
         completed = complete_manifest(self._out, manifest)
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
         self._out.close()

@@ -21,6 +21,7 @@ completed (finish).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -49,6 +50,24 @@ FLUSH_INTERVAL_S = 1.0
 RESERVE_BYTES = 1 << 20
 
 
+#: The pipe to the events writer process: big enough that the writer reads
+#: a drain's records at a time (the default 64 KiB holds 390 records, so the
+#: writer had to be woken, and take the GIL from its decoding thread, some
+#: 2,500 times a second in a flood).  Kernel memory, and it survives a SIGKILLed
+#: tracer: what is in the pipe is still read and written.
+PIPE_BYTES = 16 << 20
+
+
+def widen_pipe(fd: int, size: int) -> None:
+    """``size``, or the most this process may set (/proc/sys/fs/pipe-max-size without CAP_SYS_RESOURCE)."""
+    for size in (size, min(size, 1 << 20)):
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+            return
+        except OSError:
+            continue
+
+
 class CaptureWriter:
     def __init__(
         self,
@@ -57,6 +76,7 @@ class CaptureWriter:
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         queue_bytes: int = BUDGET_BYTES,
+        pipe_bytes: int = PIPE_BYTES,
     ):
         self.out = out
         #: the capture directory, for readers (a path that cannot be redirected)
@@ -75,6 +95,7 @@ class CaptureWriter:
         self.written = 0
         self.unwritten = 0
         self.write_error: str | None = None
+        self.spilled = self.spill_peak_bytes = 0  # events that waited on disk in the writer process
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
         #: small tables whose last write failed -> why (their previous version stays)
@@ -88,6 +109,7 @@ class CaptureWriter:
         # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, pass_fds=(out.fd,), process_group=0)
+        widen_pipe(self._proc.stdin.fileno(), pipe_bytes)
         self._queue = WriterQueue(queue_bytes)
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
@@ -154,6 +176,7 @@ class CaptureWriter:
         self._comms = {int(k): v for k, v in reply["comms"].items()}
         self.event_files = [self.dir / f for f in reply["files"]]
         self.written, self.unwritten, self.write_error = reply["written"], reply["unwritten"], reply["error"]
+        self.spilled, self.spill_peak_bytes = reply["spilled"], reply["spill_peak_bytes"]
         self.by_kind = np.array(reply["by_kind"], dtype=np.int64)
         self._write_names()
 

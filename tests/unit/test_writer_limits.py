@@ -22,7 +22,7 @@ from pasta_trace.capture.writer import RESERVE_BYTES, CaptureWriter
 from pasta_trace.safe_output import OutputDir
 
 APIS = ["cuLaunchKernel"]
-BATCH = 1000  # records; 144 kB, more than a pipe holds (64 KiB), so a stalled reader blocks the sender
+BATCH = 1000  # records; 168 kB, more than a 64 KiB pipe holds, so a stalled reader blocks the sender
 
 
 def _launches(batch: int, n: int = BATCH) -> np.ndarray:
@@ -49,7 +49,8 @@ def test_a_stalled_events_writer_costs_counted_drops_not_memory(tmp_path):
     records, the rest is dropped (the newest), counted exactly, and what was
     queued is all written once it reads again."""
     size = BATCH * schema.HOST_EVENT.size
-    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, queue_bytes=2 * size + size // 2)
+    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, queue_bytes=2 * size + size // 2,
+                      pipe_bytes=64 << 10)
     os.kill(w._proc.pid, signal.SIGSTOP)
     try:
         w.add_events(_launches(0))
