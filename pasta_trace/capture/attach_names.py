@@ -36,7 +36,7 @@ MAX_CHECKED = 64  # handles whose objects are read to find the offset; the rest 
 _NAMING = {int(schema.NameSource.module_get_function), int(schema.NameSource.library_get_kernel),
            int(schema.NameSource.func_get_name)}
 
-NOT_LOOKED_UP = "no lookup seen (made before the attach)"
+NOT_LOOKED_UP = "looked up before the attach"
 EXITED = "the process exited before its driver objects were read"
 UNSCANNED = "the scan of the driver objects did not finish before the capture ended"
 OFF_PATH = "no kernel name at the offset that names the process's other handles"

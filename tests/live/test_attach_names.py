@@ -55,6 +55,7 @@ def test_names_of_handles_looked_up_before_attach(build_dir, tmp_path, tracer):
         for p in procs.values():
             p.kill()
 
+    assert "4 kernel handles have no name: looked up before the attach; the driver" in t.stderr()
     cap = open_capture(out)
     assert cap.complete, cap.problems
     names = cap.names.collect()

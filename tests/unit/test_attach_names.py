@@ -100,3 +100,18 @@ def test_a_refusal_is_every_unnamed_handles_reason(build_dir, tmp_path):
     assert namer.finish().is_empty()
     rows = namer.unnamed_rows(schema.empty_frame(schema.NAMES_SCHEMA), API)
     assert rows["reason"].to_list() == [f"{attach_names.NOT_LOOKED_UP}; {name_scan.ONE_HANDLE}"]
+
+
+def test_summary_says_why_handles_have_no_name():
+    from pasta_trace.capture.summary import unnamed_lines
+
+    why = f"{attach_names.NOT_LOOKED_UP}; {name_scan.DISAGREE}"
+    names = pl.DataFrame({"pid": [1, 1, 2, 2], "handle": [0x10, 0x20, 0x10, 0x30],
+                          "name": ["unknown@0x10", "unknown@0x20", "k", "unknown@0x30"],
+                          "source": ["unknown", "unknown", "module_get_function", "unknown"],
+                          "ts_ns": [1, 2, 3, 4], "api": ["cuLaunchKernel"] * 4,
+                          "reason": [why, why, None, "address is not in a file-backed mapping"]})
+    assert unnamed_lines(names) == [
+        "2 kernel handles have no name: looked up before the attach; the driver objects",
+        "  hold kernel names at different offsets",
+        "1 kernel handle has no name: address is not in a file-backed mapping"]
