@@ -140,10 +140,15 @@ class AttachNamer:
 
     # ------------------------------------------------------------------ the end
 
-    def finish(self) -> pl.DataFrame:
+    def finish(self, names: pl.DataFrame | None = None) -> pl.DataFrame:
         """Scan once more each process with handles no scan has named (while
         it still runs: call before the probes go); returns the names found
-        (schema.NAMES_SCHEMA, source `driver_object`)."""
+        (schema.NAMES_SCHEMA, source `driver_object`).  ``names``: the
+        capture's names found offline; driver handles named through their
+        runtime launch (`runtime_launch`) are known names for the check."""
+        for pid, handle, name in self._runtime_named(names):
+            if pid in self._procs:
+                self._procs[pid].known.setdefault(handle, name)
         if self._running is not None:
             pid, fut = self._running
             self._running = None
@@ -167,6 +172,13 @@ class AttachNamer:
              "source": "driver_object", "ts_ns": [r[3] for r in rows], "api": None, "reason": None},
             schema={k: (pl.String if k in ("source", "api") else v) for k, v in schema.NAMES_SCHEMA.items()},
         ).cast(schema.NAMES_SCHEMA)
+
+    @staticmethod
+    def _runtime_named(names: pl.DataFrame | None) -> list[tuple[int, int, str]]:
+        if names is None or names.is_empty():
+            return []
+        return names.filter((pl.col("source") == "runtime_launch") & pl.col("reason").is_null()
+                            & pl.col("name").is_not_null()).select("pid", "handle", "name").unique().rows()
 
     def reason(self, pid: int) -> str:
         """Why the launched handles of ``pid`` that have no name stay unnamed."""
@@ -192,7 +204,7 @@ class AttachNamer:
         )
 
     def manifest(self) -> dict:
-        """Per process (by PID) with launched handles no run-time lookup named: what the scan found."""
+        """Per process (by PID) with launched handles that no lookup or runtime launch named: what the scan found."""
         return {str(pid): {**(p.outcome or {"handles_read": 0, "named": 0, "path": None, "reason": EXITED}),
-                           "unnamed_at_launch": len([h for h in p.launched if self._name(p, h) is None])}
+                           "unnamed_handles": len([h for h in p.launched if self._name(p, h) is None])}
                 for pid, p in sorted(self._procs.items()) if any(self._name(p, h) is None for h in p.launched)}

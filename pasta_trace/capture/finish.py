@@ -142,7 +142,7 @@ class Finisher:
         if self._namer is None:
             return names
         try:
-            found = self._namer.finish()
+            found = self._namer.finish(names)
             names = pl.concat([names, found], how="vertical") if not found.is_empty() else names
             unnamed = self._namer.unnamed_rows(names, self._api_names)
             manifest.attach_names = self._namer.manifest() or None

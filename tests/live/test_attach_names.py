@@ -75,7 +75,7 @@ def test_names_of_handles_looked_up_before_attach(build_dir, tmp_path, tracer):
             assert dict(mine.group_by("name").len().iter_rows()) == {
                 **{f"unknown@{h:#x}": k + 1 for k, h in enumerate(handles[:4])}, "plain_c_kernel": 5}
             assert cap.manifest["attach_names"][str(pid)] == {
-                "handles_read": 5, "named": 0, "path": None, "reason": name_scan.DISAGREE, "unnamed_at_launch": 4}
+                "handles_read": 5, "named": 0, "path": None, "reason": name_scan.DISAGREE, "unnamed_handles": 4}
             continue
         want = {h: (k, "driver_object", None) for h, k in zip(handles[:4], KERNELS)}
         want[handles[4]] = ("plain_c_kernel", "module_get_function", None)
@@ -83,4 +83,4 @@ def test_names_of_handles_looked_up_before_attach(build_dir, tmp_path, tracer):
         assert dict(mine.group_by("name").len().iter_rows()) == LAUNCHES
         assert cap.manifest["attach_names"][str(pid)] == {
             "handles_read": 5, "named": 4, "path": [0x58] if n == 1 else [0x30, 0x10], "reason": None,
-            "unnamed_at_launch": 4}
+            "unnamed_handles": 4}

@@ -84,9 +84,9 @@ def test_scan_names_unnamed_launches_and_gives_reasons(build_dir, tmp_path):
         (GONE_PID, 0x5A0000001000, "unknown@0x5a0000001000", "unknown", "cuLaunchKernel",
          f"{attach_names.NOT_LOOKED_UP}; {attach_names.EXITED}")]
     assert namer.manifest() == {
-        str(me): {"handles_read": 3, "named": 2, "path": [0x58], "reason": None, "unnamed_at_launch": 2},
+        str(me): {"handles_read": 3, "named": 2, "path": [0x58], "reason": None, "unnamed_handles": 2},
         str(GONE_PID): {"handles_read": 0, "named": 0, "path": None, "reason": attach_names.EXITED,
-                        "unnamed_at_launch": 1}}
+                        "unnamed_handles": 1}}
 
 
 def test_a_refusal_is_every_unnamed_handles_reason(build_dir, tmp_path):
@@ -115,3 +115,28 @@ def test_summary_says_why_handles_have_no_name():
         "2 kernel handles have no name: looked up before the attach; the driver objects",
         "  hold kernel names at different offsets",
         "1 kernel handle has no name: address is not in a file-backed mapping"]
+
+
+def test_a_handle_named_through_its_runtime_launch_checks_the_offset(build_dir, tmp_path):
+    """At the end, driver handles named through their runtime launch
+    (`runtime_launch`) are known names: with one of them, one unnamed handle
+    is enough."""
+    proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
+    keep, handles = [], []
+    for name in (b"plain_c_kernel", b"_ZN2ns5innerEPd"):
+        o, s = (ctypes.c_uint64 * 32)(), ctypes.create_string_buffer(name)
+        o[11] = ctypes.addressof(s)
+        keep += [o, s]
+        handles.append(ctypes.addressof(o))
+    me = os.getpid()
+    namer = AttachNamer(API, proc=proc)
+    namer.observe(launches(me, handles), np.zeros(0, dtype=schema.HOST_NAME.dtype))
+    runtime = pl.DataFrame({"pid": [me], "handle": [handles[1]], "name": ["_ZN2ns5innerEPd"],
+                            "source": ["runtime_launch"], "ts_ns": [5], "api": ["cuLaunchKernel"],
+                            "reason": [None]}).cast(schema.NAMES_SCHEMA)
+    found = namer.finish(runtime)
+    assert found.select("handle", "name", pl.col("source").cast(pl.String)).rows() == [
+        (handles[0], "plain_c_kernel", "driver_object")]
+    assert namer.unnamed_rows(pl.concat([runtime, found]), API).is_empty()
+    assert namer.manifest() == {str(me): {"handles_read": 2, "named": 1, "path": [0x58], "reason": None,
+                                          "unnamed_handles": 1}}
