@@ -75,7 +75,9 @@ class AttachNamer:
                 p.aliases[int(r["handle"])] = int(r["alias"])
         if not events.size:
             return
-        launches = events[np.isin(events["api"], self._launch_ids) & (events["func"] != 0)]
+        # a driver launch nested in a runtime launch is named through it (capture.pairing), offline
+        launches = events[np.isin(events["api"], self._launch_ids) & (events["func"] != 0)
+                          & (events["kind"] == int(schema.Kind.launch))]
         if not launches.size:
             return
         keys = np.unique(launches[["pid", "func"]], return_index=True)[1]
