@@ -9,6 +9,8 @@ while the others still run (named at the end, before the probes go)."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import signal
 import subprocess
@@ -84,3 +86,28 @@ def test_names_of_handles_looked_up_before_attach(build_dir, tmp_path, tracer):
         assert cap.manifest["attach_names"][str(pid)] == {
             "handles_read": 5, "named": 4, "path": [0x58] if n == 1 else [0x30, 0x10], "reason": None,
             "unnamed_handles": 4}
+
+
+def test_gpu_check_step_runs_on_the_stand_in(build_dir, tmp_path, monkeypatch):
+    """scripts/gpu_check's "kernel names on attach" step, end to end on stub
+    layout 1 (whose cuFuncGetName/cuKernelGetName answer the names its
+    objects hold) with an nvcc that hands over the prebuilt fatbin: every row
+    passes, so on a GPU a FAIL can only be the real driver's answer."""
+    stub = _built("cuda_stub_layout1", build_dir)
+    _built("attach_names_workload", build_dir)  # builds kernels.fatbin beside it
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvcc").write_text(f'#!/bin/sh\nwhile [ $# -gt 1 ]; do [ "$1" = -o ] && cp {build_dir}/kernels.fatbin "$2"; '
+                               'shift; done\n')
+    (fake / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(stub.parent))
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(Path(__file__).parents[2] / "scripts/gpu_check"))
+    gc = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_check", loader))
+    loader.exec_module(gc)
+    tab = gc.Table()
+    (tmp_path / "work").mkdir()  # gpu_check's main makes it
+    gc.attach_names_probes(tab, "550.163.01", gc.python_for_pasta(), tmp_path / "work")
+    assert [r for r in tab.rows if r[3] != "ok"] == [
+        (f"[attach {mode}] name offset", "-", "0x58", "info") for mode in gc.ATTACH_MODES]
+    assert len(tab.rows) == 2 + 3 * 5
