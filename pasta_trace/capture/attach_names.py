@@ -50,6 +50,7 @@ class _Process:
     found: dict[int, str] = field(default_factory=dict)  # named by the scan
     tried: set[int] = field(default_factory=set)  # unknown handles a scan has looked at
     last_scan: float = float("-inf")
+    untried: str = EXITED  # why a handle no scan looked at has no name
     outcome: dict | None = None  # the manifest's entry
 
 
@@ -112,6 +113,7 @@ class AttachNamer:
     def _inputs(self, p: _Process) -> tuple[list[int], dict[int, str]]:
         unknown = self._unnamed(p)
         known = {h: n for h in [*p.known, *p.aliases] if (n := self._name(p, h)) is not None}
+        known |= p.found  # named by an earlier scan: a later one must agree with it
         known = dict(list(known.items())[: MAX_CHECKED // 2])
         return unknown, known
 
@@ -133,9 +135,10 @@ class AttachNamer:
     def _apply(self, pid: int, done: tuple[list[int], name_scan.ScanResult]) -> None:
         unknown, res = done
         p = self._procs[pid]
+        if res.reason == EXITED:  # the handles stay untried; an earlier scan's outcome stays
+            p.outcome = p.outcome or {"handles_read": 0, "named": 0, "path": None, "reason": EXITED}
+            return
         p.tried.update(unknown)
-        if res.reason == EXITED and p.outcome is not None:
-            return  # an earlier scan's outcome stays
         p.found.update(res.names)
         p.outcome = {"handles_read": res.handles_read, "named": len(p.found),
                      "path": list(res.path) if res.path else None, "reason": res.reason}
@@ -167,6 +170,7 @@ class AttachNamer:
                     self._apply(pid, fut.result(timeout=max(deadline - time.monotonic(), 0)))
                 except TimeoutError:
                     p.outcome = p.outcome or {"handles_read": 0, "named": 0, "path": None, "reason": UNSCANNED}
+                    p.untried = UNSCANNED
         self._pool.shutdown(wait=False, cancel_futures=True)
         rows = [(pid, h, n, p.launched[h][0]) for pid, p in self._procs.items() for h, n in p.found.items()]
         return pl.DataFrame(
@@ -182,17 +186,17 @@ class AttachNamer:
         return names.filter((pl.col("source") == "runtime_launch") & pl.col("reason").is_null()
                             & pl.col("name").is_not_null()).select("pid", "handle", "name").unique().rows()
 
-    def reason(self, pid: int) -> str:
-        """Why the launched handles of ``pid`` that have no name stay unnamed."""
+    def reason(self, pid: int, handle: int) -> str:
+        """Why a launched handle of ``pid`` that has no name stays unnamed."""
         p = self._procs.get(pid)
-        if p is None or p.outcome is None:
-            return f"{NOT_LOOKED_UP}; {EXITED}"
+        if p is None or p.outcome is None or handle not in p.tried:
+            return f"{NOT_LOOKED_UP}; {p.untried if p is not None else EXITED}"
         return f"{NOT_LOOKED_UP}; {p.outcome['reason'] or OFF_PATH}"
 
     def unnamed_rows(self, names: pl.DataFrame, api_names: Sequence[str]) -> pl.DataFrame:
         """An `unknown@0x...` row, with the reason, for each launched driver
         handle that ``names`` (every name of the capture) leaves unnamed."""
-        rows = [(pid, h, ts, api_names[api] if api < len(api_names) else None, self.reason(pid))
+        rows = [(pid, h, ts, api_names[api] if api < len(api_names) else None, self.reason(pid, h))
                 for pid, p in self._procs.items() for h, (ts, api) in p.launched.items()]
         launched = pl.DataFrame(rows, schema={"pid": pl.UInt32, "handle": pl.UInt64, "ts_ns": pl.Int64,
                                               "api": pl.String, "reason": pl.String}, orient="row")

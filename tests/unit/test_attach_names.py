@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 from conftest import _built
 from pasta_trace import schema
@@ -140,3 +141,38 @@ def test_a_handle_named_through_its_runtime_launch_checks_the_offset(build_dir, 
     assert namer.unnamed_rows(pl.concat([runtime, found]), API).is_empty()
     assert namer.manifest() == {str(me): {"handles_read": 2, "named": 1, "path": [0x58], "reason": None,
                                           "unnamed_handles": 1}}
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_a_handle_launched_after_a_scan(build_dir, tmp_path, live):
+    """A handle launched after a scan is named by the next one, which the
+    names found earlier check.  If the process has gone by then, the names
+    found stay and the new handle says it was never read (not that the
+    offset failed)."""
+    import shutil
+
+    proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
+    keep, handles = [], []
+    for name in (b"plain_c_kernel", b"_ZN2ns5innerEPd", b"_Z6vecAddPKfS0_Pfi"):
+        o, s = (ctypes.c_uint64 * 32)(), ctypes.create_string_buffer(name)
+        o[11] = ctypes.addressof(s)
+        keep += [o, s]
+        handles.append(ctypes.addressof(o))
+    me = os.getpid()
+    namer = AttachNamer(API, proc=proc)
+    namer.observe(launches(me, handles[:2]), np.zeros(0, dtype=schema.HOST_NAME.dtype))
+    namer.poll()
+    deadline = time.monotonic() + 30
+    while namer._running is not None and time.monotonic() < deadline:  # noqa: SLF001 - wait for the worker
+        time.sleep(0.01)
+        namer.poll()
+    namer.observe(launches(me, handles[2:]), np.zeros(0, dtype=schema.HOST_NAME.dtype))
+    if live:  # one new handle is enough: the earlier names check the offset
+        assert namer.finish()["name"].sort().to_list() == ["_Z6vecAddPKfS0_Pfi", "_ZN2ns5innerEPd", "plain_c_kernel"]
+        return
+    shutil.rmtree(proc / str(me))  # "exited"
+    found = namer.finish()
+    assert sorted(found["name"].to_list()) == ["_ZN2ns5innerEPd", "plain_c_kernel"]
+    rows = namer.unnamed_rows(found, API)
+    assert rows.select("handle", "reason").rows() == [
+        (handles[2], f"{attach_names.NOT_LOOKED_UP}; {attach_names.EXITED}")]
