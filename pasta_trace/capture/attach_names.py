@@ -130,6 +130,8 @@ class AttachNamer:
                             res.names[h] = s
         except ProcessGone:
             res = name_scan.ScanResult(reason=EXITED)
+        except Exception as e:  # noqa: BLE001 - naming is best effort; the drain must go on
+            res = name_scan.ScanResult(reason=f"the scan of the driver objects failed: {type(e).__name__}: {e}")
         return unknown, res
 
     def _apply(self, pid: int, done: tuple[list[int], name_scan.ScanResult]) -> None:

@@ -176,3 +176,16 @@ def test_a_handle_launched_after_a_scan(build_dir, tmp_path, live):
     rows = namer.unnamed_rows(found, API)
     assert rows.select("handle", "reason").rows() == [
         (handles[2], f"{attach_names.NOT_LOOKED_UP}; {attach_names.EXITED}")]
+
+
+def test_a_failing_scan_is_a_reason_not_a_crash(tmp_path, monkeypatch):
+    namer = AttachNamer(API, proc=tmp_path)
+
+    def broken(*_args, **_kw):
+        raise ValueError("bad fatbin")
+
+    monkeypatch.setattr(namer._fatbins, "of_process", broken)  # noqa: SLF001
+    namer.observe(launches(7, [0x10]), np.zeros(0, dtype=schema.HOST_NAME.dtype))
+    assert namer.finish().is_empty()
+    assert namer.unnamed_rows(schema.empty_frame(schema.NAMES_SCHEMA), API)["reason"].to_list() == [
+        f"{attach_names.NOT_LOOKED_UP}; the scan of the driver objects failed: ValueError: bad fatbin"]
