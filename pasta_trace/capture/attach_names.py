@@ -147,6 +147,10 @@ class AttachNamer:
 
     # ------------------------------------------------------------------ the end
 
+    def unnamed_pids(self) -> list[int]:
+        """The processes with launched handles that no lookup and no scan named (yet)."""
+        return [pid for pid, p in self._procs.items() if self._unnamed(p)]
+
     def finish(self, names: pl.DataFrame | None = None) -> pl.DataFrame:
         """Scan once more each process with handles no scan has named (while
         it still runs: call before the probes go); returns the names found

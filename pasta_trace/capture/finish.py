@@ -142,6 +142,8 @@ class Finisher:
         if self._namer is None:
             return names
         try:
+            if n := len(self._namer.unnamed_pids()):
+                self._say(f"reading kernel names from the driver's objects in {n} process{'es' if n > 1 else ''}...")
             found = self._namer.finish(names)
             names = pl.concat([names, found], how="vertical") if not found.is_empty() else names
             unnamed = self._namer.unnamed_rows(names, self._api_names)
