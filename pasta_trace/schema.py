@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 4)
+CAPTURE_FORMAT_VERSION = (1, 5)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -226,6 +226,7 @@ class NameSource(enum.IntEnum):
     unknown = 8
     host_stub = 9  # cudaGetFuncBySymbol / cudaGetKernel: the handle of a host stub named through the ELF (1.4)
     runtime_launch = 10  # a driver handle launched inside a named runtime launch (1.4)
+    driver_object = 11  # read from the driver's object behind a handle looked up before the attach (1.5)
 
 
 NAME_SOURCE_NAMES = [s.name for s in NameSource]

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .. import schema
+from .attach_names import AttachNamer
 from .bpf_maps import read_lost
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand
@@ -51,8 +52,10 @@ class DrainLoop:
 
     def __init__(self, bpf, writer: CaptureWriter, tracker: ProcessTracker, watcher: LateLoadWatcher, *,
                  on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None,
-                 stacks: StackCollector | None = None, native: NativeCollector | None = None):
+                 stacks: StackCollector | None = None, native: NativeCollector | None = None,
+                 namer: AttachNamer | None = None):
         self._bpf = bpf
+        self._namer = namer
         self._stacks = stacks
         self._native = native
         self._say = say
@@ -97,6 +100,8 @@ class DrainLoop:
                 self._writer.flush_async()
                 self._on_flush()
             self._tracker.rescan_if_due()
+            if self._namer is not None:
+                self._namer.poll()
             if self._status and now - last_status >= 0.25:
                 last_status = now
                 self._status(status_text(self._writer.events, read_lost(self._bpf)))
@@ -127,7 +132,10 @@ class DrainLoop:
         if recs.size:
             self._writer.add_events(recs)
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
-        self._writer.add_names(self._names.drain())
+        names = self._names.drain()
+        self._writer.add_names(names)
+        if self._namer is not None:
+            self._namer.observe(recs, names)
 
     def close(self) -> None:
         if self._open:

@@ -20,6 +20,7 @@ from .. import schema
 from ..safe_output import OutputDir
 from . import manifest as mf
 from .bpf_maps import read_aggregate, read_lost
+from .attach_names import AttachNamer
 from .launch import HeldCommand
 from .options import Options, Result
 from .native_collector import NativeCollector
@@ -33,8 +34,9 @@ class Finisher:
     def __init__(self, opts: Options, out: OutputDir, owner: tuple[int, int] | None, probes: ProbeSet,
                  tracker: ProcessTracker, api_names: list[str], stacks: StackCollector | None = None,
                  native: NativeCollector | None = None, say: Callable[[str], None] = lambda _msg: None,
-                 known_full: Callable[[], int] = lambda: 0):
+                 known_full: Callable[[], int] = lambda: 0, namer: AttachNamer | None = None):
         self._stacks = stacks
+        self._namer = namer
         self._native = native
         self._say = say
         self._known_full = known_full
@@ -70,6 +72,7 @@ class Finisher:
         for pid in list(self._tracker.traced_pids):
             processes.add(pid)
         names = self._paired_names(writer, writer.names_table(self._offline_names(writer)))
+        names = self._driver_object_names(names, manifest)
         writer.write_frame(writer.dir / "names.parquet", names)
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
@@ -134,6 +137,24 @@ class Finisher:
             except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
                 self._probes.notes.append(f"offline kernel naming failed: {type(e).__name__}: {e}")
                 return None
+
+    def _driver_object_names(self, names: pl.DataFrame, manifest: mf.Manifest) -> pl.DataFrame:
+        """``names`` plus the names read from the driver objects of handles
+        looked up before the attach (capture.attach_names), and a row with the
+        reason for each launched handle that still has no name."""
+        if self._namer is None:
+            return names
+        try:
+            if n := len(self._namer.unnamed_pids()):
+                self._say(f"reading kernel names from the driver's objects in {n} process{'es' if n > 1 else ''}...")
+            found = self._namer.finish(names)
+            names = pl.concat([names, found], how="vertical") if not found.is_empty() else names
+            unnamed = self._namer.unnamed_rows(names, self._api_names)
+            manifest.attach_names = self._namer.manifest() or None
+        except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
+            self._probes.notes.append(f"naming handles from the driver's objects failed: {type(e).__name__}: {e}")
+            return names
+        return pl.concat([names, unnamed], how="vertical") if not unnamed.is_empty() else names
 
     def _paired_names(self, writer: CaptureWriter, names: pl.DataFrame) -> pl.DataFrame:
         """``names`` plus the names runtime launches give the driver handles launched inside them."""

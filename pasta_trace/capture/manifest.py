@@ -74,6 +74,8 @@ class Manifest:
     notes: list[str] = field(default_factory=list)
     #: stack settings and, per Python process, its interpreter or why it has no stacks; None: --no-stacks
     stacks: dict | None = None
+    #: per PID with driver launches no run-time lookup named: what the driver-object scan found (attach_names)
+    attach_names: dict | None = None
 
     def to_json(self, complete: bool) -> dict:
         uname = platform.uname()
@@ -104,6 +106,7 @@ class Manifest:
             "device_files": self.device_files,
             "notes": self.notes,
             "stacks": self.stacks,
+            "attach_names": self.attach_names,
             "complete": complete,
         }
 

@@ -19,7 +19,7 @@ from .. import schema
 from ..probes.catalog import APIS
 
 
-def _launch_apis(layer: schema.Layer) -> list[str]:
+def launch_apis(layer: schema.Layer) -> list[str]:
     """Launch APIs of a layer whose `func` is a kernel handle (not a host function or graph)."""
     return [a.symbol for a in APIS if a.kind == schema.Kind.launch and a.layer == layer
             and a.shape not in ("host_func",) and a.family in ("cuda", "cudart")]
@@ -37,10 +37,10 @@ def nested_launch_names(capture_dir: Path, names: pl.DataFrame) -> pl.DataFrame:
         return empty  # written before format 1.2: no pairing recorded
     api = pl.col("api").cast(pl.String)
     inner = events.filter(
-        (pl.col("kind").cast(pl.String) == "nested") & api.is_in(_launch_apis(schema.Layer.driver))
+        (pl.col("kind").cast(pl.String) == "nested") & api.is_in(launch_apis(schema.Layer.driver))
         & pl.col("func").is_not_null() & pl.col("outer_ts_ns").is_not_null()
     ).select("pid", "tid", "outer_ts_ns", "func", "ts_ns", api.alias("api"))
-    outer = events.filter(api.is_in(_launch_apis(schema.Layer.runtime)) & pl.col("func").is_not_null()).select(
+    outer = events.filter(api.is_in(launch_apis(schema.Layer.runtime)) & pl.col("func").is_not_null()).select(
         "pid", "tid", pl.col("ts_ns").alias("outer_ts_ns"), pl.col("func").alias("outer_func"))
     known = (
         names.lazy().filter(pl.col("reason").is_null() & pl.col("name").is_not_null())

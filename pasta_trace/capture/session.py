@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import PastaError
 from ..safe_output import OutputDir, invoking_user
 from . import checks, manifest as mf
+from .attach_names import AttachNamer
 from .bpf_maps import read_aggregate, read_lost
 from .drain import DrainLoop
 from .finish import Finisher
@@ -190,12 +191,14 @@ class Session:
             if held is not None:
                 held.release()
                 self._tracker.processes.add(held.pid)
+            namer = None if opts.aggregate else AttachNamer(api_names)
             self._drain = DrainLoop(self.bpf, writer, self._tracker, self._watcher,
                                     on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status,
-                                    stacks=self._stacks, native=self._native)
+                                    stacks=self._stacks, native=self._native, namer=namer)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
-                                self._native, say=self.say, known_full=lambda: self._watcher.known_full)
+                                self._native, say=self.say, known_full=lambda: self._watcher.known_full,
+                                namer=namer)
             result = finisher.finish(writer, manifest, held, exit_code, device, self.detach)
         except BaseException:
             self._release_stops()  # an internal error: nothing may stay stopped

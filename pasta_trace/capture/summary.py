@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -40,6 +41,20 @@ def top_kernels(calls: pl.LazyFrame, names: pl.DataFrame, n: int = 5) -> list[tu
         (launches, name if name is not None else f"unknown@0x{handle or 0:x}")
         for name, handle, launches in top.select("name", "unnamed", "launches").iter_rows()
     ]
+
+
+def unnamed_lines(names: pl.DataFrame, width: int = 80) -> list[str]:
+    """"3 launched kernel handles have no name: <reason>", one per reason
+    (names.parquet keeps it per handle), wrapped to ``width`` columns."""
+    if "reason" not in names.columns or names.is_empty():
+        return []
+    per_reason = (
+        names.filter(pl.col("reason").is_not_null()).group_by("reason")
+        .agg(pl.struct("pid", "handle").n_unique().alias("n")).sort(["n", "reason"], descending=[True, False])
+    )
+    return [line for reason, n in per_reason.iter_rows()
+            for line in textwrap.wrap(f"{n:,} kernel handle{'s have' if n != 1 else ' has'} no name: {reason}",
+                                      width, subsequent_indent="  ")]
 
 
 #: failed-call lines shown before pointing at the report
@@ -150,6 +165,7 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
     if top:
         lines.append("top kernels by launches:")
         lines += [f"  {launches:>10,}  {name}" for launches, name in top]
+    lines += unnamed_lines(names)
     lines += failures(all_calls, Path(out_dir))
     lines += byte_lines(events, aggregate)
     lines += known_full_line(counts)

@@ -12,8 +12,8 @@ apart by magic.  In a cubin, kernels are STT_FUNC symbols whose section is
 
 from __future__ import annotations
 
-import io
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import lz4.block
@@ -28,6 +28,10 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ELF_MAGIC = b"\x7fELF"
 
 _CONTAINER = struct.Struct("<IHHQ")
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr: [6] e_shoff, [11] e_shentsize, [12] e_shnum, [13] e_shstrndx
+_SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr: name, type, flags, addr, offset, size, link, ...
+_SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
+SHT_SYMTAB, STT_FUNC = 2, 2
 _ENTRY = struct.Struct("<HHIIIIIIIIIQQQ")  # the fields up to uncompressed_size (64 B)
 
 
@@ -49,7 +53,12 @@ def _payload(raw: bytes, compressed_size: int, uncompressed_size: int) -> bytes:
 
 def cubins(blob: bytes) -> list[bytes]:
     """Every cubin ELF image in a fatbin section's bytes (several containers may follow each other)."""
-    out: list[bytes] = []
+    return list(iter_cubins(blob))
+
+
+def iter_cubins(blob: bytes) -> Iterator[bytes]:
+    """cubins(), one decompressed image at a time: a large library's fatbins
+    decompress to gigabytes (NCCL 2.32's: 1,315 cubins, 1.7 GiB)."""
     pos = blob.find(struct.pack("<I", FATBIN_MAGIC))
     while pos != -1 and pos + _CONTAINER.size <= len(blob):
         magic, _version, header_size, payload_size = _CONTAINER.unpack_from(blob, pos)
@@ -65,38 +74,62 @@ def cubins(blob: bytes) -> list[bytes]:
                 raise FatbinError(f"entry at {entry:#x} has a bad size")
             if kind == KIND_CUBIN:
                 raw = blob[entry + ehdr_size: entry + ehdr_size + padded_size]
-                out.append(_payload(raw, compressed_size, uncompressed_size))
+                yield _payload(raw, compressed_size, uncompressed_size)
             entry += ehdr_size + padded_size
         pos = blob.find(struct.pack("<I", FATBIN_MAGIC), end)
-    return out
+
+
+def _cstr(table: bytes, off: int) -> bytes:
+    return table[off: table.find(b"\0", off)]
 
 
 def cubin_kernels(cubin: bytes) -> set[str]:
-    """STT_FUNC symbols defined in a `.text.<name>` section of one cubin."""
-    elf = ELFFile(io.BytesIO(cubin))
-    symtab = elf.get_section_by_name(".symtab")
-    if symtab is None:
-        return set()
-    names = set()
-    for sym in symtab.iter_symbols():
-        if sym["st_info"]["type"] != "STT_FUNC" or not isinstance(sym["st_shndx"], int):
-            continue
-        if elf.get_section(sym["st_shndx"]).name == f".text.{sym.name}":
-            names.add(sym.name)
-    return names
+    """STT_FUNC symbols defined in a `.text.<name>` section of one cubin.
+
+    Read with struct, not pyelftools: a cubin is a little-endian ELF64
+    image, and a large library holds thousands of them."""
+    if len(cubin) < _EHDR.size or cubin[:4] != ELF_MAGIC or cubin[4:6] != b"\x02\x01":
+        raise FatbinError("a cubin that is not a little-endian ELF64 image")
+    shoff, shentsize, shnum, shstrndx = (_EHDR.unpack_from(cubin)[i] for i in (6, 11, 12, 13))
+    try:
+        shdrs = [_SHDR.unpack_from(cubin, shoff + i * shentsize) for i in range(shnum)]
+        shstr = shdrs[shstrndx]
+        names = cubin[shstr[4]: shstr[4] + shstr[5]]
+        section_names = [_cstr(names, h[0]) for h in shdrs]
+        symtab = next((h for h in shdrs if h[1] == SHT_SYMTAB), None)
+        if symtab is None:
+            return set()
+        strtab = shdrs[symtab[6]]
+        strings = cubin[strtab[4]: strtab[4] + strtab[5]]
+        syms = cubin[symtab[4]: symtab[4] + symtab[5] // _SYM.size * _SYM.size]
+    except (struct.error, IndexError) as e:
+        raise FatbinError(f"a damaged cubin ({e})") from None
+    out = set()
+    for name_off, info, _other, shndx, _value, _size in _SYM.iter_unpack(syms):
+        if info & 0xF == STT_FUNC and 0 < shndx < len(section_names):
+            name = _cstr(strings, name_off)
+            if section_names[shndx] == b".text." + name:
+                out.add(name.decode(errors="replace"))
+    return out
 
 
 def fatbin_sections(path: str | Path) -> list[bytes]:
     """The raw fatbin sections of an ELF file ([] for files without one)."""
-    try:
-        with open(path, "rb") as f:
+    return list(_iter_fatbin_sections(path))
+
+
+def _iter_fatbin_sections(path: str | Path) -> Iterator[bytes]:
+    """fatbin_sections(), one in memory at a time."""
+    with open(path, "rb") as f:
+        try:
             elf = ELFFile(f)
-            return [s.data() for s in elf.iter_sections()
-                    if s.name in FATBIN_SECTIONS and s["sh_type"] != "SHT_NOBITS"]
-    except ELFError:
-        return []
+            found = [s for s in elf.iter_sections() if s.name in FATBIN_SECTIONS and s["sh_type"] != "SHT_NOBITS"]
+        except ELFError:
+            return
+        for s in found:
+            yield s.data()
 
 
 def kernel_names(path: str | Path) -> set[str]:
     """Every kernel (mangled name) in the fatbins of the ELF file at `path`."""
-    return {k for blob in fatbin_sections(path) for c in cubins(blob) for k in cubin_kernels(c)}
+    return {k for blob in _iter_fatbin_sections(path) for c in iter_cubins(blob) for k in cubin_kernels(c)}

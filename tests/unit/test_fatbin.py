@@ -74,3 +74,28 @@ def test_file_without_fatbin(tmp_path):
     p.write_bytes(b"hello")
     assert fatbin.kernel_names(p) == set()
     assert fatbin.kernel_names("/bin/true") == set()
+
+
+def test_cubin_symbols_read_without_pyelftools_agree_with_it(binaries):
+    """cubin_kernels reads the ELF with struct (a large library holds
+    thousands of cubins): the same names as pyelftools' reading of each
+    cubin; an image that is no ELF64, or whose headers lie past its end, is
+    a FatbinError."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    def by_pyelftools(cubin: bytes) -> set[str]:
+        elf = ELFFile(io.BytesIO(cubin))
+        return {s.name for s in elf.get_section_by_name(".symtab").iter_symbols()
+                if s["st_info"]["type"] == "STT_FUNC" and isinstance(s["st_shndx"], int)
+                and elf.get_section(s["st_shndx"]).name == f".text.{s.name}"}
+
+    for variant in ("plain", "compressed"):
+        for c in fatbin.cubins(fatbin.fatbin_sections(binaries[variant])[0]):
+            assert fatbin.cubin_kernels(c) == by_pyelftools(c)
+    cubin = next(c for c in fatbin.cubins(fatbin.fatbin_sections(binaries["plain"])[0]) if fatbin.cubin_kernels(c))
+    with pytest.raises(fatbin.FatbinError, match="not a little-endian ELF64"):
+        fatbin.cubin_kernels(b"\x7fELF\x01\x01" + cubin[6:])
+    with pytest.raises(fatbin.FatbinError, match="damaged cubin"):
+        fatbin.cubin_kernels(cubin[:200])

@@ -189,3 +189,30 @@ def test_nccl_verdict_passes_exact_calls_and_fails_a_wrong_size() -> None:
     tab = mod.Table()
     mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
     assert [r[3] for r in tab.rows] == ["ok", "FAIL", "ok", "ok"]
+
+
+def test_attach_name_rows_pass_only_the_driver_object_name_the_driver_gives() -> None:
+    """Each handle's row: ok only where the name read from the driver object
+    (source driver_object) equals cuFuncGetName's; a refusal shows its reason."""
+    gc = gpu_check_module()
+    captured = [{"handle": 0x10, "name": "_Z6vecAddPKfS0_Pfi", "source": "driver_object", "reason": None},
+                {"handle": 0x20, "name": "plain_c_kernel", "source": "driver_object", "reason": None},
+                {"handle": 0x30, "name": "unknown@0x30", "source": "unknown", "reason": "no lookup seen; why"}]
+    ref = {"0x10": "_Z6vecAddPKfS0_Pfi", "0x20": "_ZN2ns5innerEPd", "0x30": "plain_c_kernel", "0x40": None}
+    assert gc.attach_name_rows("mixed", ref, captured, {"path": [0x30, 0x10], "reason": None}) == [
+        ("[attach mixed] 0x10", "_Z6vecAddPKfS0_Pfi", "_Z6vecAddPKfS0_Pfi (driver_object)", True),
+        ("[attach mixed] 0x20", "_ZN2ns5innerEPd", "plain_c_kernel (driver_object)", False),
+        ("[attach mixed] 0x30", "plain_c_kernel", "unknown@0x30 (unknown): no lookup seen; why", False),
+        ("[attach mixed] 0x40", "(driver gave no name)", "no row", None),
+        ("[attach mixed] name offset", "-", "0x30+0x10", None),
+    ]
+    assert gc.attach_name_rows("module", {}, [], {"path": None, "reason": "offsets disagree"})[-1][2] == \
+        "offsets disagree"
+
+
+def test_attach_names_step_says_why_it_cannot_run_before_545(tmp_path: Path) -> None:
+    gc = gpu_check_module()
+    tab = gc.Table()
+    gc.attach_names_probes(tab, "535.261.03", None, tmp_path)
+    assert tab.rows == [("kernel names on attach", "-", "driver 535.261.03 < 545: no cuFuncGetName to compare with",
+                         "skip")]
