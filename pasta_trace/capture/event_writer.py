@@ -127,12 +127,13 @@ class EventFiles:
 
     def flush(self) -> None:
         """Have what arrived since the last flush written.  While a file is
-        being written, it goes to the spill file, behind what waits there, and
-        the writing thread takes it next; where it cannot (no room), this
-        waits for the write (backpressure: the tracer's queue fills)."""
-        if self._writing():
-            if not self._pending or self._spill_pending():
-                return
+        being written, what is pending waits, in memory up to PENDING_BYTES,
+        past that in the spill file, behind what waits there, and the writing
+        thread takes it next; where it cannot (no room), this waits for the
+        write (backpressure: the tracer's queue fills).  Nothing pending is
+        written while older records wait in the spill file."""
+        if self._writing() and (self._pending_bytes < PENDING_BYTES or self._spill_pending()):
+            return
         self.wait()
         recs = self._take_spilled()  # the oldest first
         if recs is None:
@@ -140,10 +141,8 @@ class EventFiles:
                 return
             recs = np.concatenate(self._pending)
             self._pending, self._pending_bytes = [], 0
-        elif self._pending and not self._spill_pending():
-            # the pending records cannot go behind the spilled ones, and must not pass them: the spill
-            # is written here, the pending records after it (backpressure)
-            self._write_all(recs)
+        elif self._pending_bytes >= PENDING_BYTES and not self._spill_pending():
+            self._write_all(recs)  # no room to spill: the spill is written here, the pending records after it
             self.wait()
             return
         self._thread = threading.Thread(target=self._write_all, args=(recs,), name="pasta-events-file")
