@@ -20,6 +20,11 @@
  *   its first return to user space, before it can run any code of its own.
  * - exec and exit of traced processes are reported for processes.parquet; an
  *   exec also forgets the process's Python interpreter (pystack.h, with stacks).
+ *   With a pid filter (a launched command, -p), a process that execs is
+ *   stopped too, before its first instruction (a pt_stops record with fd -1),
+ *   until user space has read its new maps: a program that runs a few ms is
+ *   otherwise gone, with its maps, before the next drain, and the launches it
+ *   made could not be named offline.
  *
  * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
  * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py.
@@ -287,6 +292,24 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     py_unregistered.delete(&tgid);
 #endif
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
+#if PT_DISCOVER_FILTER
+    if (!pt_armed() || pt_own_process())
+        return 0;
+    int k = 0;
+    struct pt_stop *st = discover_scratch.lookup(&k);
+    if (!st)
+        return 0;
+    __builtin_memset(st, 0, sizeof(*st));
+    st->ts_ns = bpf_ktime_get_ns();
+    st->tgid = tgid;
+    st->fd = -1; /* no library: an exec */
+    u32 tid = (u32)id;
+    if (pt_stops.update(&tid, st)) {
+        pt_dlost(PT_UNPAUSED_OPENS);
+        return 0;
+    }
+    bpf_send_signal(PT_SIGSTOP);
+#endif
     return 0;
 }
 

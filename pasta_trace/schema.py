@@ -483,12 +483,12 @@ STOP_RECORD = Record(
             ("dev", "u64", "", "KNOWN_FILE.dev of the opened file"),
             ("ino", "u64", "", "inode of the opened file"),
             ("tgid", "u32", "", "the stopped process"),
-            ("fd", "i32", "", "the descriptor the open returned"),
+            ("fd", "i32", "", "the descriptor the open returned; -1: stopped at its exec"),
             ("path", f"char[{DISCOVER_PATH_LEN}]", "", "the name passed to open"),
         ]
     ),
-    "value of pt_stops (key: the opener's tid): a process stopped at its open of a traced library, "
-    "until a tracer or its guardian resumes it",
+    "value of pt_stops (key: the opener's tid): a process stopped at its open of a traced library "
+    "(or, with a pid filter, at its exec), until a tracer or its guardian resumes it",
 )
 
 # --------------------------------------------------------------------------- stacks

@@ -211,6 +211,8 @@ class LateLoadWatcher:
         self.stops += len(pending)
         try:
             for _, st in pending:
+                if int(st["fd"]) < 0:
+                    continue  # stopped at its exec: its maps were read when the ring's exec record was (on_exec)
                 path = bytes(st["path"]).split(b"\0", 1)[0].decode("utf-8", "replace")
                 lib = resolve_open(int(st["tgid"]), int(st["fd"]), path)
                 if lib is not None and self.on_library(lib):
