@@ -31,6 +31,7 @@ KERNELS = columns(
     ("top_grid", pl.String, "", "the most frequent grid, XxYxZ"),
     ("top_block", pl.String, "", "the most frequent block, XxYxZ"),
     *_TIMES, TOP_CALL_SITE,
+    ("name_reason", pl.String, "", "why the kernel has no name (null when it has one)"),
 )
 KERNEL_SITES = columns(PID, ("call_site", pl.String, "", "the Python line that launched; (no stack): none"),
                        _NAME, _LAUNCHES, *_TIMES)
@@ -55,10 +56,19 @@ def _top_shape(shaped: pl.LazyFrame, weight: pl.Expr) -> pl.LazyFrame:
     )
 
 
-def _finish(summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites: pl.LazyFrame, dur_s: float) -> pl.DataFrame:
+def _name_reasons(cap: Capture) -> pl.LazyFrame:
+    """(pid, name, name_reason): why an unknown@ name has no kernel name, as
+    the capture (or its offline naming) said for that handle."""
+    return (cap.names.filter((pl.col("source") == "unknown") & pl.col("reason").is_not_null())
+            .group_by("pid", "name").agg(pl.col("reason").first().alias("name_reason")))
+
+
+def _finish(cap: Capture, summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites: pl.LazyFrame,
+            dur_s: float) -> pl.DataFrame:
     return (
         summary.join(top_shape, on=_KEY, how="left", nulls_equal=True)
         .join(sites, on=_KEY, how="left", nulls_equal=True)
+        .join(_name_reasons(cap), on=_KEY, how="left")
         .with_columns(
             pl.col("launches").cast(pl.UInt64),  # an --aggregate capture counts beyond 2**32
             (pl.col("launches") / dur_s if dur_s > 0 else pl.lit(None, pl.Float64)).alias("launches_per_s"),
@@ -82,7 +92,7 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
         *(pl.lit(None, pl.Float64).alias(c) for c in ("api_mean_ns", "gpu_mean_ns")),
     )
     no_sites = pl.LazyFrame(schema={"pid": pl.UInt32, "name": pl.String, "top_call_site": pl.String})
-    return _finish(summary, _top_shape(shaped, pl.col("count").sum()), no_sites, dur_s)
+    return _finish(cap, summary, _top_shape(shaped, pl.col("count").sum()), no_sites, dur_s)
 
 
 def _executions(cap: Capture, no_stack: str | None) -> pl.LazyFrame:
@@ -120,7 +130,7 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     shapes = shaped.group_by(_KEY).agg(pl.struct("grid", "block").n_unique().alias("shapes"))
     summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), *_times()).join(
         shapes, on=_KEY, how="left", nulls_equal=True)
-    return _finish(summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
+    return _finish(cap, summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
 
 
 @returns(KERNEL_SITES)

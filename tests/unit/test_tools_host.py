@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from pasta_trace import schema
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
 from pasta_trace.tools.transfers import copy_storms
@@ -148,13 +149,31 @@ def test_synchronisation(cap) -> None:
 def test_kernel_summary_host_only(cap) -> None:
     df = REGISTRY["kernels"].compute(cap)
     assert df.columns == ["pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block",
-                          "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns", "top_call_site"]
+                          "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
+                          "name_reason"]
     # rate = launches / 25 us of capture; no device timing: gpu columns null
     assert rows(df) == [
-        (100, "axpy", 2, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None, None),
-        (100, "reduce", 1, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None, None),
-        (200, "hip_fill", 1, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None, None),
+        (100, "axpy", 2, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None, None, None),
+        (100, "reduce", 1, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None, None, None),
+        (200, "hip_fill", 1, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None, None,
+         None),
     ]
+
+
+def test_kernel_summary_says_why_a_kernel_has_no_name(tmp_path: Path) -> None:
+    """An unknown@ row of names.parquet carries the reason (naming on attach,
+    offline naming): the kernel's row says it; a named kernel's says nothing."""
+    launch = {"stream": 0x5, "grid": (1, 1, 1), "block": (32, 1, 1)}
+    calls = [(1000, 10, 5, 5, "cuLaunchKernel", "launch", {**launch, "func": 0xF1}),
+             (2000, 10, 5, 5, "cuLaunchKernel", "launch", {**launch, "func": 0xF2})]
+    d = write_capture(tmp_path / "c", rows=calls, names=[(5, 0xF1, "k")], processes=[])
+    why = "looked up before the attach; the driver objects hold kernel names at different offsets"
+    names = pl.read_parquet(d / "names.parquet")
+    pl.concat([names, pl.DataFrame({
+        "pid": [5], "handle": [0xF2], "name": ["unknown@0xf2"], "source": ["unknown"], "ts_ns": [None],
+        "api": [None], "reason": [why]}, schema=schema.NAMES_SCHEMA)]).write_parquet(d / "names.parquet")
+    k = REGISTRY["kernels"].compute(open_capture(d))
+    assert rows(k.select("name", "launches", "name_reason").sort("name")) == [("k", 1, None), ("unknown@0xf2", 1, why)]
 
 
 def test_processes_overview(cap) -> None:
