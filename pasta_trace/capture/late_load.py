@@ -208,7 +208,7 @@ class LateLoadWatcher:
                 pending.append((key, np.frombuffer(val, STOP_RECORD.dtype)[0]))
         if not pending:
             return 0
-        self.stops += len(pending)
+        self.stops += sum(int(st["fd"]) >= 0 for _, st in pending)  # opens paused (not execs)
         try:
             for _, st in pending:
                 if int(st["fd"]) < 0:
