@@ -115,53 +115,44 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-@dataclass
-class Pieces:
-    """Rows as runs of bytes in `src`: row i is the runs (starts[i, k], lens[i, k])
-    for k in order."""
-
-    src: np.ndarray  # uint8
-    starts: np.ndarray  # (rows, runs) int64
-    lens: np.ndarray  # (rows, runs) int64
-
-
-def pieces(segs: list[Segment]) -> Pieces:
-    n = len(segs[0].lens)
-    sizes = [s.data.size for s in segs]
-    bases = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rows = np.arange(n, dtype=np.int64)
-    starts = np.empty((n, len(segs)), dtype=np.int64)
-    lens = np.empty((n, len(segs)), dtype=np.int64)
-    for k, s in enumerate(segs):
-        starts[:, k] = bases[k] + (rows * s.data.shape[1] if s.data.shape[0] > 1 else 0)
-        lens[:, k] = s.lens
-    return Pieces(np.concatenate([s.data.reshape(-1) for s in segs]), starts, lens)
-
-
-def gather(p: Pieces) -> np.ndarray:
-    """Every row's runs, end to end: one np.repeat turns runs into byte indices."""
-    lens = p.lens.reshape(-1)
-    total = int(lens.sum())
-    idx_type = np.int32 if p.src.size < 2**31 and total < 2**31 else np.int64
-    out_starts = np.cumsum(lens) - lens
-    idx = np.repeat((p.starts.reshape(-1) - out_starts).astype(idx_type), lens)
-    idx += np.arange(total, dtype=idx_type)
-    return p.src[idx]
+def _padded(lens: np.ndarray, width: int) -> np.ndarray:
+    """(rows, width) mask of each row's first lens[i] bytes (lens[i] <= width);
+    compared in the narrowest type, a byte per cell for most fields."""
+    t = np.uint8 if width < 256 else np.uint16 if width < 65536 else np.int64
+    return np.arange(width, dtype=t)[None, :] < lens.astype(t)[:, None]
 
 
 def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     """All rows, each the concatenation of its segments, end to end (uint8),
-    and the length of each row."""
-    p = pieces(segs)
-    return gather(p), p.lens.sum(axis=1)
+    and the length of each row.  The segments are laid side by side in one
+    (rows, widths) matrix and the bytes each row uses are picked out with one
+    boolean mask (row-major: row by row, segment by segment), a byte copy
+    where an index per output byte would cost four times the output."""
+    n = len(segs[0].lens)
+    width = sum(s.data.shape[1] for s in segs)
+    data = np.empty((n, width), dtype=np.uint8)
+    used = np.empty((n, width), dtype=bool)
+    at = 0
+    for s in segs:
+        w = s.data.shape[1]
+        data[:, at: at + w] = s.data
+        used[:, at: at + w] = _padded(s.lens, w)
+        at += w
+    return data[used], np.sum([s.lens for s in segs], axis=0)
 
 
 def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
     """Rows of several assembled parts (bytes, row lengths) laid out so that
-    row i of part j lands at row positions[j][i] of the result."""
-    row_lens = np.concatenate([lens for _, lens in parts])
-    starts = np.cumsum(row_lens) - row_lens
-    order = np.empty(len(row_lens), dtype=np.int64)
-    order[np.concatenate(positions)] = np.arange(len(row_lens))
-    src = np.concatenate([b for b, _ in parts])
-    return gather(Pieces(src, starts[order][:, None], row_lens[order][:, None]))
+    row i of part j lands at row positions[j][i] of the result: each part's
+    rows are padded into one matrix at their positions, then picked out."""
+    n = sum(len(lens) for _, lens in parts)
+    width = max((int(lens.max()) for _, lens in parts if len(lens)), default=0)
+    rows = np.empty((n, width), dtype=np.uint8)
+    row_lens = np.zeros(n, dtype=np.int64)
+    for (b, lens), pos in zip(parts, positions):
+        w = int(lens.max()) if len(lens) else 0
+        part = np.empty((len(lens), w), dtype=np.uint8)
+        part[_padded(lens, w)] = b
+        rows[pos, :w] = part
+        row_lens[pos] = lens
+    return rows[_padded(row_lens, width)]
