@@ -18,7 +18,7 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import numpy as np
 import polars as pl
@@ -102,23 +102,31 @@ def _tracks(model: TraceModel) -> tuple[list[bytes], pl.DataFrame, pl.DataFrame,
 
 
 def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
-             counters: pl.DataFrame) -> tuple[list[pl.DataFrame], pl.DataFrame]:
-    """The slices (API calls, kernels, copies) with their track, name, category
-    and argument columns, and the counter samples with their track."""
-    api = model.api.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
-                         maintain_order="left")
-    # a launch's arrow runs to its kernel; a collective's (never a launch) to the next rank's entry
-    api = api.with_columns(name=pl.col("api"), correlation=pl.col("corr"),
-                           flow_out=pl.coalesce("corr", "coll_out"), flow_in=pl.col("coll_in"))
-    kernels = model.kernels.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
-        cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
-        device_timing=pl.col("dur_ns").is_not_null())
-    memops = model.memops.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
-        cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind")),
-    ).drop("copy_kind")
+             counters: pl.DataFrame) -> tuple[list[tuple[pl.DataFrame, Dress]], pl.DataFrame]:
+    """The slices (API calls, kernels, copies), each with what gives a window
+    of its rows their track, name, category and argument columns (dressed a
+    window at a time: on every row at once, each join would copy the model's
+    widest frames), and the counter samples with their track."""
+    def api(f: pl.DataFrame) -> pl.DataFrame:
+        # a launch's arrow runs to its kernel; a collective's (never a launch) to the next rank's entry
+        return f.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
+                      maintain_order="left").with_columns(
+            name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
+            flow_in=pl.col("coll_in"))
+
+    def kernels(f: pl.DataFrame) -> pl.DataFrame:
+        return f.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
+            cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
+            device_timing=pl.col("dur_ns").is_not_null())
+
+    def memops(f: pl.DataFrame) -> pl.DataFrame:
+        return f.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
+            cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind")),
+        ).drop("copy_kind")
+
     counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
         "track", "ts_ns", counter_value="live_bytes")
-    return [api, kernels, memops], counts
+    return [(model.api, api), (model.kernels, kernels), (model.memops, memops)], counts
 
 
 def _stack_texts(model: TraceModel) -> pl.DataFrame:
@@ -131,6 +139,8 @@ def _stack_texts(model: TraceModel) -> pl.DataFrame:
     )
 
 
+#: a window of a source's rows -> the same rows with the columns the encoder reads
+Dress = Callable[[pl.DataFrame], pl.DataFrame]
 _HAS_DUR = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
 _END = pl.col("ts_ns") + pl.col("dur_ns")
 
@@ -142,8 +152,10 @@ class _Timed:
     windows x rows, 100 x 2*10^7 on a 10^7-event capture.  Stable orders keep
     rows of one instant in the source's order, as a filter would."""
 
-    def __init__(self, frame: pl.DataFrame, ends: bool) -> None:
-        frame = frame.filter(pl.col("ts_ns").is_not_null())  # in no window
+    def __init__(self, frame: pl.DataFrame, ends: bool, dress: Dress = lambda f: f) -> None:
+        self.dress = dress
+        if frame["ts_ns"].null_count():
+            frame = frame.filter(pl.col("ts_ns").is_not_null())  # in no window
         ts = frame["ts_ns"].to_numpy()
         by_begin = np.argsort(ts, kind="stable")
         self.frame = frame if np.all(by_begin == np.arange(len(ts))) else frame[by_begin]
@@ -157,11 +169,17 @@ class _Timed:
 
     def begun(self, lo: int, hi: int) -> pl.DataFrame:
         a, b = np.searchsorted(self.begins, [lo, hi])
-        return self.frame.slice(int(a), int(b - a))
+        return self.dress(self.frame.slice(int(a), int(b - a)))
 
     def ended(self, lo: int, hi: int) -> pl.DataFrame:
         a, b = np.searchsorted(self.ends, [lo, hi])
-        return self.frame[self.end_rows[a:b]]
+        return self.dress(self.frame[self.end_rows[a:b]])
+
+    def strings(self) -> pl.DataFrame:
+        """A row for each combination of string values (what the interned
+        string tables are made of), dressed."""
+        text = [c for c, t in self.frame.schema.items() if t in (pl.String, pl.Categorical) or isinstance(t, pl.Enum)]
+        return self.dress(self.frame.unique(text, keep="any") if text else self.frame.head(1))
 
 
 def _windows(slices: list[_Timed], counts: _Timed, rows: int) -> list[tuple[int, int]]:
@@ -290,11 +308,11 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     """Write the trace to `out`, one time window of about `chunk_rows` events
     at a time; returns the number of TrackEvents written."""
     descriptors, threads, streams, counters = _tracks(model)
-    frames, samples = _sources(model, threads, streams, counters)
-    stacks = _stack_texts(model).join(frames[0].select("pid", "stack_id").unique(), on=["pid", "stack_id"],
+    sources, samples = _sources(model, threads, streams, counters)
+    slices, counts = [_Timed(f, True, dress) for f, dress in sources], _Timed(samples, ends=False)
+    stacks = _stack_texts(model).join(model.api.select("pid", "stack_id").unique(), on=["pid", "stack_id"],
                                       how="semi", maintain_order="left")
-    strings = _strings([*frames, stacks])
-    slices, counts = [_Timed(f, ends=True) for f in frames], _Timed(samples, ends=False)
+    strings = _strings([*(f.strings() for f in slices), stacks])
     windows = _windows(slices, counts, chunk_rows)
     out.write(_header(strings, windows[0][0] if windows else 0))
     out.write(b"".join(descriptors))
