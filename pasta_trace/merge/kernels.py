@@ -237,6 +237,13 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
         by_row(order, rank).alias("_rank"),
     )
+    in_scan_order = np.empty(order.height, dtype=np.uint32)
+    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
+    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+        # launches stored out of time order: reordered (a gather of every row), before the
+        # device columns join, which keeps this order (fewer columns to move; none for a
+        # host-only capture, whose device columns stay null)
+        launches = launches.sort("_rank")
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
@@ -245,10 +252,6 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     else:  # a host-only capture: nothing to join
         dev_schema = dev.select(dev_cols).collect_schema()
         out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
-    in_scan_order = np.empty(order.height, dtype=np.uint32)
-    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
-    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
-        out = out.sort("_rank")  # launches stored out of time order: reordered (a gather of every row)
     return out.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
     ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
