@@ -221,7 +221,8 @@ def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
 
 
 def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Packets of rows that share one layout (columns null in all of them are absent)."""
+    """Packets of rows that share one layout (columns null in all of them
+    are absent), as protowire.layout's (bytes, used) matrices."""
     n = rows.height
     every = np.ones(n, dtype=bool)
 
@@ -261,7 +262,7 @@ def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> tuple[np
         *pw.message_field(_P_TRACK_EVENT, event, every),
         pw.const(_SEQUENCE_FIELDS, every),
     ]
-    return pw.assemble(pw.message_field(1, packet, every))
+    return pw.layout(pw.message_field(1, packet, every))
 
 
 def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:

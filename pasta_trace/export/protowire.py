@@ -115,19 +115,10 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-def _padded(lens: np.ndarray, width: int) -> np.ndarray:
-    """(rows, width) mask of each row's first lens[i] bytes (lens[i] <= width);
-    compared in the narrowest type, a byte per cell for most fields."""
-    t = np.uint8 if width < 256 else np.uint16 if width < 65536 else np.int64
-    return np.arange(width, dtype=t)[None, :] < lens.astype(t)[:, None]
-
-
-def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
-    """All rows, each the concatenation of its segments, end to end (uint8),
-    and the length of each row.  The segments are laid side by side in one
-    (rows, widths) matrix and the bytes each row uses are picked out with one
-    boolean mask (row-major: row by row, segment by segment), a byte copy
-    where an index per output byte would cost four times the output."""
+def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """The segments side by side: a (rows, widths) byte matrix and the mask of
+    the bytes each row uses.  The mask is filled a byte column at a time (a
+    compare over every row), not row by row: fields are a few bytes wide."""
     n = len(segs[0].lens)
     width = sum(s.data.shape[1] for s in segs)
     data = np.empty((n, width), dtype=np.uint8)
@@ -136,23 +127,31 @@ def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     for s in segs:
         w = s.data.shape[1]
         data[:, at: at + w] = s.data
-        used[:, at: at + w] = _padded(s.lens, w)
+        for k in range(w):
+            np.greater(s.lens, k, out=used[:, at + k])
         at += w
+    return data, used
+
+
+def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """All rows, each the concatenation of its segments, end to end (uint8),
+    and the length of each row: the used bytes of `layout`, picked out with
+    one boolean mask (row-major: row by row, segment by segment), a byte copy
+    where an index per output byte would cost four times the output."""
+    data, used = layout(segs)
     return data[used], np.sum([s.lens for s in segs], axis=0)
 
 
 def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
-    """Rows of several assembled parts (bytes, row lengths) laid out so that
-    row i of part j lands at row positions[j][i] of the result: each part's
-    rows are padded into one matrix at their positions, then picked out."""
-    n = sum(len(lens) for _, lens in parts)
-    width = max((int(lens.max()) for _, lens in parts if len(lens)), default=0)
-    rows = np.empty((n, width), dtype=np.uint8)
-    row_lens = np.zeros(n, dtype=np.int64)
-    for (b, lens), pos in zip(parts, positions):
-        w = int(lens.max()) if len(lens) else 0
-        part = np.empty((len(lens), w), dtype=np.uint8)
-        part[_padded(lens, w)] = b
-        rows[pos, :w] = part
-        row_lens[pos] = lens
-    return rows[_padded(row_lens, width)]
+    """Rows of several `layout`s (data, used) placed so that row i of part j
+    lands at row positions[j][i] of the result, end to end: each part's rows
+    are put in one matrix at their positions, and the used bytes picked out
+    once."""
+    n = sum(len(pos) for pos in positions)
+    width = max((data.shape[1] for data, _ in parts), default=0)
+    data = np.empty((n, width), dtype=np.uint8)
+    used = np.zeros((n, width), dtype=bool)
+    for (d, u), pos in zip(parts, positions):
+        data[pos, : d.shape[1]] = d
+        used[pos, : u.shape[1]] = u
+    return data[used]
