@@ -293,7 +293,11 @@ def build(cap: Capture) -> TraceModel:
     ex = merge.kernel_executions(cap).select(KERNEL_COLUMNS).collect()  # used twice: computed once
     api, kernels = _kernels(api, ex)
     ex = ex.lazy()
-    api = api.join(_collective_flows(cap), on=["pid", "tid", "ts_ns"], how="left", maintain_order="left")
+    # joined on the three key columns only (flows are unique per key: one row per call), and
+    # put beside the calls: joining the calls themselves would copy every column of them
+    key = ["pid", "tid", "ts_ns"]
+    flows = api.select(key).join(_collective_flows(cap), on=key, how="left", maintain_order="left")
+    api = api.with_columns(flows["coll_in"], flows["coll_out"])
     kernels = serialized(kernels)
     memops = serialized(_memops(cap, ex))
     streams = (
