@@ -99,6 +99,13 @@ def _device_executions_raw(cap: Capture) -> pl.LazyFrame:
         pl.col("grid_id").alias("c_grid_id"), pl.col("correlation_id").alias("c_corr"),
         pl.col("device").alias("c_device"), pl.col("name").alias("c_name"),
     ).with_row_index("_cupti_row")
+    if not d["cupti_kernels"].select(pl.len()).collect().item():
+        # no CUPTI kernel records (the device module alone): nothing to join, and
+        # each join would copy every device execution
+        cupti_schema = cupti.collect_schema()
+        return execs.with_columns(
+            pl.lit(None, cupti_schema[c]).alias(c) for c in ("cupti_start", "cupti_end")
+        ).with_columns(pl.coalesce("device", pl.lit(0, pl.UInt32)).alias("device"))
     by_corr = execs.join(
         cupti.filter(pl.col("c_corr") > 0).drop("c_grid_id"), left_on=["pid", "correlation_id"],
         right_on=["pid", "c_corr"], how="left",
@@ -182,7 +189,8 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     )
 
     # 1. exact: one launch_id - launch_seq offset per process, agreed by every time match
-    with_time = execs.join(timed, on="_dev_row", how="left")
+    # (worked out on the key columns; the wide rows are gathered once, in the final order)
+    with_time = execs.select("_dev_row", "pid", "launch_id").join(timed, on="_dev_row", how="left")
     offsets = (
         with_time.filter(pl.col("time_seq").is_not_null() & pl.col("launch_id").is_not_null())
         .group_by("pid")
@@ -214,8 +222,9 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         pl.when(pl.col("launch_seq").is_not_null() & claimed).then(None).otherwise(pl.col("launch_seq"))
         .alias("launch_seq"),
     ).with_columns(pl.when(pl.col("launch_seq").is_null()).then(None).otherwise(pl.col("match")).alias("match"))
-    return matched.drop("time_seq", "c_seq", "c_match", "_off", "_n_host", "_exact_seq", "_dev_row",
-                        "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False).collect()
+    seqs = matched.select("_dev_row", "launch_seq", "match").collect()
+    wide = execs.drop("_dev_row", "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False).collect()
+    return wide[seqs["_dev_row"]].with_columns(seqs["launch_seq"], seqs["match"])
 
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
