@@ -140,20 +140,22 @@ def device_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
 
 
 def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
-    raw = _device_executions_raw(cap)
-    maps = _clock_maps(cap, raw)
-    execs = (
-        raw.join(maps, on=["pid", "device"], how="left")
-        .with_columns(
+    # one row per kernel execution, materialised once (the clock maps read it too) and
+    # so that the row ids below stay the same in every branch of the plan
+    raw = _device_executions_raw(cap).collect()
+    maps = _clock_maps(cap, raw.lazy())
+    # the clock maps (a row per process and GPU) joined onto the time columns only,
+    # in row order, and the host times put beside the executions: not a copy of them
+    times = (
+        raw.lazy().select("pid", "device", "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last")
+        .join(maps, on=["pid", "device"], how="left", maintain_order="left")
+        .select(
             pl.coalesce("cupti_start", clock.to_host_expr(pl.col("gpu_t_first"))).alias("gpu_start_ns"),
             pl.coalesce("cupti_end", clock.to_host_expr(pl.col("gpu_t_last"))).alias("gpu_end_ns"),
         )
-        .drop("gpu0", "mono0", "slope_m1", "offset", "samples", strict=False)
-        # one row per kernel execution: small, and materialised so that the row
-        # ids below stay the same in every branch of the plan (joins do not keep order)
         .collect()
-        .with_row_index("_dev_row")
     )
+    execs = raw.with_columns(times["gpu_start_ns"], times["gpu_end_ns"]).with_row_index("_dev_row")
     # without executions to match, the launches need not even be numbered
     ev = schema.EVENTS_SCHEMA
     host = (launch_order(cap) if execs.height else pl.DataFrame(schema={
