@@ -115,53 +115,43 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-@dataclass
-class Pieces:
-    """Rows as runs of bytes in `src`: row i is the runs (starts[i, k], lens[i, k])
-    for k in order."""
-
-    src: np.ndarray  # uint8
-    starts: np.ndarray  # (rows, runs) int64
-    lens: np.ndarray  # (rows, runs) int64
-
-
-def pieces(segs: list[Segment]) -> Pieces:
+def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
+    """The segments side by side: a (rows, widths) byte matrix and the mask of
+    the bytes each row uses.  The mask is filled a byte column at a time (a
+    compare over every row), not row by row: fields are a few bytes wide."""
     n = len(segs[0].lens)
-    sizes = [s.data.size for s in segs]
-    bases = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    rows = np.arange(n, dtype=np.int64)
-    starts = np.empty((n, len(segs)), dtype=np.int64)
-    lens = np.empty((n, len(segs)), dtype=np.int64)
-    for k, s in enumerate(segs):
-        starts[:, k] = bases[k] + (rows * s.data.shape[1] if s.data.shape[0] > 1 else 0)
-        lens[:, k] = s.lens
-    return Pieces(np.concatenate([s.data.reshape(-1) for s in segs]), starts, lens)
-
-
-def gather(p: Pieces) -> np.ndarray:
-    """Every row's runs, end to end: one np.repeat turns runs into byte indices."""
-    lens = p.lens.reshape(-1)
-    total = int(lens.sum())
-    idx_type = np.int32 if p.src.size < 2**31 and total < 2**31 else np.int64
-    out_starts = np.cumsum(lens) - lens
-    idx = np.repeat((p.starts.reshape(-1) - out_starts).astype(idx_type), lens)
-    idx += np.arange(total, dtype=idx_type)
-    return p.src[idx]
+    width = sum(s.data.shape[1] for s in segs)
+    data = np.empty((n, width), dtype=np.uint8)
+    used = np.empty((n, width), dtype=bool)
+    at = 0
+    for s in segs:
+        w = s.data.shape[1]
+        data[:, at: at + w] = s.data
+        for k in range(w):
+            np.greater(s.lens, k, out=used[:, at + k])
+        at += w
+    return data, used
 
 
 def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     """All rows, each the concatenation of its segments, end to end (uint8),
-    and the length of each row."""
-    p = pieces(segs)
-    return gather(p), p.lens.sum(axis=1)
+    and the length of each row: the used bytes of `layout`, picked out with
+    one boolean mask (row-major: row by row, segment by segment), a byte copy
+    where an index per output byte would cost four times the output."""
+    data, used = layout(segs)
+    return data[used], np.sum([s.lens for s in segs], axis=0)
 
 
 def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
-    """Rows of several assembled parts (bytes, row lengths) laid out so that
-    row i of part j lands at row positions[j][i] of the result."""
-    row_lens = np.concatenate([lens for _, lens in parts])
-    starts = np.cumsum(row_lens) - row_lens
-    order = np.empty(len(row_lens), dtype=np.int64)
-    order[np.concatenate(positions)] = np.arange(len(row_lens))
-    src = np.concatenate([b for b, _ in parts])
-    return gather(Pieces(src, starts[order][:, None], row_lens[order][:, None]))
+    """Rows of several `layout`s (data, used) placed so that row i of part j
+    lands at row positions[j][i] of the result, end to end: each part's rows
+    are put in one matrix at their positions, and the used bytes picked out
+    once."""
+    n = sum(len(pos) for pos in positions)
+    width = max((data.shape[1] for data, _ in parts), default=0)
+    data = np.empty((n, width), dtype=np.uint8)
+    used = np.zeros((n, width), dtype=bool)
+    for (d, u), pos in zip(parts, positions):
+        data[pos, : d.shape[1]] = d
+        used[pos, : u.shape[1]] = u
+    return data[used]

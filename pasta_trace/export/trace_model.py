@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from .. import merge
@@ -120,29 +121,55 @@ def _collective_flows(cap: Capture) -> pl.DataFrame:
     )
 
 
-def _kernels(api: pl.DataFrame, ex: pl.LazyFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+#: the columns of merge.kernel_executions the trace draws (the rest, device
+#: counters among them, are never read: left out before the merge computes them)
+KERNEL_COLUMNS = ("pid", "launch_seq", "ts_ns", "stream", "name", "gpu_start_ns", "gpu_end_ns", "correlation_id",
+                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+
+
+def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
+    """Per row of `ex`: the row of `api` holding its launch (null: none), the
+    launches numbered as merge.host_launches numbers them (by pid, ts_ns, tid,
+    stable: 1:1 even when two calls share a timestamp).  Numbered with a
+    stable numpy sort and looked up by position, not sorted and joined in
+    Polars: on 10^7 launches each of those costs seconds."""
+    keys = ("pid", "ts_ns", "tid")
+    if any(api[k].null_count() for k in keys) or ex["pid"].null_count():
+        launches = (
+            api.lazy().with_row_index("_row").filter(pl.col("kind") == "launch")
+            .sort(*keys, maintain_order=True)
+            .select("_row", "pid", launch_seq=pl.int_range(pl.len(), dtype=pl.Int64).over("pid"))
+        )
+        return ex.lazy().select("pid", "launch_seq").join(
+            launches, on=["pid", "launch_seq"], how="left", maintain_order="left").collect()["_row"]
+    rows = np.flatnonzero((api["kind"] == "launch").fill_null(False).to_numpy())
+    pid, ts, tid = (api[k].to_numpy()[rows] for k in keys)
+    order = np.lexsort((tid, ts, pid))  # stable: calls with equal keys keep their order in api
+    by_pid, rows = pid[order], rows[order]
+    first = np.searchsorted(by_pid, ex["pid"].to_numpy(), side="left")
+    count = np.searchsorted(by_pid, ex["pid"].to_numpy(), side="right") - first
+    seq = ex["launch_seq"].fill_null(-1).to_numpy()
+    found = (seq >= 0) & (seq < count)
+    at = np.where(found, first + np.where(found, seq, 0), 0)
+    return pl.Series("_row", rows[at] if len(rows) else np.zeros(len(at), dtype=np.int64)).set(
+        pl.Series(~found), None).cast(pl.UInt32)
+
+
+def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Kernel executions with a `corr` shared with their launch; returns
     (api with corr, kernels)."""
-    launches = (
-        api.lazy()
-        .with_row_index("_row")
-        .filter(pl.col("kind") == "launch")
-        # numbered as merge.host_launches numbers them: 1:1 even when two calls share a timestamp
-        .sort("pid", "ts_ns", "tid", maintain_order=True)
-        .select("_row", "pid", launch_seq=pl.int_range(pl.len(), dtype=pl.Int64).over("pid"))
-    )
     ex = (
-        ex.join(launches, on=["pid", "launch_seq"], how="left")
+        ex.with_columns(_launch_rows(api, ex))
         .sort("_row", "ts_ns", nulls_last=True)
         .with_row_index("corr", offset=1)
-        .collect()
     )
+    # put in place by row number: a join would copy every column of the API calls
     corr_of_row = ex.filter(pl.col("_row").is_not_null()).select("_row", "corr")
-    api = (
-        api.with_row_index("_row")
-        .join(corr_of_row, on="_row", how="left", maintain_order="left")
-        .drop("_row")
-    )
+    corr = np.zeros(api.height, dtype=np.uint32)
+    has = np.zeros(api.height, dtype=bool)
+    corr[corr_of_row["_row"].to_numpy()] = corr_of_row["corr"].to_numpy()
+    has[corr_of_row["_row"].to_numpy()] = True
+    api = api.with_columns(pl.Series("corr", corr, dtype=ex.schema["corr"]).set(pl.Series(~has), None))
     has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
     kernels = ex.with_columns(label=hex_series(ex["stream"], "GPU stream ")).select(
         "pid",
@@ -263,9 +290,14 @@ def serialized(frame: pl.DataFrame) -> pl.DataFrame:
 
 def build(cap: Capture) -> TraceModel:
     api = _api_calls(cap)
-    ex = merge.kernel_executions(cap).collect().lazy()  # used twice: computed once
+    ex = merge.kernel_executions(cap).select(KERNEL_COLUMNS).collect()  # used twice: computed once
     api, kernels = _kernels(api, ex)
-    api = api.join(_collective_flows(cap), on=["pid", "tid", "ts_ns"], how="left", maintain_order="left")
+    ex = ex.lazy()
+    # joined on the three key columns only (flows are unique per key: one row per call), and
+    # put beside the calls: joining the calls themselves would copy every column of them
+    key = ["pid", "tid", "ts_ns"]
+    flows = api.select(key).join(_collective_flows(cap), on=key, how="left", maintain_order="left")
+    api = api.with_columns(flows["coll_in"], flows["coll_out"])
     kernels = serialized(kernels)
     memops = serialized(_memops(cap, ex))
     streams = (

@@ -99,6 +99,13 @@ def _device_executions_raw(cap: Capture) -> pl.LazyFrame:
         pl.col("grid_id").alias("c_grid_id"), pl.col("correlation_id").alias("c_corr"),
         pl.col("device").alias("c_device"), pl.col("name").alias("c_name"),
     ).with_row_index("_cupti_row")
+    if not d["cupti_kernels"].select(pl.len()).collect().item():
+        # no CUPTI kernel records (the device module alone): nothing to join, and
+        # each join would copy every device execution
+        cupti_schema = cupti.collect_schema()
+        return execs.with_columns(
+            pl.lit(None, cupti_schema[c]).alias(c) for c in ("cupti_start", "cupti_end")
+        ).with_columns(pl.coalesce("device", pl.lit(0, pl.UInt32)).alias("device"))
     by_corr = execs.join(
         cupti.filter(pl.col("c_corr") > 0).drop("c_grid_id"), left_on=["pid", "correlation_id"],
         right_on=["pid", "c_corr"], how="left",
@@ -133,20 +140,22 @@ def device_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
 
 
 def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
-    raw = _device_executions_raw(cap)
-    maps = _clock_maps(cap, raw)
-    execs = (
-        raw.join(maps, on=["pid", "device"], how="left")
-        .with_columns(
+    # one row per kernel execution, materialised once (the clock maps read it too) and
+    # so that the row ids below stay the same in every branch of the plan
+    raw = _device_executions_raw(cap).collect()
+    maps = _clock_maps(cap, raw.lazy())
+    # the clock maps (a row per process and GPU) joined onto the time columns only,
+    # in row order, and the host times put beside the executions: not a copy of them
+    times = (
+        raw.lazy().select("pid", "device", "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last")
+        .join(maps, on=["pid", "device"], how="left", maintain_order="left")
+        .select(
             pl.coalesce("cupti_start", clock.to_host_expr(pl.col("gpu_t_first"))).alias("gpu_start_ns"),
             pl.coalesce("cupti_end", clock.to_host_expr(pl.col("gpu_t_last"))).alias("gpu_end_ns"),
         )
-        .drop("gpu0", "mono0", "slope_m1", "offset", "samples", strict=False)
-        # one row per kernel execution: small, and materialised so that the row
-        # ids below stay the same in every branch of the plan (joins do not keep order)
         .collect()
-        .with_row_index("_dev_row")
     )
+    execs = raw.with_columns(times["gpu_start_ns"], times["gpu_end_ns"]).with_row_index("_dev_row")
     # without executions to match, the launches need not even be numbered
     ev = schema.EVENTS_SCHEMA
     host = (launch_order(cap) if execs.height else pl.DataFrame(schema={
@@ -182,7 +191,8 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     )
 
     # 1. exact: one launch_id - launch_seq offset per process, agreed by every time match
-    with_time = execs.join(timed, on="_dev_row", how="left")
+    # (worked out on the key columns; the wide rows are gathered once, in the final order)
+    with_time = execs.select("_dev_row", "pid", "launch_id").join(timed, on="_dev_row", how="left")
     offsets = (
         with_time.filter(pl.col("time_seq").is_not_null() & pl.col("launch_id").is_not_null())
         .group_by("pid")
@@ -214,8 +224,9 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
         pl.when(pl.col("launch_seq").is_not_null() & claimed).then(None).otherwise(pl.col("launch_seq"))
         .alias("launch_seq"),
     ).with_columns(pl.when(pl.col("launch_seq").is_null()).then(None).otherwise(pl.col("match")).alias("match"))
-    return matched.drop("time_seq", "c_seq", "c_match", "_off", "_n_host", "_exact_seq", "_dev_row",
-                        "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False).collect()
+    seqs = matched.select("_dev_row", "launch_seq", "match").collect()
+    wide = execs.drop("_dev_row", "cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False).collect()
+    return wide[seqs["_dev_row"]].with_columns(seqs["launch_seq"], seqs["match"])
 
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
@@ -237,6 +248,13 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
         by_row(order, rank).alias("_rank"),
     )
+    in_scan_order = np.empty(order.height, dtype=np.uint32)
+    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
+    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+        # launches stored out of time order: reordered (a gather of every row), before the
+        # device columns join, which keeps this order (fewer columns to move; none for a
+        # host-only capture, whose device columns stay null)
+        launches = launches.sort("_rank")
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
@@ -245,10 +263,6 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     else:  # a host-only capture: nothing to join
         dev_schema = dev.select(dev_cols).collect_schema()
         out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
-    in_scan_order = np.empty(order.height, dtype=np.uint32)
-    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
-    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
-        out = out.sort("_rank")  # launches stored out of time order: reordered (a gather of every row)
     return out.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
     ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])

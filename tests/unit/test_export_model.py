@@ -173,3 +173,20 @@ def test_launches_sharing_a_timestamp_stay_one_to_one(tmp_path: Path) -> None:
     assert m.api.filter(pl.col("ts_ns") == T0 + 2000)["corr"].sort().to_list() == [1, 2]
     assert m.kernels.filter(pl.col("ts_ns") == T0 + 2000).select("corr", "name").sort("corr").rows() == [
         (1, "axpy"), (2, "reduce")]
+
+
+def test_launch_rows_number_launches_by_pid_time_then_thread_stably() -> None:
+    """The numpy numbering of the launches (and the Polars one it falls back
+    to where a key is null) gives each kernel execution its launch's row in
+    the API calls: by (pid, ts_ns, tid), equal keys in call order."""
+    api = pl.DataFrame({
+        "pid": [7, 7, 7, 9, 7, 7], "ts_ns": [10, 10, 5, 1, 20, 20], "tid": [2, 1, 1, 1, 3, 3],
+        "kind": ["launch", "launch", "sync", "launch", "launch", "launch"],
+    }, schema={"pid": pl.UInt32, "ts_ns": pl.Int64, "tid": pl.UInt32, "kind": pl.String})
+    # pid 7 in order: row 1 (ts 10, tid 1), row 0 (ts 10, tid 2), row 4, row 5 (ts 20, tid 3: call order)
+    ex = pl.DataFrame({"pid": [7, 7, 7, 7, 9, 7, 9], "launch_seq": [0, 1, 2, 3, 0, None, 1]},
+                      schema={"pid": pl.UInt32, "launch_seq": pl.Int64})
+    want = [1, 0, 4, 5, 3, None, None]
+    assert trace_model._launch_rows(api, ex).to_list() == want
+    with_null = api.with_columns(ts_ns=pl.when(pl.col("kind") != "sync").then(pl.col("ts_ns")))
+    assert trace_model._launch_rows(with_null, ex).to_list() == want

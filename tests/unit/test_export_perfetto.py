@@ -236,3 +236,16 @@ def test_names_keep_every_character(tmp_path: Path) -> None:
     out = tmp_path / "t.pftrace"
     assert main(["export", str(cap), "-o", str(out)]) == 0
     assert Parsed(out.read_bytes()).slices["100: GPU stream 0x5"] == [(2000, None, odd, "kernel"), (2500, None, odd, "kernel")]
+
+
+def test_interleave_puts_each_row_at_its_position() -> None:
+    # two layouts of different widths; rows of the first go to 2 and 0, of the second to 1
+    a = protowire.layout([
+        protowire.varint_field(1, np.array([5, 300], dtype=np.uint64), np.array([True, True])),
+        protowire.const(b"\x10\x01", np.array([True, False])),
+    ])
+    b = protowire.layout([protowire.varint_field(2, np.array([2**40], dtype=np.uint64), np.array([True]))])
+    got = protowire.interleave([a, b], [np.array([2, 0]), np.array([1])])
+    want = (protowire.field_varint(1, 300) + protowire.field_varint(2, 2**40)
+            + protowire.field_varint(1, 5) + b"\x10\x01")
+    assert got.tobytes() == want
