@@ -213,6 +213,21 @@ RAW_TRACEPOINT_PROBE(sys_enter)
     return 0;
 }
 
+/* Stop the calling thread (SIGSTOP, taken on its way back to user space),
+ * recorded first in pt_stops with why (st: path, dev, ino already set):
+ * whoever resumes it learns of it there.  A full pt_stops pauses nobody. */
+static __always_inline void pt_stop_current(struct pt_stop *st, u32 tid, u32 tgid, s32 fd)
+{
+    st->ts_ns = bpf_ktime_get_ns();
+    st->tgid = tgid;
+    st->fd = fd;
+    if (pt_stops.update(&tid, st)) {
+        pt_dlost(PT_UNPAUSED_OPENS);
+        return;
+    }
+    bpf_send_signal(PT_SIGSTOP);
+}
+
 RAW_TRACEPOINT_PROBE(sys_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -254,17 +269,9 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     /* stop only a process that someone is there to resume, and that is not ours */
     if (!pt_armed() || pt_own_process())
         return 0;
-    st->ts_ns = bpf_ktime_get_ns();
     st->dev = f.dev;
     st->ino = f.ino;
-    st->tgid = tgid;
-    st->fd = (s32)ret;
-    /* recorded before the signal: whoever resumes it learns of it from pt_stops */
-    if (pt_stops.update(&tid, st)) {
-        pt_dlost(PT_UNPAUSED_OPENS);
-        return 0;
-    }
-    bpf_send_signal(PT_SIGSTOP);
+    pt_stop_current(st, tid, tgid, (s32)ret);
     return 0;
 }
 
@@ -300,15 +307,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     if (!st)
         return 0;
     __builtin_memset(st, 0, sizeof(*st));
-    st->ts_ns = bpf_ktime_get_ns();
-    st->tgid = tgid;
-    st->fd = -1; /* no library: an exec */
-    u32 tid = (u32)id;
-    if (pt_stops.update(&tid, st)) {
-        pt_dlost(PT_UNPAUSED_OPENS);
-        return 0;
-    }
-    bpf_send_signal(PT_SIGSTOP);
+    pt_stop_current(st, (u32)id, tgid, -1); /* fd -1: no library, an exec */
 #endif
     return 0;
 }
