@@ -57,7 +57,9 @@ class _Process:
 class AttachNamer:
     def __init__(self, api_names: Sequence[str], proc: Path = Path("/proc")):
         launch = set(launch_apis(schema.Layer.driver))
-        self._launch_ids = np.array([i for i, n in enumerate(api_names) if n in launch], dtype=np.uint16)
+        #: api id -> whether it is a driver launch (ids are u16)
+        self._is_launch = np.zeros(1 << 16, dtype=bool)
+        self._is_launch[[i for i, n in enumerate(api_names) if n in launch]] = True
         self._proc = proc
         self._procs: dict[int, _Process] = {}
         self._fatbins = FatbinNames()
@@ -76,15 +78,21 @@ class AttachNamer:
                 p.aliases[int(r["handle"])] = int(r["alias"])
         if not events.size:
             return
-        # a driver launch nested in a runtime launch is named through it (capture.pairing), offline
-        launches = events[np.isin(events["api"], self._launch_ids) & (events["func"] != 0)
-                          & (events["kind"] == int(schema.Kind.launch))]
-        if not launches.size:
+        # a driver launch nested in a runtime launch is named through it (capture.pairing), offline.
+        # Columns, not records: this runs on every drained batch, a million launches a second in a flood
+        func = events["func"]
+        at = np.flatnonzero(self._is_launch[events["api"]] & (func != 0) & (events["kind"] == int(schema.Kind.launch)))
+        if not at.size:
             return
-        keys = np.unique(launches[["pid", "func"]], return_index=True)[1]
-        for r in launches[keys]:
-            p = self._procs.setdefault(int(r["pid"]), _Process())
-            p.launched.setdefault(int(r["func"]), (int(r["ts_ns"]), int(r["api"])))
+        pids = events["pid"][at]
+        each = np.unique(pids).tolist()
+        for pid in each:
+            mine = at if len(each) == 1 else at[pids == pid]
+            handles, first = np.unique(func[mine], return_index=True)
+            p = self._procs.setdefault(pid, _Process())
+            for h, i in zip(handles.tolist(), mine[first].tolist()):
+                if h not in p.launched:
+                    p.launched[h] = (int(events["ts_ns"][i]), int(events["api"][i]))
 
     def _unnamed(self, p: _Process) -> list[int]:
         return [h for h in p.launched if self._name(p, h) is None and h not in p.found]
