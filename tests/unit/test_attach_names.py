@@ -53,18 +53,28 @@ def lookup(pid: int, handle: int, name: str) -> np.ndarray:
     return nm
 
 
+def driver_objects(names: list[bytes], keep: list, decoy: bool = False) -> list[int]:
+    """Stand-ins for driver objects, one per name: 32 u64 slots holding the
+    name's address at slot 11 (+0x58) and, with ``decoy``, another string's
+    at slot 1.  Their buffers go in ``keep``, alive as long as it is."""
+    out = []
+    for name in names:
+        o, s = (ctypes.c_uint64 * 32)(), ctypes.create_string_buffer(name)
+        o[11] = ctypes.addressof(s)
+        keep += [o, s]
+        if decoy:
+            d = ctypes.create_string_buffer(b"sm_80")
+            o[1] = ctypes.addressof(d)
+            keep.append(d)
+        out.append(ctypes.addressof(o))
+    return out
+
+
 def test_scan_names_unnamed_launches_and_gives_reasons(build_dir, tmp_path):
     proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
-    keep = []
-
-    def obj(name: str) -> int:
-        s = ctypes.create_string_buffer(name.encode())
-        o = (ctypes.c_uint64 * 32)()
-        o[1], o[11] = ctypes.addressof(ctypes.create_string_buffer(b"sm_80")), ctypes.addressof(s)
-        keep.extend([s, o])
-        return ctypes.addressof(o)
-
-    vec, scale, plain = obj("_Z6vecAddPKfS0_Pfi"), obj("_Z5scaleIfEvPT_S0_i"), obj("plain_c_kernel")
+    keep: list = []
+    vec, scale, plain = driver_objects([b"_Z6vecAddPKfS0_Pfi", b"_Z5scaleIfEvPT_S0_i", b"plain_c_kernel"], keep,
+                                       decoy=True)
     me = os.getpid()
     namer = AttachNamer(API, proc=proc)
     namer.observe(launches(me, [vec, scale, vec, plain]), lookup(me, plain, "plain_c_kernel"))
@@ -93,11 +103,10 @@ def test_scan_names_unnamed_launches_and_gives_reasons(build_dir, tmp_path):
 def test_a_refusal_is_every_unnamed_handles_reason(build_dir, tmp_path):
     """One unnamed handle and nothing known: no offset can be checked."""
     proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
-    o = (ctypes.c_uint64 * 32)()
-    s = ctypes.create_string_buffer(b"plain_c_kernel")
-    o[11] = ctypes.addressof(s)
+    keep: list = []
+    handles = driver_objects([b"plain_c_kernel"], keep)
     namer = AttachNamer(API, proc=proc)
-    namer.observe(launches(os.getpid(), [ctypes.addressof(o)]), np.zeros(0, dtype=schema.HOST_NAME.dtype))
+    namer.observe(launches(os.getpid(), handles), np.zeros(0, dtype=schema.HOST_NAME.dtype))
     assert namer.finish().is_empty()
     rows = namer.unnamed_rows(schema.empty_frame(schema.NAMES_SCHEMA), API)
     assert rows["reason"].to_list() == [f"{attach_names.NOT_LOOKED_UP}; {name_scan.ONE_HANDLE}"]
@@ -123,12 +132,8 @@ def test_a_handle_named_through_its_runtime_launch_checks_the_offset(build_dir, 
     (`runtime_launch`) are known names: with one of them, one unnamed handle
     is enough."""
     proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
-    keep, handles = [], []
-    for name in (b"plain_c_kernel", b"_ZN2ns5innerEPd"):
-        o, s = (ctypes.c_uint64 * 32)(), ctypes.create_string_buffer(name)
-        o[11] = ctypes.addressof(s)
-        keep += [o, s]
-        handles.append(ctypes.addressof(o))
+    keep: list = []
+    handles = driver_objects([b"plain_c_kernel", b"_ZN2ns5innerEPd"], keep)
     me = os.getpid()
     namer = AttachNamer(API, proc=proc)
     namer.observe(launches(me, handles), np.zeros(0, dtype=schema.HOST_NAME.dtype))
@@ -152,12 +157,8 @@ def test_a_handle_launched_after_a_scan(build_dir, tmp_path, live):
     import shutil
 
     proc = fake_proc(tmp_path, _built("attach_names_workload", build_dir))
-    keep, handles = [], []
-    for name in (b"plain_c_kernel", b"_ZN2ns5innerEPd", b"_Z6vecAddPKfS0_Pfi"):
-        o, s = (ctypes.c_uint64 * 32)(), ctypes.create_string_buffer(name)
-        o[11] = ctypes.addressof(s)
-        keep += [o, s]
-        handles.append(ctypes.addressof(o))
+    keep: list = []
+    handles = driver_objects([b"plain_c_kernel", b"_ZN2ns5innerEPd", b"_Z6vecAddPKfS0_Pfi"], keep)
     me = os.getpid()
     namer = AttachNamer(API, proc=proc)
     namer.observe(launches(me, handles[:2]), np.zeros(0, dtype=schema.HOST_NAME.dtype))
