@@ -50,9 +50,11 @@ from .tensor_sizes import TensorSizes
 HEADER = struct.Struct("<cQ")
 COMPRESSION = "lz4"
 NICE = 5
-#: Records held here unwritten, at most: past it a file is written before the
-#: flush interval ends, and reading waits for the write before it, so that a
-#: writer slower than the events backs up into the tracer's bounded queue.
+#: Records held in memory unwritten, at most: past it a file is written before
+#: the flush interval ends or, while one is being written, they go to the
+#: spill file (reading goes on); only where nothing can be spilled does reading
+#: wait for the write, and records back up into the
+#: tracer's bounded queue.
 PENDING_BYTES = 64 << 20
 #: rewritten whole whenever an NCCL communicator is made or ended
 COMMUNICATORS = "communicators.parquet"
@@ -132,7 +134,7 @@ class EventFiles:
         thread takes it next; where it cannot (no room), this waits for the
         write (backpressure: the tracer's queue fills).  Nothing pending is
         written while older records wait in the spill file."""
-        if self._writing() and (self._pending_bytes < PENDING_BYTES or self._spill_pending()):
+        if self._writing() and (self._pending_bytes < PENDING_BYTES or self._move_pending_to_spill()):
             return
         self.wait()
         recs = self._take_spilled()  # the oldest first
@@ -141,7 +143,7 @@ class EventFiles:
                 return
             recs = np.concatenate(self._pending)
             self._pending, self._pending_bytes = [], 0
-        elif self._pending_bytes >= PENDING_BYTES and not self._spill_pending():
+        elif self._pending_bytes >= PENDING_BYTES and not self._move_pending_to_spill():
             self._write_all(recs)  # no room to spill: the spill is written here, the pending records after it
             self.wait()
             return
@@ -167,7 +169,7 @@ class EventFiles:
     def _writing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _spill_pending(self) -> bool:
+    def _move_pending_to_spill(self) -> bool:
         if not self._spill.put(self._pending):
             return False
         self._pending, self._pending_bytes = [], 0

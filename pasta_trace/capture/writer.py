@@ -59,13 +59,16 @@ PIPE_BYTES = 16 << 20
 
 
 def widen_pipe(fd: int, size: int) -> None:
-    """``size``, or the most this process may set (/proc/sys/fs/pipe-max-size without CAP_SYS_RESOURCE)."""
-    for size in (size, min(size, 1 << 20)):
+    """Make the pipe ``size`` bytes, or as large as this process may without
+    CAP_SYS_RESOURCE (/proc/sys/fs/pipe-max-size); left as it is if neither
+    works (the writer is then woken more often, nothing is lost)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except OSError:
         try:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
-            return
-        except OSError:
-            continue
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(size, int(Path("/proc/sys/fs/pipe-max-size").read_text())))
+        except (OSError, ValueError):
+            pass
 
 
 class CaptureWriter:
