@@ -19,6 +19,7 @@ import numpy as np
 from .. import schema
 from .attach_names import AttachNamer
 from .bpf_maps import read_lost
+from .heap import keep_freed_memory
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand
 from .native_collector import NativeCollector
@@ -89,6 +90,7 @@ class DrainLoop:
         """Drain until ``stop()``, the duration, the launched command's exit or
         (-p) the exit of every traced process.  Returns the command's exit code."""
         boost_drain_thread()
+        keep_freed_memory()  # each drain's records are copied out into memory freed by the ones before
         deadline = time.monotonic() + duration if duration else None
         exit_code = None
         last_status = 0.0

@@ -78,7 +78,7 @@ class Spill:
             first, size, dtype = self._segments.popleft()
             while self._segments and size < limit and self._segments[0][2] == dtype:
                 size += self._segments.popleft()[1]
-            data = bytearray(size)
+            data = np.empty(size, np.uint8)  # not zero-filled first, as a bytearray would be
             try:
                 got = os.preadv(self._fd, [data], first)
                 if got != size:
@@ -88,7 +88,7 @@ class Spill:
                     self._end = 0
             except OSError as e:
                 raise SpillLost(size // dtype.itemsize, e.strerror or str(e)) from e
-            return np.frombuffer(data, dtype)
+            return data.view(dtype)
 
     def _open(self) -> bool:
         if self._fd is None and self._usable:

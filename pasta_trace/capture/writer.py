@@ -38,7 +38,7 @@ from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
 from .decode import host_stub_aliases, names_frame
-from .event_writer import frame, write_atomic
+from .event_writer import HEADER, frame, write_atomic
 from .writer_queue import BUDGET_BYTES, WriterQueue
 
 #: Flush interval: what the events writer process holds unwritten at most,
@@ -124,7 +124,8 @@ class CaptureWriter:
         out = self._proc.stdin
         try:
             while (msg := self._queue.get()) is not None:
-                out.write(msg)
+                for part in msg if isinstance(msg, tuple) else (msg,):
+                    out.write(part)
                 out.flush()
         except (BrokenPipeError, OSError) as e:
             self._send_error = e
@@ -137,8 +138,10 @@ class CaptureWriter:
         fit = min(recs.size, self._queue.room() // recs.dtype.itemsize)
         self.lost_behind += recs.size - fit
         if fit:
-            payload = recs[:fit].tobytes()
-            self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + payload), len(payload))
+            # the frame's head and the records themselves, not a joined copy of them
+            payload = np.ascontiguousarray(recs[:fit])
+            head = HEADER.pack(b"E", 4 + payload.nbytes) + np.uint32(recs.dtype.itemsize).tobytes()
+            self._queue.put((head, payload), payload.nbytes)
             self.events += fit
 
     @property

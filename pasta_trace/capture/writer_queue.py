@@ -26,7 +26,7 @@ class WriterQueue:
 
     def __init__(self, budget: int = BUDGET_BYTES):
         self.budget = budget
-        self._items: deque[tuple[bytes | None, int]] = deque()
+        self._items: deque[tuple[bytes | tuple | None, int]] = deque()
         self._ready = threading.Condition()
         #: bytes of records waiting now
         self.queued = 0
@@ -37,7 +37,7 @@ class WriterQueue:
         with self._ready:
             return max(0, self.budget - self.queued)
 
-    def put(self, msg: bytes | None, size: int = 0) -> None:
+    def put(self, msg: bytes | tuple | None, size: int = 0) -> None:
         """Add a message (None ends the consumer); ``size`` bytes count
         against the budget (the caller checked room())."""
         with self._ready:
@@ -45,7 +45,7 @@ class WriterQueue:
             self.queued += size
             self._ready.notify()
 
-    def get(self) -> bytes | None:
+    def get(self) -> bytes | tuple | None:
         with self._ready:
             while not self._items:
                 self._ready.wait()

@@ -45,7 +45,8 @@ class Gated(EventFiles):
 
 @pytest.fixture
 def small_pending(monkeypatch):
-    monkeypatch.setattr(event_writer, "PENDING_BYTES", 2 * BATCH * schema.HOST_EVENT.size)
+    monkeypatch.setattr(event_writer, "FILE_BYTES", 2 * BATCH * schema.HOST_EVENT.size)
+    monkeypatch.setattr(event_writer, "hold_bytes", lambda: 2 * BATCH * schema.HOST_EVENT.size)
 
 
 def _ts(files: EventFiles, out: OutputDir) -> list[list[int]]:
@@ -65,7 +66,7 @@ def test_a_flood_waits_in_the_spill_file_and_is_written_in_order(tmp_path, small
     assert files._spill.peak_bytes == 8 * BATCH * schema.HOST_EVENT.size
     files.gate.set()
     files.finish()
-    # a file per flush of batch 0, then the spill read back 2 batches (PENDING_BYTES) at a time
+    # a file per flush of batch 0, then the spill read back 2 batches (FILE_BYTES) at a time
     assert _ts(files, out) == [list(range(k * BATCH, (k + n) * BATCH)) for k, n in [(0, 1), (1, 2), (3, 2), (5, 2),
                                                                                       (7, 2)]]
     assert (files.written, files.unwritten) == (9 * BATCH, 0)
@@ -83,7 +84,7 @@ def test_without_a_spill_file_the_reader_waits_for_the_write(tmp_path, small_pen
     done = threading.Event()
 
     def more() -> None:
-        files.add(_batch(2))  # PENDING_BYTES reached: waits for the stalled write
+        files.add(_batch(2))  # the hold reached: waits for the stalled write
         done.set()
 
     t = threading.Thread(target=more)
