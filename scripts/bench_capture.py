@@ -182,9 +182,19 @@ def _writer_pid(tracer: int, workload: int) -> int:
 
 
 def _rss(pid: int) -> int:
-    """The process's resident memory now, bytes (VmRSS; VmHWM would be the BPF compile's peak)."""
+    """The process's own resident memory now, bytes: VmRSS less RssShmem, the pages of the ring it shares
+    with the events writer (counted apart: _ring_bytes).  VmHWM would be the BPF compile's peak."""
+    return _status(pid, "VmRSS") - _status(pid, "RssShmem")
+
+
+def _ring_bytes(pid: int) -> int:
+    """Resident pages of the ring shared with the events writer (capture.shared_ring), bytes."""
+    return _status(pid, "RssShmem")
+
+
+def _status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -215,8 +225,10 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
     writer = _writer_pid(tracer.pid, wl_pid)
     c0, w0, t0 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
     rss0 = peak = _rss(tracer.pid)
+    ring = 0
     while _running(wl_pid):
         peak = max(peak, _rss(tracer.pid))
+        ring = max(ring, _ring_bytes(tracer.pid))
         time.sleep(0.05)
     c1, w1, t1 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
     stderr = tracer.communicate()[1]
@@ -237,6 +249,7 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
         "writer_cpu_fraction": (w1 - w0) / hz / (t1 - t0),
         "buffer_pages": m["buffer_pages"],
         "tracer_rss": (rss0, peak),
+        "ring_resident": ring,
         "finish_seconds": t2 - t1,
     }
 
@@ -315,7 +328,8 @@ def main() -> int:
               f"(target <= 25%); events-writer process (decode + Parquet, nice {5}): "
               f"{100 * s['writer_cpu_fraction']:.1f}%")
         print(f"    tracer memory {s['tracer_rss'][0] / 2**20:.0f} MiB at the start of the flood, at most "
-              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it; the tracer exited {s['finish_seconds']:.1f} s after it")
+              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it, and the ring it shares with the events writer "
+              f"{s['ring_resident'] / 2**20:.0f} MiB; the tracer exited {s['finish_seconds']:.1f} s after it")
     if a.kill_after is not None:
         with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
             k = killed(a.calls, a.kill_after, Path(tmp))

@@ -220,6 +220,7 @@ def main(argv: list[str]) -> int:
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
     stdin, stdout = sys.stdin.buffer, sys.stdout
     files = EventFiles(OutputDir(fd, Path(f"/proc/self/fd/{fd}")), ring.release)
+    ring.prefault(0)
     while True:
         try:
             kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
@@ -232,6 +233,7 @@ def main(argv: list[str]) -> int:
         elif kind == b"R":
             pos, nbytes, size = RING_PART.unpack(payload)
             files.add(ring.view(pos, nbytes, dtypes[size]), pos + nbytes)
+            ring.prefault(pos + nbytes)
         elif kind == b"F":
             files.flush()
         elif kind == b"S":

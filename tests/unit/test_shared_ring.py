@@ -64,10 +64,34 @@ def test_a_second_mapping_sees_the_records_and_the_release(tmp_path):
 @pytest.mark.parametrize("avail_kib, expected", [
     (64 << 10, MIN_BYTES),  # 64 MiB available: an eighth is below the floor
     (4 << 20, 512 << 20),
-    (64 << 20, MAX_BYTES),
+    (64 << 20, MAX_BYTES),  # 64 GiB available: the cap
 ])
 def test_the_default_size_is_an_eighth_of_the_memory_available(tmp_path, avail_kib, expected):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemTotal: {avail_kib * 2} kB\nMemAvailable: {avail_kib} kB\n")
     assert ring_bytes(str(meminfo)) == expected
     assert ring_bytes(str(tmp_path / "missing")) == MIN_BYTES
+
+
+def test_prefault_makes_the_pages_ahead_resident_without_changing_them():
+    from pasta_trace.capture import shared_ring
+
+    size = REC.itemsize
+    tracer = SharedRing.create(4 * shared_ring.PREFAULT_AHEAD_BYTES)
+    writer = SharedRing(os.dup(tracer.fd))
+    n, parts = tracer.put(_recs(0, 100))
+    before = _shmem_resident()
+    writer.prefault(0)
+    assert writer._ready == shared_ring.PREFAULT_AHEAD_BYTES
+    # the writer's mapping now holds the first 64 MiB (less the pages the tracer's put made already)
+    assert _shmem_resident() - before >= shared_ring.PREFAULT_AHEAD_BYTES - 100 * size - 4096
+    assert _ts(writer, parts) == list(range(100))  # read, not overwritten
+    writer.prefault(3 * shared_ring.PREFAULT_AHEAD_BYTES + size)
+    assert writer._ready == writer.capacity  # never past the end
+
+
+def _shmem_resident() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssShmem in /proc/self/status")
