@@ -65,7 +65,9 @@ class DrainLoop:
         self._watcher = watcher
         self._on_flush = on_flush
         self._status = status
-        self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
+        # drained into the same memory each time: the records are copied on
+        # (into the writer's shared ring) before the next drain
+        self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype, reuse=True)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
         self._wake = None
         # a new stack, a new process's native stack or an exec wakes the loop before POLL_INTERVAL_S
