@@ -22,9 +22,16 @@
     files hold against the calls made by then.  The README promises all but
     the last second.
 
+(d) The events writer alone (--writer N): N launch records, as the drain
+    hands them on (batches of 11,000, the ring's padded layout), through the
+    capture writer (the shared ring and the events-writer process) until they
+    are written; its events/s, CPU per event and bytes per event on disk,
+    against the floor of writing the same records' raw bytes to a file.
+
     sudo .venv/bin/python scripts/bench_capture.py                    # (a) and (b), default sizes
     sudo .venv/bin/python scripts/bench_capture.py --fill 200000 --calls 2000000   # quick
     sudo .venv/bin/python scripts/bench_capture.py --skip-drain --skip-sustained --kill-after 6
+    sudo .venv/bin/python scripts/bench_capture.py --skip-drain --skip-sustained --writer 4000000
 """
 
 from __future__ import annotations
@@ -182,9 +189,19 @@ def _writer_pid(tracer: int, workload: int) -> int:
 
 
 def _rss(pid: int) -> int:
-    """The process's resident memory now, bytes (VmRSS; VmHWM would be the BPF compile's peak)."""
+    """The process's own resident memory now, bytes: VmRSS less RssShmem, the pages of the ring it shares
+    with the events writer (counted apart: _ring_bytes).  VmHWM would be the BPF compile's peak."""
+    return _status(pid, "VmRSS") - _status(pid, "RssShmem")
+
+
+def _ring_bytes(pid: int) -> int:
+    """Resident pages of the ring shared with the events writer (capture.shared_ring), bytes."""
+    return _status(pid, "RssShmem")
+
+
+def _status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -215,8 +232,10 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
     writer = _writer_pid(tracer.pid, wl_pid)
     c0, w0, t0 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
     rss0 = peak = _rss(tracer.pid)
+    ring = 0
     while _running(wl_pid):
         peak = max(peak, _rss(tracer.pid))
+        ring = max(ring, _ring_bytes(tracer.pid))
         time.sleep(0.05)
     c1, w1, t1 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
     stderr = tracer.communicate()[1]
@@ -237,6 +256,7 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
         "writer_cpu_fraction": (w1 - w0) / hz / (t1 - t0),
         "buffer_pages": m["buffer_pages"],
         "tracer_rss": (rss0, peak),
+        "ring_resident": ring,
         "finish_seconds": t2 - t1,
     }
 
@@ -276,6 +296,50 @@ def killed(calls: int, kill_after: float, workdir: Path) -> dict:
     }
 
 
+def _flood_records(n: int, seed: int = 1) -> np.ndarray:
+    """Launch records as a 2-thread flood drains them: irregular times, two threads, seven kernels."""
+    from pasta_trace.capture.ringbuf import padded_dtype
+    from pasta_trace.probes.catalog import APIS
+
+    rng = np.random.default_rng(seed)
+    r = np.zeros(n, padded_dtype(schema.HOST_EVENT.dtype))
+    r["ts_ns"] = 10**12 + np.cumsum(rng.integers(400, 1400, n))
+    r["dur_ns"] = rng.integers(300, 900, n)
+    r["pid"], r["tid"] = 4242, 4242 + (rng.integers(0, 2, n))
+    r["api"] = [a.api_name for a in APIS].index("cuLaunchKernel")
+    r["kind"] = int(schema.Kind.launch)
+    r["flags"] = schema.FLAG_HAS_RET | schema.FLAG_HAS_DUR
+    r["valid"] = sum(1 << schema.PAYLOAD_BITS[b] for b in ("stream", "func", "grid", "block", "shmem"))
+    r["stream"], r["func"] = 0x7F00_0000, 0x5555_0000 + rng.integers(0, 7, n) * 64
+    r["grid_x"], r["block_x"], r["comm"] = 128, 256, b"cuda_workload"
+    return r
+
+
+def writer_alone(n: int, workdir: Path) -> dict:
+    """(d): n records through CaptureWriter until written; the raw-bytes write of the same records as baseline."""
+    from pasta_trace.capture.writer import CaptureWriter
+    from pasta_trace.probes.catalog import APIS
+    from pasta_trace.safe_output import OutputDir
+
+    recs = _flood_records(n)
+    t = time.perf_counter()
+    recs.tofile(workdir / "raw.bin")
+    os.fsync(os.open(workdir / "raw.bin", os.O_RDONLY))
+    raw_s = time.perf_counter() - t
+    hz = os.sysconf("SC_CLK_TCK")
+    w = CaptureWriter(OutputDir.claim(workdir / "cap", force=False), [a.api_name for a in APIS])
+    w.flush()  # the writer process is up and idle
+    c0, t0 = _cpu_ticks(w._proc.pid), time.perf_counter()
+    for at in range(0, n, 11_000):
+        w.add_events(recs[at : at + 11_000])
+    w.flush()  # synchronous: everything written
+    c1, t1 = _cpu_ticks(w._proc.pid), time.perf_counter()
+    w.close()
+    disk = sum(f.stat().st_size for f in w.event_files)
+    return {"n": n, "written": w.written, "dropped": w.lost_behind, "seconds": t1 - t0,
+            "cpu_s": (c1 - c0) / hz, "raw_seconds": raw_s, "disk_bytes": disk, "ring_bytes": recs.dtype.itemsize}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fill", type=int, default=1_000_000, help="records pre-filled per drain (default 1e6)")
@@ -286,7 +350,20 @@ def main() -> int:
     ap.add_argument("--skip-sustained", action="store_true")
     ap.add_argument("--kill-after", type=float, metavar="S",
                     help="(c): SIGKILL the tracer S seconds into a flood of --calls (default: no (c))")
+    ap.add_argument("--writer", type=float, metavar="N", help="(d): N records through the events writer alone")
     a = ap.parse_args()
+    if a.writer:
+        with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
+            d = writer_alone(int(a.writer), Path(tmp))
+        print(f"(d) events writer alone: {d['written']:,} of {d['n']:,} records written ({d['dropped']:,} dropped) "
+              f"in {d['seconds']:.2f} s = {d['n'] / d['seconds'] / 1e6:.2f} M events/s; writer process "
+              f"{d['cpu_s']:.2f} CPU s = {d['cpu_s'] / d['n'] * 1e9:.0f} ns an event")
+        print(f"    {d['ring_bytes']} bytes an event in the ring, {d['disk_bytes'] / d['n']:.1f} on disk; baseline: the "
+              f"raw records written to a file in {d['raw_seconds']:.2f} s "
+              f"({d['n'] / d['raw_seconds'] / 1e6:.2f} M events/s): the writer takes "
+              f"{d['seconds'] / d['raw_seconds']:.1f}x as long")
+        if a.skip_drain and a.skip_sustained and a.kill_after is None:
+            return 0
     if os.geteuid() != 0:
         print("bench_capture.py needs root (BPF)", file=sys.stderr)
         return 77
@@ -315,7 +392,8 @@ def main() -> int:
               f"(target <= 25%); events-writer process (decode + Parquet, nice {5}): "
               f"{100 * s['writer_cpu_fraction']:.1f}%")
         print(f"    tracer memory {s['tracer_rss'][0] / 2**20:.0f} MiB at the start of the flood, at most "
-              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it; the tracer exited {s['finish_seconds']:.1f} s after it")
+              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it, and the ring it shares with the events writer "
+              f"{s['ring_resident'] / 2**20:.0f} MiB; the tracer exited {s['finish_seconds']:.1f} s after it")
     if a.kill_after is not None:
         with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
             k = killed(a.calls, a.kill_after, Path(tmp))

@@ -60,13 +60,19 @@ def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: 
 _BLOCK = 16384
 
 
-def columns(recs: np.ndarray, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Contiguous copies of the named fields of a structured array."""
-    out = {c: np.empty(recs.size, recs.dtype[c]) for c in names}
-    for a in range(0, recs.size, _BLOCK):
-        block = recs[a : a + _BLOCK]
-        for c in names:
-            out[c][a : a + _BLOCK] = block[c]
+def columns(recs: np.ndarray | Sequence[np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Contiguous copies of the named fields of a structured array, or of
+    several in order (as if concatenated: no copy of the records is made)."""
+    parts = [recs] if isinstance(recs, np.ndarray) else list(recs)
+    dtype = parts[0].dtype
+    out = {c: np.empty(sum(p.size for p in parts), dtype[c]) for c in names}
+    at = 0
+    for part in parts:
+        for a in range(0, part.size, _BLOCK):
+            block = part[a : a + _BLOCK]
+            for c in names:
+                out[c][at + a : at + a + block.size] = block[c]
+        at += part.size
     return out
 
 
@@ -119,15 +125,17 @@ def _nccl_exprs(has) -> dict[str, pl.Expr]:
     return out
 
 
-def events_frame(recs: np.ndarray, api_names: Sequence[str], sequencer: Sequencer | None = None) -> pl.DataFrame:
-    """Decode HOST_EVENT records into a frame with exactly schema.EVENTS_SCHEMA.
-    ``sequencer`` numbers the collectives (`seq`) on from the batches before;
-    None: from 0 in this batch."""
-    if recs.size == 0:
+def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[str],
+                 sequencer: Sequencer | None = None) -> pl.DataFrame:
+    """Decode HOST_EVENT records (an array, or several in order) into a
+    frame with exactly schema.EVENTS_SCHEMA.  ``sequencer`` numbers the
+    collectives (`seq`) on from the batches before; None: from 0 in this batch."""
+    parts = [recs] if isinstance(recs, np.ndarray) else [p for p in recs if p.size]
+    if not parts:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
-    table = api_table(api_names, int(recs["api"].max()) + 1)
-    cols = columns(recs, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
+    cols = columns(parts, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
                           "comm", "stack_id", "outer_ts", *_PAYLOAD_COLUMNS])
+    table = api_table(api_names, int(cols["api"].max()) + 1)
     kinds = schema.kind_index(cols.pop("kind"))
     copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")

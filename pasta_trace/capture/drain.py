@@ -19,6 +19,7 @@ import numpy as np
 from .. import schema
 from .attach_names import AttachNamer
 from .bpf_maps import read_lost
+from .heap import keep_freed_memory
 from .late_load import LateLoadWatcher
 from .launch import HeldCommand
 from .native_collector import NativeCollector
@@ -64,7 +65,9 @@ class DrainLoop:
         self._watcher = watcher
         self._on_flush = on_flush
         self._status = status
-        self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype)
+        # drained into the same memory each time: the records are copied on
+        # (into the writer's shared ring) before the next drain
+        self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype, reuse=True)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
         self._wake = None
         # a new stack, a new process's native stack or an exec wakes the loop before POLL_INTERVAL_S
@@ -89,6 +92,7 @@ class DrainLoop:
         """Drain until ``stop()``, the duration, the launched command's exit or
         (-p) the exit of every traced process.  Returns the command's exit code."""
         boost_drain_thread()
+        keep_freed_memory()  # each drain's records are copied out into memory freed by the ones before
         deadline = time.monotonic() + duration if duration else None
         exit_code = None
         last_status = 0.0

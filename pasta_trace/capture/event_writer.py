@@ -2,26 +2,26 @@
 (and communicators.parquet whenever an NCCL communicator is made or ended).
 
 It runs apart from the tracer (``python -m pasta_trace.capture.event_writer
-DIR_FD``, at lower priority) so that decoding and compressing never hold the GIL or the
-CPU that the drain needs to keep the ring buffer from overflowing.  It reads
-framed messages on stdin: a type byte, a u64 length, the payload.
+DIR_FD RING_FD``) so that decoding and compressing never hold the GIL or the
+CPU that the drain needs to keep the BPF ring buffer from overflowing.  The
+tracer puts the records in a ring both processes map (capture.shared_ring)
+and sends framed messages on stdin: a type byte, a u64 length, the payload.
 
     b"A"  JSON list of API names (first message)
-    b"E"  raw records: schema.HOST_EVENT, plain or as laid out in the ring
+    b"R"  RING_PART: records of schema.HOST_EVENT (plain or as laid out in the
+          BPF ring) at this position of the shared ring
     b"F"  write what arrived since the last flush
     b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
     b"C"  flush, answer a JSON line and exit: {"comms": {pid: comm}, "files": [...],
           "written": N, "unwritten": N, "by_kind": [N per schema.KIND_NAMES],
           "error": why the first failed write failed, or null,
-          "spilled": records that waited in the spill file, "spill_peak_bytes": N}
+          "held_peak_bytes": the most that waited unwritten}
 
-Records that arrive while a file is being written wait in memory up to
-PENDING_BYTES, then in an unnamed spill file (capture.event_spill), so that
-a flood faster than the decode is read on and written later, not dropped.
-
-Files are written by a thread while reading goes on (EventFiles).  A flush
-that cannot be written (a full disk) leaves no file behind: its records are
-counted as unwritten, and the next flush tries again.
+Files are written by a thread while reading goes on
+(EventFiles).  A writer behind a flood holds nothing of its own: the records
+wait in the ring, and only when it is full does the tracer drop and count.
+A file that cannot be written (a full disk) leaves nothing behind: its
+records are counted as unwritten, and the next flush tries again.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import struct
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -43,19 +44,24 @@ from ..safe_output import OutputDir
 from . import own_process
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
-from .event_spill import Spill, SpillLost
+from .heap import keep_freed_memory
 from .ringbuf import padded_dtype
+from .shared_ring import SharedRing
 from .tensor_sizes import TensorSizes
 
 HEADER = struct.Struct("<cQ")
+#: a b"R" message: where a batch of records lies in the shared ring (position, bytes, record size)
+RING_PART = struct.Struct("<QQI")
 COMPRESSION = "lz4"
+#: The process's nice value: below the traced program's threads, which it
+#: should slow as little as it can (a writer behind loses nothing: the
+#: records wait in the shared ring).
 NICE = 5
-#: Records held in memory unwritten, at most: past it a file is written before
-#: the flush interval ends or, while one is being written, they go to the
-#: spill file (reading goes on); only where nothing can be spilled does reading
-#: wait for the write, and records back up into the
-#: tracer's bounded queue.
-PENDING_BYTES = 64 << 20
+#: Records per events file, at most (about 400,000): past it a file is begun
+#: before the flush interval ends, and a backlog is written this much at a time.
+FILE_BYTES = 64 << 20
+
+
 #: rewritten whole whenever an NCCL communicator is made or ended
 COMMUNICATORS = "communicators.parquet"
 
@@ -85,30 +91,27 @@ def kind_counts(recs: np.ndarray) -> np.ndarray:
     return np.bincount(schema.kind_index(recs["kind"]), minlength=len(schema.KIND_NAMES))
 
 
-def _read_exact(stream, n: int) -> bytearray:
-    """n bytes, read straight into the buffer returned (records are read at
-    the flood's rate: no copy more than the pipe's)."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = stream.readinto(view[got:])
-        if not k:
-            raise EOFError("the tracer closed the pipe")
-        got += k
-    return buf
+def _read_exact(stream, n: int) -> bytes:
+    data = stream.read(n)  # a buffered reader: all n bytes, or fewer at the end of the stream
+    if len(data) < n:
+        raise EOFError("the tracer closed the pipe")
+    return data
 
 
 class EventFiles:
-    """The events files of one capture.  Each flush is written by a thread
-    of its own while the main thread goes on reading the pipe, so the tracer
-    is never kept waiting by a write: what reached this process is safe from
-    a SIGKILL of the tracer, what waits in the tracer is not."""
+    """The events files of one capture.  Each file is written by a thread
+    of its own while the main thread goes on reading the pipe.  Records that
+    came through the ring shared with the tracer are decoded where they lie,
+    and their space is released once their file is written (or counted
+    unwritten)."""
 
-    def __init__(self, out: OutputDir):
+    def __init__(self, out: OutputDir, release: Callable[[int], None] | None = None):
         self._out = out
+        self._release = release
         self.api_names: list[str] = []
-        self._pending: list[np.ndarray] = []
+        self._pending: list[tuple[np.ndarray, int | None]] = []  # (records, their end in the ring)
         self._pending_bytes = 0
+        self.held_peak_bytes = 0  # the most that waited unwritten
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
         self.files: list[str] = []
@@ -119,44 +122,31 @@ class EventFiles:
         self._sizes = TensorSizes()  # files are written one after another: frees get their sizes in order
         self._sequencer = Sequencer()  # and collectives their numbers
         self._communicators = CommunicatorTable(socket.gethostname())
-        self._spill = Spill(out.fd)
 
-    def add(self, recs: np.ndarray) -> None:
-        self._pending.append(recs)
+    def add(self, recs: np.ndarray, end: int | None = None) -> None:
+        """Records to write; ``end``: their end position in the shared ring."""
+        self._pending.append((recs, end))
         self._pending_bytes += recs.nbytes
-        if self._pending_bytes >= PENDING_BYTES:
+        self.held_peak_bytes = max(self.held_peak_bytes, self._pending_bytes)
+        if self._pending_bytes >= FILE_BYTES:
             self.flush()  # a file before the interval ends
 
     def flush(self) -> None:
-        """Have what arrived since the last flush written.  While a file is
-        being written, what is pending waits, in memory up to PENDING_BYTES,
-        past that in the spill file, behind what waits there, and the writing
-        thread takes it next; where it cannot (no room), this waits for the
-        write (backpressure: the tracer's queue fills).  Nothing pending is
-        written while older records wait in the spill file."""
-        if self._writing() and (self._pending_bytes < PENDING_BYTES or self._move_pending_to_spill()):
+        """Have what arrived written, FILE_BYTES of it at a time.  While a
+        file is being written, what arrives waits (in the ring: a writer
+        behind holds nothing of its own) and is taken by a later call."""
+        if self._writing():
             return
         self.wait()
-        recs = self._take_spilled()  # the oldest first
-        if recs is None:
-            if not self._pending:
-                return
-            recs = np.concatenate(self._pending)
-            self._pending, self._pending_bytes = [], 0
-        elif self._pending_bytes >= PENDING_BYTES and not self._move_pending_to_spill():
-            self._write_all(recs)  # no room to spill: the spill is written here, the pending records after it
-            self.wait()
-            return
-        self._thread = threading.Thread(target=self._write_all, args=(recs,), name="pasta-events-file")
-        self._thread.start()
+        if self._pending:
+            self._thread = threading.Thread(target=self._write, args=(self._take_pending(),), name="pasta-events-file")
+            self._thread.start()
 
     def finish(self) -> None:
         """Until everything that arrived is written (or counted unwritten)."""
-        while True:
+        while self._pending or self._thread is not None:
             self.flush()
             self.wait()
-            if not self._pending and not self._spill:
-                return
 
     def wait(self) -> None:
         """Until the write in progress ended; raises what broke it (a bug: a full disk is counted)."""
@@ -169,44 +159,42 @@ class EventFiles:
     def _writing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _move_pending_to_spill(self) -> bool:
-        if not self._spill.put(self._pending):
-            return False
-        self._pending, self._pending_bytes = [], 0
-        return True
+    def _take_pending(self) -> list[tuple[np.ndarray, int | None]]:
+        """The oldest pending arrays, about FILE_BYTES of them (at least one),
+        decoded piece by piece: a concatenation would copy them into new memory."""
+        n, size = 0, 0
+        while n < len(self._pending) and (n == 0 or size + self._pending[n][0].nbytes <= FILE_BYTES):
+            size += self._pending[n][0].nbytes
+            n += 1
+        taken, self._pending = self._pending[:n], self._pending[n:]
+        self._pending_bytes -= size
+        return taken
 
-    def _write_all(self, recs: np.ndarray | None) -> None:
-        """Write ``recs``, then what the spill file holds, a file each."""
-        while recs is not None and self._failure is None:
-            self._write(recs)
-            recs = self._take_spilled()
-
-    def _take_spilled(self) -> np.ndarray | None:
+    def _write(self, taken: list[tuple[np.ndarray, int | None]]) -> None:
+        parts = [recs for recs, _ in taken]
+        records = sum(p.size for p in parts)
         try:
-            return self._spill.take(PENDING_BYTES)
-        except SpillLost as e:  # records that cannot be read back are counted unwritten
-            self.unwritten += e.records
-            self.error = self.error or str(e)
-            return None
-
-    def _write(self, recs: np.ndarray) -> None:
-        try:
-            data = self._sizes.fill(events_frame(recs, self.api_names, self._sequencer))
+            data = self._sizes.fill(events_frame(parts, self.api_names, self._sequencer))
             for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
                 self.comms.setdefault(pid, comm)
             name = f"events-{len(self.files):05d}.parquet"
             try:
                 write_atomic(self._out, name, data)
             except OSError as e:  # a full disk: keep the files written so far, count these
-                self.unwritten += len(recs)
+                self.unwritten += records
                 self.error = self.error or (e.strerror or str(e))
                 return
             self.files.append(name)
-            self.written += len(recs)
-            self.by_kind += kind_counts(recs)
+            self.written += records
+            for p in parts:
+                self.by_kind += kind_counts(p)
             self._write_communicators(data)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
             self._failure = e
+        finally:
+            ends = [end for _, end in taken if end is not None]
+            if ends and self._release is not None:
+                self._release(max(ends))
 
     def _write_communicators(self, data: pl.DataFrame) -> None:
         """Rewrite communicators.parquet if ``data`` made or ended one; on a
@@ -220,29 +208,32 @@ class EventFiles:
 
     def reply(self) -> dict:
         return {"comms": self.comms, "files": self.files, "written": self.written, "unwritten": self.unwritten,
-                "by_kind": self.by_kind.tolist(), "error": self.error, "spilled": self._spill.records,
-                "spill_peak_bytes": self._spill.peak_bytes}
+                "by_kind": self.by_kind.tolist(), "error": self.error, "held_peak_bytes": self.held_peak_bytes}
 
 
 def main(argv: list[str]) -> int:
     own_process.mark()
     fd = int(argv[0])  # the capture directory, inherited open: every file is written relative to it
+    ring = SharedRing(int(argv[1]))  # where the tracer puts the records (capture.shared_ring)
     os.nice(NICE)
+    keep_freed_memory()
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
     stdin, stdout = sys.stdin.buffer, sys.stdout
-    files = EventFiles(OutputDir(fd, Path(f"/proc/self/fd/{fd}")))
+    files = EventFiles(OutputDir(fd, Path(f"/proc/self/fd/{fd}")), ring.release)
+    ring.prefault(0)
     while True:
         try:
             kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
-            payload = _read_exact(stdin, length) if length else b""
+            payload = _read_exact(stdin, length)
         except EOFError:
-            files.finish()  # the tracer died: keep what we have
+            files.finish()  # the tracer died: keep what we have, the ring's records included
             return 1
         if kind == b"A":
             files.api_names = json.loads(payload)
-        elif kind == b"E":
-            size = struct.unpack_from("<I", payload)[0]
-            files.add(np.frombuffer(payload, dtypes[size], offset=4))
+        elif kind == b"R":
+            pos, nbytes, size = RING_PART.unpack(payload)
+            files.add(ring.view(pos, nbytes, dtypes[size]), pos + nbytes)
+            ring.prefault(pos + nbytes)
         elif kind == b"F":
             files.flush()
         elif kind == b"S":

@@ -96,9 +96,10 @@ class Finisher:
         write_error = writer.write_error or next(iter(writer.failed.values()), None)
         manifest.notes = [*self._probes.notes, *(f"{name} not written: {why} (its last version is kept)"
                                                   for name, why in writer.failed.items())]
-        if writer.spilled:
-            manifest.notes.append(f"the events writer fell behind: {writer.spilled:,} events waited in its spill file "
-                                  f"(at most {writer.spill_peak_bytes / 2**20:.0f} MiB) and were written after")
+        if writer.held_peak_bytes * 4 >= writer.ring_bytes:
+            manifest.notes.append(f"the events writer fell behind: up to {writer.held_peak_bytes / 2**20:.0f} MiB of "
+                                  f"events waited in its {writer.ring_bytes / 2**20:.0f} MiB ring, and were written "
+                                  "after; a longer flood would lose events")
         completed = complete_manifest(self._out, manifest)
         self._out.hand_over(self._owner, also=[f.name for f in writer.event_files])
         self._out.close()

@@ -46,14 +46,15 @@ def padded_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def decode_span(
-    data: np.ndarray, mask: int, cons: int, prod: int, dtype: np.dtype
+    data: np.ndarray, mask: int, cons: int, prod: int, dtype: np.dtype, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, int]:
     """Decode the committed records between ``cons`` and ``prod``.
 
     ``data`` is the uint8 view of the doubly mapped data area (2 * (mask + 1)
     bytes).  Returns (a copy of the non-discarded records, as padded_dtype(dtype),
     and the new consumer position): it stops before the first record still
-    being written.
+    being written.  The copy is made in ``out`` (bytes, at least mask + 1 of
+    them) where given, else in new memory.
     """
     stride = record_stride(dtype.itemsize)
     n = (prod - cons) // stride
@@ -76,7 +77,12 @@ def decode_span(
         )
     discarded = (hdr & DISCARD_BIT) != 0
     # one contiguous copy of the span (the double mapping makes wrapped spans contiguous)
-    recs = data[start : start + n * stride].copy().view(padded_dtype(dtype))
+    span = data[start : start + n * stride]
+    if out is None:
+        recs = span.copy().view(padded_dtype(dtype))
+    else:
+        np.copyto(out[: span.size], span)
+        recs = out[: span.size].view(padded_dtype(dtype))
     if discarded.any():
         recs = recs[~discarded]
     return recs, cons + n * stride
@@ -88,7 +94,7 @@ class RingBuffer:
     ``map_fd`` comes from BCC (``bpf["events"].map_fd``), ``data_size`` is the
     map's max_entries (its data size in bytes, a power of two pages)."""
 
-    def __init__(self, map_fd: int, data_size: int, dtype: np.dtype):
+    def __init__(self, map_fd: int, data_size: int, dtype: np.dtype, *, reuse: bool = False):
         if data_size <= 0 or data_size & (data_size - 1) or data_size % PAGE_SIZE:
             raise ValueError(f"ring size {data_size} is not a power-of-two number of pages")
         self.dtype = dtype
@@ -100,16 +106,20 @@ class RingBuffer:
         self._cons = np.ndarray((1,), dtype="<u8", buffer=self._cons_map, offset=0)
         self._prod = np.ndarray((1,), dtype="<u8", buffer=self._ro_map, offset=0)
         self._data = np.ndarray((2 * data_size,), dtype=np.uint8, buffer=self._ro_map, offset=PAGE_SIZE)
+        # reuse: every drain copies into the same memory (no allocation, no new pages
+        # each time: a drain's records are only valid until the next drain)
+        self._out = np.empty(data_size, np.uint8) if reuse else None
 
     @property
     def pending_bytes(self) -> int:
         return int(self._prod[0]) - int(self._cons[0])
 
     def drain(self) -> np.ndarray:
-        """All records committed so far (a copy); frees their space in the ring."""
+        """All records committed so far (a copy: with ``reuse``, one that the
+        next drain overwrites); frees their space in the ring."""
         cons = int(self._cons[0])
         prod = int(self._prod[0])
-        recs, new_cons = decode_span(self._data, self._mask, cons, prod, self.dtype)
+        recs, new_cons = decode_span(self._data, self._mask, cons, prod, self.dtype, self._out)
         if new_cons != cons:
             self._cons[0] = new_cons
         return recs
@@ -121,7 +131,7 @@ class RingBuffer:
         self._ro_map.close()
 
 
-def open_table(bpf, name: str, dtype: np.dtype) -> RingBuffer:
+def open_table(bpf, name: str, dtype: np.dtype, *, reuse: bool = False) -> RingBuffer:
     """Map the BCC ring-buffer table ``name`` of a loaded BPF object."""
     table = bpf[name]
-    return RingBuffer(table.map_fd, int(table.max_entries), dtype)
+    return RingBuffer(table.map_fd, int(table.max_entries), dtype, reuse=reuse)

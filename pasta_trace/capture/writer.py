@@ -5,11 +5,12 @@ Events go into one new file per flush interval (``events-00000.parquet``,
 ``events-00001.parquet``, ...): a Parquet file is only readable once its
 footer is written, so each interval's file is written whole, to a hidden
 temporary name, and renamed into place.  Decoding and writing the events
-happen in a separate process (capture.event_writer) fed through a pipe by a
-sender thread, so the drain never waits for them.  That process outlives a
-SIGKILLed tracer and writes what reached it, so a SIGKILL loses only what
-waits in the tracer's queue, which is bounded (capture.writer_queue: records
-that do not fit are dropped and counted, ``lost_writer_behind``).  The small
+happen in a separate process (capture.event_writer): the drain copies the
+records into a ring both processes map (capture.shared_ring) and a sender
+thread tells the writer where they lie, so the drain never waits for it.
+That process outlives a SIGKILLed tracer and writes everything in the ring,
+so a SIGKILL loses nothing drained.  The ring is bounded: records that do not
+fit are dropped and counted (``lost_writer_behind``).  The small
 tables (names, processes, libraries) are rewritten whole, atomically,
 whenever they change.
 
@@ -21,7 +22,6 @@ completed (finish).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -38,8 +38,9 @@ from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
 from .decode import host_stub_aliases, names_frame
-from .event_writer import frame, write_atomic
-from .writer_queue import BUDGET_BYTES, WriterQueue
+from .event_writer import RING_PART, frame, write_atomic
+from .shared_ring import SharedRing, ring_bytes
+from .writer_queue import WriterQueue
 
 #: Flush interval: what the events writer process holds unwritten at most,
 #: should it be killed too.
@@ -50,27 +51,6 @@ FLUSH_INTERVAL_S = 1.0
 RESERVE_BYTES = 1 << 20
 
 
-#: The pipe to the events writer process: big enough that the writer reads
-#: a drain's records at a time (the default 64 KiB holds 390 records, so the
-#: writer had to be woken, and take the GIL from its decoding thread, some
-#: 2,500 times a second in a flood).  Kernel memory, and it survives a SIGKILLed
-#: tracer: what is in the pipe is still read and written.
-PIPE_BYTES = 16 << 20
-
-
-def widen_pipe(fd: int, size: int) -> None:
-    """Make the pipe ``size`` bytes, or as large as this process may without
-    CAP_SYS_RESOURCE (/proc/sys/fs/pipe-max-size); left as it is if neither
-    works (the writer is then woken more often, nothing is lost)."""
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
-    except OSError:
-        try:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(size, int(Path("/proc/sys/fs/pipe-max-size").read_text())))
-        except (OSError, ValueError):
-            pass
-
-
 class CaptureWriter:
     def __init__(
         self,
@@ -78,8 +58,7 @@ class CaptureWriter:
         api_names: Sequence[str],
         *,
         flush_interval_s: float = FLUSH_INTERVAL_S,
-        queue_bytes: int = BUDGET_BYTES,
-        pipe_bytes: int = PIPE_BYTES,
+        ring: int | None = None,
     ):
         self.out = out
         #: the capture directory, for readers (a path that cannot be redirected)
@@ -98,22 +77,22 @@ class CaptureWriter:
         self.written = 0
         self.unwritten = 0
         self.write_error: str | None = None
-        self.spilled = self.spill_peak_bytes = 0  # events that waited on disk in the writer process
+        self.held_peak_bytes = 0  # the most that waited unwritten in the writer process
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
         #: small tables whose last write failed -> why (their previous version stays)
         self.failed: dict[str, str] = {}
         out.keep_free(RESERVE_BYTES)
         self._comms: dict[int, str] = {}
-        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd)]
+        self._ring = SharedRing.create(ring or ring_bytes())
+        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd), str(self._ring.fd)]
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
         # its own process group: a terminal's Ctrl-C reaches the whole foreground
         # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, pass_fds=(out.fd,), process_group=0)
-        widen_pipe(self._proc.stdin.fileno(), pipe_bytes)
-        self._queue = WriterQueue(queue_bytes)
+                                      env=env, pass_fds=(out.fd, self._ring.fd), process_group=0)
+        self._queue = WriterQueue()
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
         self._sender.start()
@@ -132,19 +111,24 @@ class CaptureWriter:
     # ------------------------------------------------------------------ input
 
     def add_events(self, recs: np.ndarray) -> None:
-        """Queue records for the writer process; those that do not fit in
-        its queue (the newest) are dropped and counted in lost_behind."""
-        fit = min(recs.size, self._queue.room() // recs.dtype.itemsize)
+        """Put records in the ring shared with the writer process (capture.shared_ring)
+        and tell it where; those that do not fit (the newest) are dropped and
+        counted in lost_behind."""
+        fit, parts = self._ring.put(recs)
         self.lost_behind += recs.size - fit
-        if fit:
-            payload = recs[:fit].tobytes()
-            self._queue.put(frame(b"E", np.uint32(recs.dtype.itemsize).tobytes() + payload), len(payload))
-            self.events += fit
+        for pos, nbytes in parts:
+            self._queue.put(frame(b"R", RING_PART.pack(pos, nbytes, recs.dtype.itemsize)))
+        self.events += fit
 
     @property
-    def queued_bytes(self) -> int:
-        """Bytes of records waiting for the writer process."""
-        return self._queue.queued
+    def ring_bytes(self) -> int:
+        """The size of the ring shared with the writer process."""
+        return self._ring.capacity
+
+    @property
+    def ring_used(self) -> int:
+        """Bytes of records in the ring not yet written by the writer process."""
+        return self._ring.used
 
     def add_names(self, recs: np.ndarray) -> None:
         if recs.size:
@@ -179,7 +163,7 @@ class CaptureWriter:
         self._comms = {int(k): v for k, v in reply["comms"].items()}
         self.event_files = [self.dir / f for f in reply["files"]]
         self.written, self.unwritten, self.write_error = reply["written"], reply["unwritten"], reply["error"]
-        self.spilled, self.spill_peak_bytes = reply["spilled"], reply["spill_peak_bytes"]
+        self.held_peak_bytes = reply["held_peak_bytes"]
         self.by_kind = np.array(reply["by_kind"], dtype=np.int64)
         self._write_names()
 

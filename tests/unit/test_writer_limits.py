@@ -1,5 +1,5 @@
 """The capture writer at its limits: an events writer process that falls
-behind (a bounded queue: drops counted, never unbounded memory) and a full
+behind (a bounded shared ring: drops counted, never unbounded memory) and a full
 disk (what was written stays, what was not is counted, no temporaries, the
 manifest still completed)."""
 
@@ -22,7 +22,7 @@ from pasta_trace.capture.writer import RESERVE_BYTES, CaptureWriter
 from pasta_trace.safe_output import OutputDir
 
 APIS = ["cuLaunchKernel"]
-BATCH = 1000  # records; 168 kB, more than a 64 KiB pipe holds, so a stalled reader blocks the sender
+BATCH = 1000  # records
 
 
 def _launches(batch: int, n: int = BATCH) -> np.ndarray:
@@ -45,29 +45,43 @@ def _rows(d: Path) -> list[int]:
 
 
 def test_a_stalled_events_writer_costs_counted_drops_not_memory(tmp_path):
-    """The writer process stops reading: the queue holds 2.5 batches of
-    records, the rest is dropped (the newest), counted exactly, and what was
-    queued is all written once it reads again."""
+    """The writer process is stopped: the shared ring holds 2.5 batches of
+    records, the rest is dropped (the newest), counted exactly, and what the
+    ring holds is all written once it runs again."""
     size = BATCH * schema.HOST_EVENT.size
-    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, queue_bytes=2 * size + size // 2,
-                      pipe_bytes=64 << 10)
+    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, ring=2 * size + size // 2)
     os.kill(w._proc.pid, signal.SIGSTOP)
     try:
-        w.add_events(_launches(0))
-        _wait(lambda: w.queued_bytes == 0)  # taken by the sender, which now blocks in the full pipe
-        for batch in range(1, 7):
+        for batch in range(7):
             w.add_events(_launches(batch))
-        assert w.queued_bytes == 2 * size + size // 2 // schema.HOST_EVENT.size * schema.HOST_EVENT.size
+        assert w.ring_used == w.ring_bytes == 2 * size + size // 2
     finally:
         os.kill(w._proc.pid, signal.SIGCONT)
     w.close()
     produced = 7 * BATCH
-    assert w.events == 3500 and w.written == 3500 and w.unwritten == 0
-    assert w.lost_behind == 3500  # half of batch 3, batches 4-6
+    assert w.events == 2500 and w.written == 2500 and w.unwritten == 0
+    assert w.lost_behind == 4500  # half of batch 2, batches 3-6
     assert w.written + w.lost_behind == produced
     ts = pl.concat([pl.read_parquet(f) for f in w.event_files])["ts_ns"].sort().to_list()
-    assert ts == list(range(3500))  # batches 0-2 and the first half of batch 3
-    assert w.by_kind.tolist()[int(schema.Kind.launch)] == 3500
+    assert ts == list(range(2500))  # batches 0-1 and the first half of batch 2
+    assert w.by_kind.tolist()[int(schema.Kind.launch)] == 2500
+    assert w.ring_used == 0  # all released once written
+    assert w.held_peak_bytes == 2500 * schema.HOST_EVENT.size
+
+
+def test_the_ring_is_reused_after_the_writer_caught_up(tmp_path):
+    """Batches that wrap past the ring's end, many times: every record is
+    written once, in order, and none is dropped while the writer keeps up."""
+    size = BATCH * schema.HOST_EVENT.size
+    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, ring=size + size // 3)
+    for batch in range(12):
+        w.add_events(_launches(batch))
+        w.flush()  # synchronous: the ring is empty again
+        assert w.ring_used == 0
+    w.close()
+    assert (w.events, w.written, w.lost_behind) == (12 * BATCH, 12 * BATCH, 0)
+    ts = pl.concat([pl.read_parquet(f) for f in w.event_files])["ts_ns"].to_list()
+    assert ts == list(range(12 * BATCH))
 
 
 def test_summary_shows_the_manifest_notes_as_warnings(tmp_path):

@@ -1,0 +1,128 @@
+"""Event records on their way from the tracer to the events writer process.
+
+The drain copies each batch of records into a ring of memory that both
+processes map (a memfd), and sends the writer through the pipe only where
+the batch lies (position, bytes, record size), in order with the control
+messages.  The writer decodes the records where they lie and gives their
+space back, by advancing ``released`` in the ring's first page, once the file
+holding them is written.
+
+- The pipe carries a few bytes per batch: the writer has nothing to read in a
+  hurry, so a writer starved of CPU in a flood still loses nothing while the
+  ring has room.  (Through the pipe, each record was copied twice more, and
+  a reader that did not get the CPU or the GIL soon enough let the tracer's
+  queue overflow.)
+- What the tracer put in the ring survives a SIGKILLed tracer: the writer
+  maps it too and writes it.
+- Bounded: a batch that does not fit is cut, and the tracer counts what it
+  dropped (``lost_writer_behind``).  Pages are used once they are written
+  to, so a ring larger than the flood needs costs nothing.
+
+Positions count bytes from the start of the capture; a batch that does not
+fit in the space left before the ring's end wraps to its start in two parts,
+whole records each (the bytes skipped at the end count as used).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+#: the first page: u64 ``released`` (written by the events writer), then nothing
+HEAD_BYTES = 4096
+#: how far past the tracer's last batch the writer has the ring's pages made ready
+PREFAULT_AHEAD_BYTES = 64 << 20
+#: the ring's size at most, and at least
+MAX_BYTES = 2 << 30
+MIN_BYTES = 16 << 20
+
+
+def ring_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """The default size: an eighth of the memory available, between 16 MiB
+    and 2 GiB (about 12 M events: 11 s of a flood of 1.1 M events a second
+    with the writer not keeping up at all)."""
+    try:
+        with open(meminfo) as f:
+            avail = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return MIN_BYTES
+    return max(MIN_BYTES, min(MAX_BYTES, avail // 8))
+
+
+class SharedRing:
+    """One side of the ring: the tracer ``put``s, the writer ``view``s and ``release``s."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.capacity = os.fstat(fd).st_size - HEAD_BYTES
+        self._map = mmap.mmap(fd, HEAD_BYTES + self.capacity)
+        self._head = np.frombuffer(self._map, np.uint64, count=1)
+        self._data = np.frombuffer(self._map, np.uint8, count=self.capacity, offset=HEAD_BYTES)
+        self._end = 0  # the tracer's next position
+        self._ready = 0  # the writer's: pages below it are in memory
+
+    @classmethod
+    def create(cls, capacity: int) -> "SharedRing":
+        """A new ring (its memfd is closed on exec: pass it to the writer process with pass_fds)."""
+        fd = os.memfd_create("pasta-trace-events", os.MFD_CLOEXEC)
+        os.ftruncate(fd, HEAD_BYTES + capacity)
+        return cls(fd)
+
+    # -------------------------------------------------------------- the tracer
+
+    @property
+    def used(self) -> int:
+        """Bytes put and not yet released."""
+        return self._end - int(self._head[0])
+
+    def put(self, recs: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
+        """Copy as many of ``recs`` as fit, the oldest first; returns how
+        many, and the parts written as (position, bytes)."""
+        size = recs.dtype.itemsize
+        flat = np.ascontiguousarray(recs).view(np.uint8)
+        free = self.capacity - self.used
+        done, parts = 0, []
+        while done < recs.size:
+            at = self._end % self.capacity
+            tail = self.capacity - at
+            if tail < size:  # no whole record before the end: skip to the start
+                if free < tail + size:
+                    break
+                self._end += tail
+                free -= tail
+                continue
+            k = min(recs.size - done, tail // size, free // size)
+            if k == 0:
+                break
+            self._data[at : at + k * size] = flat[done * size : (done + k) * size]
+            parts.append((self._end, k * size))
+            self._end += k * size
+            free -= k * size
+            done += k
+        return done, parts
+
+    # -------------------------------------------------------------- the writer
+
+    def view(self, pos: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
+        """The records put at ``pos``, where they lie (no copy)."""
+        at = pos % self.capacity
+        return self._data[at : at + nbytes].view(dtype)
+
+    def prefault(self, pos: int) -> None:
+        """Have the pages of the ring up to ``pos`` + PREFAULT_AHEAD_BYTES
+        made (the first pass only: after it every page is).  A new page costs
+        its process a fault and a cleared page, far more than the copy into
+        it; made here, in the writer, that cost is not the drain's, which
+        must not fall behind the BPF ring.  Read, not written: the tracer may
+        be writing there already."""
+        upto = min(self.capacity, pos + PREFAULT_AHEAD_BYTES)
+        if upto > self._ready:
+            int(self._data[self._ready : upto : mmap.PAGESIZE].sum())
+            self._ready = upto
+
+    def release(self, end: int) -> None:
+        """Everything before position ``end`` is written: the tracer may reuse it."""
+        if end > int(self._head[0]):
+            self._head[0] = end

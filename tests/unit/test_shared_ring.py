@@ -1,0 +1,97 @@
+"""The ring shared by the tracer and its events writer process
+(capture.shared_ring): whole records, wrapping at the end, bounded by what
+the writer released."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from pasta_trace import schema
+from pasta_trace.capture.shared_ring import HEAD_BYTES, MAX_BYTES, MIN_BYTES, SharedRing, ring_bytes
+
+REC = schema.HOST_EVENT.dtype
+
+
+def _recs(first: int, n: int) -> np.ndarray:
+    r = np.zeros(n, REC)
+    r["ts_ns"] = np.arange(first, first + n)
+    return r
+
+
+def _ts(ring: SharedRing, parts) -> list[int]:
+    return [t for pos, nbytes in parts for t in ring.view(pos, nbytes, REC)["ts_ns"].tolist()]
+
+
+def test_records_wrap_whole_and_the_bytes_skipped_count_as_used():
+    size = REC.itemsize
+    ring = SharedRing.create(5 * size + size // 2)  # 5 records fit, and half of one more at the end
+    assert ring.put(_recs(0, 4)) == (4, [(0, 4 * size)])
+    ring.release(4 * size)
+    n, parts = ring.put(_recs(4, 3))
+    # one record before the end, the half record's bytes skipped, two from the start
+    assert n == 3 and parts == [(4 * size, size), (ring.capacity, 2 * size)]
+    assert _ts(ring, parts) == [4, 5, 6]
+    assert ring.used == size + size // 2 + 2 * size
+
+
+def test_what_does_not_fit_is_not_put_and_release_makes_room():
+    size = REC.itemsize
+    ring = SharedRing.create(4 * size)
+    assert ring.put(_recs(0, 6))[0] == 4  # the oldest 4
+    assert ring.put(_recs(6, 1)) == (0, [])
+    ring.release(2 * size)
+    n, parts = ring.put(_recs(6, 3))
+    assert n == 2 and _ts(ring, parts) == [6, 7]
+    ring.release(size)  # an older position than released already: nothing changes
+    assert ring.used == 4 * size
+
+
+def test_a_second_mapping_sees_the_records_and_the_release(tmp_path):
+    """As the writer process does: the same memfd, mapped again."""
+    size = REC.itemsize
+    tracer = SharedRing.create(8 * size)
+    writer = SharedRing(os.dup(tracer.fd))
+    n, parts = tracer.put(_recs(10, 5))
+    assert _ts(writer, parts) == list(range(10, 15))
+    writer.release(parts[-1][0] + parts[-1][1])
+    assert tracer.used == 0
+    assert os.fstat(tracer.fd).st_size == HEAD_BYTES + 8 * size
+
+
+@pytest.mark.parametrize("avail_kib, expected", [
+    (64 << 10, MIN_BYTES),  # 64 MiB available: an eighth is below the floor
+    (4 << 20, 512 << 20),
+    (64 << 20, MAX_BYTES),  # 64 GiB available: the cap
+])
+def test_the_default_size_is_an_eighth_of_the_memory_available(tmp_path, avail_kib, expected):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {avail_kib * 2} kB\nMemAvailable: {avail_kib} kB\n")
+    assert ring_bytes(str(meminfo)) == expected
+    assert ring_bytes(str(tmp_path / "missing")) == MIN_BYTES
+
+
+def test_prefault_makes_the_pages_ahead_resident_without_changing_them():
+    from pasta_trace.capture import shared_ring
+
+    size = REC.itemsize
+    tracer = SharedRing.create(4 * shared_ring.PREFAULT_AHEAD_BYTES)
+    writer = SharedRing(os.dup(tracer.fd))
+    n, parts = tracer.put(_recs(0, 100))
+    before = _shmem_resident()
+    writer.prefault(0)
+    assert writer._ready == shared_ring.PREFAULT_AHEAD_BYTES
+    # the writer's mapping now holds the first 64 MiB (less the pages the tracer's put made already)
+    assert _shmem_resident() - before >= shared_ring.PREFAULT_AHEAD_BYTES - 100 * size - 4096
+    assert _ts(writer, parts) == list(range(100))  # read, not overwritten
+    writer.prefault(3 * shared_ring.PREFAULT_AHEAD_BYTES + size)
+    assert writer._ready == writer.capacity  # never past the end
+
+
+def _shmem_resident() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssShmem in /proc/self/status")
