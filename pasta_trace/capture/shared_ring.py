@@ -21,10 +21,18 @@ holding them is written.
 Positions count bytes from the start of the capture; a batch that does not
 fit in the space left before the ring's end wraps to its start in two parts,
 whole records each (the bytes skipped at the end count as used).
+
+Memory: while the writer keeps up, the tracer starts again at the ring's
+start once past REGION_BYTES (nothing is unwritten then, so the bytes it
+skips need no release), so a steady flow keeps to the first REGION_BYTES and
+their pages; a flood uses more of the ring, and once the writer has caught
+up the tracer gives those pages back (``trim``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 
@@ -34,6 +42,9 @@ import numpy as np
 HEAD_BYTES = 4096
 #: how far past the tracer's last batch the writer has the ring's pages made ready
 PREFAULT_AHEAD_BYTES = 64 << 20
+#: the part of the ring a flow the writer keeps up with stays in
+REGION_BYTES = 256 << 20
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 #: the ring's size at most, and at least
 MAX_BYTES = 2 << 30
 MIN_BYTES = 16 << 20
@@ -61,7 +72,9 @@ class SharedRing:
         self._head = np.frombuffer(self._map, np.uint64, count=1)
         self._data = np.frombuffer(self._map, np.uint8, count=self.capacity, offset=HEAD_BYTES)
         self._end = 0  # the tracer's next position
-        self._ready = 0  # the writer's: pages below it are in memory
+        self._high = 0  # the tracer's: the furthest offset it wrote to since it last gave pages back
+        self._floor = 0  # the tracer's: where it last restarted (all before it is released)
+        self._ready = 0  # the writer's: the pages of the positions below it were made
 
     @classmethod
     def create(cls, capacity: int) -> "SharedRing":
@@ -75,13 +88,14 @@ class SharedRing:
     @property
     def used(self) -> int:
         """Bytes put and not yet released."""
-        return self._end - int(self._head[0])
+        return self._end - max(int(self._head[0]), self._floor)
 
     def put(self, recs: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
         """Copy as many of ``recs`` as fit, the oldest first; returns how
         many, and the parts written as (position, bytes)."""
         size = recs.dtype.itemsize
         flat = np.ascontiguousarray(recs).view(np.uint8)
+        self._restart()
         free = self.capacity - self.used
         done, parts = 0, []
         while done < recs.size:
@@ -98,10 +112,35 @@ class SharedRing:
                 break
             self._data[at : at + k * size] = flat[done * size : (done + k) * size]
             parts.append((self._end, k * size))
+            self._high = max(self._high, at + k * size)
             self._end += k * size
             free -= k * size
             done += k
         return done, parts
+
+    def _restart(self) -> None:
+        """With nothing unwritten and past REGION_BYTES, go on from the ring's start."""
+        at = self._end % self.capacity
+        if self.used or at < REGION_BYTES or self.capacity <= 2 * REGION_BYTES:
+            return
+        self._end += self.capacity - at
+        self._floor = self._end
+
+    def trim(self) -> int:
+        """The tracer's side, with nothing unwritten: restart at the ring's
+        start (see put), and give back the pages a flood used past
+        REGION_BYTES + PREFAULT_AHEAD_BYTES: they would stay resident to the
+        end of the capture.  Safe here only: the tracer is the only one that
+        writes records, none is unwritten, and its next ones go below
+        REGION_BYTES.  Returns the bytes given back."""
+        start = REGION_BYTES + PREFAULT_AHEAD_BYTES
+        if self.used or self._high <= start or self.capacity <= 2 * REGION_BYTES:
+            return 0
+        self._restart()
+        self._high = self._end % self.capacity
+        if not _punch_hole(self.fd, HEAD_BYTES + start, self.capacity - start):
+            return 0
+        return self.capacity - start
 
     # -------------------------------------------------------------- the writer
 
@@ -111,18 +150,32 @@ class SharedRing:
         return self._data[at : at + nbytes].view(dtype)
 
     def prefault(self, pos: int) -> None:
-        """Have the pages of the ring up to ``pos`` + PREFAULT_AHEAD_BYTES
-        made (the first pass only: after it every page is).  A new page costs
-        its process a fault and a cleared page, far more than the copy into
-        it; made here, in the writer, that cost is not the drain's, which
-        must not fall behind the BPF ring.  Read, not written: the tracer may
-        be writing there already."""
-        upto = min(self.capacity, pos + PREFAULT_AHEAD_BYTES)
-        if upto > self._ready:
-            int(self._data[self._ready : upto : mmap.PAGESIZE].sum())
-            self._ready = upto
+        """Have the pages of the positions up to ``pos`` +
+        PREFAULT_AHEAD_BYTES made.  A new page costs its process a fault and
+        a cleared page, far more than the copy into it; made here, in the
+        writer, that cost is not the drain's, which must not fall behind the
+        BPF ring.  Read, not written: the tracer may be writing there already.
+        A page made before costs a read."""
+        upto = pos + min(PREFAULT_AHEAD_BYTES, self.capacity)
+        start = max(self._ready, pos)
+        if upto > start:
+            a, n = start % self.capacity, upto - start
+            for lo, hi in ((a, min(a + n, self.capacity)), (0, max(0, a + n - self.capacity))):
+                if hi > lo:
+                    int(self._data[lo:hi:mmap.PAGESIZE].sum())
+        self._ready = max(self._ready, upto)
 
     def release(self, end: int) -> None:
         """Everything before position ``end`` is written: the tracer may reuse it."""
         if end > int(self._head[0]):
             self._head[0] = end
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free a range of the memfd's pages (they read as zeros after); the GIL
+    is released meanwhile (ctypes).  False where the kernel refuses."""
+    return _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) == 0

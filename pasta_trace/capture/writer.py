@@ -78,6 +78,7 @@ class CaptureWriter:
         self.unwritten = 0
         self.write_error: str | None = None
         self.held_peak_bytes = 0  # the most that waited unwritten in the writer process
+        self.ring_trimmed_bytes = 0  # pages of the shared ring given back after floods
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
         #: small tables whose last write failed -> why (their previous version stays)
@@ -144,6 +145,7 @@ class CaptureWriter:
         """Have the writer process write what arrived since the last flush."""
         self._last_flush = time.monotonic()
         self._queue.put(frame(b"F"))
+        self.ring_trimmed_bytes += self._ring.trim()  # the writer caught up after a flood: its pages go back
         self._write_names()
 
     def flush(self) -> None:

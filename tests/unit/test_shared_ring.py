@@ -86,8 +86,8 @@ def test_prefault_makes_the_pages_ahead_resident_without_changing_them():
     # the writer's mapping now holds the first 64 MiB (less the pages the tracer's put made already)
     assert _shmem_resident() - before >= shared_ring.PREFAULT_AHEAD_BYTES - 100 * size - 4096
     assert _ts(writer, parts) == list(range(100))  # read, not overwritten
-    writer.prefault(3 * shared_ring.PREFAULT_AHEAD_BYTES + size)
-    assert writer._ready == writer.capacity  # never past the end
+    writer.prefault(3 * shared_ring.PREFAULT_AHEAD_BYTES + size)  # past the end: the pages from the start again
+    assert writer._ready == 4 * shared_ring.PREFAULT_AHEAD_BYTES + size
 
 
 def _shmem_resident() -> int:
@@ -95,3 +95,60 @@ def _shmem_resident() -> int:
         if line.startswith("RssShmem:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no RssShmem in /proc/self/status")
+
+
+@pytest.fixture
+def small_region(monkeypatch):
+    from pasta_trace.capture import shared_ring
+
+    monkeypatch.setattr(shared_ring, "REGION_BYTES", 64 << 10)
+    monkeypatch.setattr(shared_ring, "PREFAULT_AHEAD_BYTES", 16 << 10)
+    return shared_ring
+
+
+def test_a_flow_the_writer_keeps_up_with_restarts_at_the_rings_start(small_region):
+    size = REC.itemsize
+    ring = SharedRing.create(1 << 20)
+    batch = 100  # 17,600 bytes
+    first = 0
+    while ring._end % ring.capacity < small_region.REGION_BYTES:
+        n, parts = ring.put(_recs(first, batch))
+        assert n == batch and all(nbytes for _, nbytes in parts)
+        ring.release(parts[-1][0] + parts[-1][1])  # the writer keeps up
+        first += batch
+    end = ring._end
+    n, parts = ring.put(_recs(first, batch))
+    # from the ring's next start (offset 0); the bytes skipped are not in use
+    assert parts == [(ring.capacity, batch * size)] and end < ring.capacity
+    assert _ts(ring, parts) == list(range(first, first + batch))
+    assert ring.used == batch * size
+
+
+def test_no_restart_while_records_wait():
+    size = REC.itemsize
+    ring = SharedRing.create(1 << 20)
+    from pasta_trace.capture import shared_ring
+
+    n, parts = ring.put(_recs(0, 10))
+    assert ring.trim() == 0  # unwritten records: nothing moves, nothing is given back
+    assert ring.put(_recs(10, 1))[1] == [(10 * size, size)]
+    assert shared_ring.REGION_BYTES == 256 << 20
+
+
+def _allocated(ring: SharedRing) -> int:
+    return os.fstat(ring.fd).st_blocks * 512
+
+
+def test_trim_gives_back_the_pages_a_flood_used_once_all_is_written(small_region):
+    size = REC.itemsize
+    ring = SharedRing.create(1 << 20)
+    n, parts = ring.put(_recs(0, 5000))  # 840,000 bytes: a flood far past the region
+    assert n == 5000 and _allocated(ring) >= 5000 * size
+    assert ring.trim() == 0  # not yet written
+    ring.release(parts[-1][0] + parts[-1][1])
+    keep = small_region.REGION_BYTES + small_region.PREFAULT_AHEAD_BYTES
+    assert ring.trim() == ring.capacity - keep
+    assert _allocated(ring) <= HEAD_BYTES + keep
+    assert ring.trim() == 0  # nothing more to give back
+    n, parts = ring.put(_recs(5000, 3))
+    assert parts == [(ring.capacity, 3 * size)] and _ts(ring, parts) == [5000, 5001, 5002]

@@ -161,3 +161,30 @@ def test_the_manifest_is_completed_on_a_full_disk_from_the_room_held_aside(small
     assert json.loads((small_fs / "cap" / "manifest.json").read_text())["notes"] == ["x" * 100_000]
     assert os.listdir(small_fs / "cap") == ["manifest.json"]
     out.close()
+
+
+def test_restarts_and_trims_lose_nothing_through_the_writer_process(tmp_path, monkeypatch):
+    """A steady flow restarts at the ring's start (the writer releases the
+    bytes skipped), a flood past the region is given back once written, and
+    the files hold every record once, in order."""
+    from pasta_trace.capture import shared_ring
+
+    monkeypatch.setattr(shared_ring, "REGION_BYTES", 256 << 10)
+    monkeypatch.setattr(shared_ring, "PREFAULT_AHEAD_BYTES", 64 << 10)
+    size = BATCH * schema.HOST_EVENT.size
+    w = CaptureWriter(OutputDir.claim(tmp_path / "c", force=False), APIS, ring=4 << 20)
+    for batch in range(6):  # 6 x 168 kB: past the region, and back to its start
+        w.add_events(_launches(batch))
+        w.flush()
+    assert w._ring._end == 2 * (4 << 20) + 2 * size  # restarted twice: after batches 1 and 3
+    for batch in range(6, 26):  # a flood of 3.4 MB
+        w.add_events(_launches(batch))
+    w.flush()
+    w.flush_async()  # all written: the flood's pages go back
+    assert w.ring_trimmed_bytes == (4 << 20) - (256 << 10) - (64 << 10)
+    for batch in range(26, 28):
+        w.add_events(_launches(batch))
+    w.close()
+    assert (w.events, w.written, w.lost_behind) == (28 * BATCH, 28 * BATCH, 0)
+    ts = pl.concat([pl.read_parquet(f) for f in w.event_files])["ts_ns"].to_list()
+    assert ts == list(range(28 * BATCH)) and size == 168_000
