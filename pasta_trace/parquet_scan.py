@@ -115,6 +115,8 @@ class Scanner:
 
     damaged: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    #: device frame name -> the Parquet file it scans
+    device_files: dict[str, list[Path]] = field(default_factory=dict)
 
     def frames(self, paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
         """One lazy frame of the schema `sch` over the files that pass."""
@@ -153,7 +155,38 @@ class Scanner:
             lf = self.optional(d / f"{name}.parquet", sch)
             if lf is not None:
                 out[name] = lf
+                self.device_files[name] = [d / f"{name}.parquet"]
         return out
+
+
+def column_ranges(paths: list[Path], columns: list[str]) -> tuple[int, dict[str, tuple[int, int, int]]] | None:
+    """(rows, column -> (min, max, nulls)) of integer columns, from the files'
+    footers alone (no data read); None when a file has no such column or a
+    row group lacks a statistic.  The footers were checked when the files
+    were scanned; a statistic that lies is the reader's to catch."""
+    rows, out = 0, {}
+    try:
+        for p in paths:
+            meta = pq.read_metadata(p)
+            rows += meta.num_rows
+            names = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+            if any(c not in names for c in columns):
+                return None
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                for c in columns:
+                    st = rg.column(names[c]).statistics
+                    if rg.num_rows == 0:
+                        continue
+                    if st is None or not st.has_min_max or not st.has_null_count:
+                        return None
+                    if not isinstance(st.min, int) or not isinstance(st.max, int):
+                        return None
+                    lo, hi, n = out.get(c, (st.min, st.max, 0))
+                    out[c] = (min(lo, st.min), max(hi, st.max), n + st.null_count)
+    except ARROW_ERRORS:
+        return None
+    return rows, out
 
 
 def _conform(lf: pl.LazyFrame, found: dict[str, pl.DataType], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
