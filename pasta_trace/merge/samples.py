@@ -34,6 +34,7 @@ from .. import schema
 from ..parquet_scan import column_ranges
 from ..read import Capture
 from .attribution import Segments
+from .numpy_pages import ordinary_pages
 
 #: rows per batch handed from the streaming scan to the reduction
 BATCH_ROWS = 1 << 22
@@ -139,7 +140,8 @@ def sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> S
     """The one pass (see the module's docstring); cached on the capture."""
     key = ("sample_sums", page_shift)
     if key not in cap.cache:
-        cap.cache[key] = _sample_sums(cap, segs, pk, page_shift)
+        with ordinary_pages():
+            cap.cache[key] = _sample_sums(cap, segs, pk, page_shift)
     return cap.cache[key]
 
 
@@ -175,21 +177,21 @@ def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> 
     lk_bits = pk.lk_bits
     pages = _DistinctKeys(pk.rows)
     scratch = _Scratch()
-    parts: list[tuple[np.ndarray, ...]] = []
+    sums = _RunningSums()
     seen = 0
 
     for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):
         seen += batch.height
-        parts.append(_group_sums(batch["hk"].to_numpy(), scratch))
-        pages.append(batch["wk"].to_numpy(), scratch)
+        sums.add(*_group_sums(batch["hk"], scratch))
+        pages.append(batch["wk"], scratch)
     if seen != pk.rows:
         # the batches end early, with no error, when the decoder panics: say it as Polars would
         raise pl.exceptions.ComputeError(f"access samples: read {seen} of {pk.rows} rows")
-    g, n, acc, byt = _merge_sums(parts)
+    g, n, acc, byt = sums.cols
     lk_mask = np.uint64((1 << lk_bits) - 1)
     sums = pl.DataFrame({"lk": g & lk_mask, "seg_id": (g >> np.uint64(lk_bits)).astype(np.int64) - 1,
                          "samples": n, "accesses": acc, "bytes": byt})
-    lks, counts = pages.counts(pk.page_bits)
+    lks, counts = pages.counts(pk.page_bits, scratch)
     per_launch = (
         sums.group_by("lk").agg(pl.col("samples", "accesses", "bytes").sum())
         .join(pl.DataFrame({"lk": lks, "pages": counts}), on="lk", how="left")
@@ -243,10 +245,10 @@ class _DistinctKeys:
         self.buf = np.empty(rows, dtype=np.uint64)
         self.n = 0
 
-    def append(self, wk: np.ndarray, scratch: _Scratch) -> None:
+    def append(self, wk: pl.Series, scratch: _Scratch) -> None:
         """Add the distinct keys of `wk`, sorted in place at the buffer's end."""
-        part = self.buf[self.n:self.n + wk.size]
-        part[:] = wk
+        part = self.buf[self.n:self.n + wk.len()]
+        _fill(part, wk)
         part.sort()
         start = scratch.changes(part)
         kept = scratch.words(0, start.size)
@@ -254,21 +256,23 @@ class _DistinctKeys:
         part[:start.size] = kept
         self.n += start.size
 
-    def counts(self, low_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    def counts(self, low_bits: int, scratch: _Scratch) -> tuple[np.ndarray, np.ndarray]:
         """(high part, distinct keys with that high part) of every key >> low_bits.
-        The buffer is sorted in place and read a slice at a time: no copy of it."""
+        The buffer is sorted in place and read a slice at a time into the
+        work arrays: no copy of it, no fresh memory per slice."""
         keys = self.buf[:self.n]
         keys.sort()
         highs: list[np.ndarray] = []
         counts: list[np.ndarray] = []
         for lo in range(0, keys.size, BATCH_ROWS):
             part = keys[lo:lo + BATCH_ROWS]
-            new = np.empty(part.size, dtype=bool)
-            new[0] = lo == 0 or part[0] != keys[lo - 1]
+            high = np.right_shift(part, np.uint64(low_bits), out=scratch.words(1, part.size))
+            start = scratch.changes(high)
+            h = high[start]
+            new = scratch.words(0, part.size)
             np.not_equal(part[1:], part[:-1], out=new[1:])
-            high = part >> np.uint64(low_bits)
-            start = np.flatnonzero(np.concatenate(([True], high[1:] != high[:-1])))
-            h, c = high[start], np.add.reduceat(new, start, dtype=np.uint64)
+            new[0] = lo == 0 or part[0] != keys[lo - 1]
+            c = np.add.reduceat(new, start)
             if highs and h[0] == highs[-1][-1]:  # a run of one high part across two slices
                 counts[-1][-1] += c[0]
                 h, c = h[1:], c[1:]
@@ -279,16 +283,28 @@ class _DistinctKeys:
         return np.concatenate(highs), np.concatenate(counts)
 
 
-def _group_sums(hk: np.ndarray, scratch: _Scratch) -> tuple[np.ndarray, ...]:
+def _fill(out: np.ndarray, col: pl.Series) -> None:
+    """`col` copied into `out` a chunk at a time: a batch holds one chunk per
+    morsel, and Series.to_numpy would first join them in fresh memory (32 MiB
+    a batch, ~60 ms of page faults here)."""
+    at = 0
+    for c in col.get_chunks():
+        a = c.to_numpy()
+        out[at:at + a.size] = a
+        at += a.size
+
+
+def _group_sums(hk: pl.Series, scratch: _Scratch) -> tuple[np.ndarray, ...]:
     """(group, rows, accesses, bytes) per distinct hk >> VALUE_BITS, sorted."""
-    s = scratch.words(0, hk.size)
-    s[:] = hk
+    rows = hk.len()
+    s = scratch.words(0, rows)
+    _fill(s, hk)
     s.sort()
-    g = scratch.words(1, hk.size)
+    g = scratch.words(1, rows)
     np.right_shift(s, np.uint64(VALUE_BITS), out=g)
     start = scratch.changes(g)
     groups = g[start]
-    n = np.diff(start, append=hk.size).astype(np.uint64)
+    n = np.diff(start, append=rows).astype(np.uint64)
     value = np.bitwise_and(s, np.uint64((1 << VALUE_BITS) - 1), out=g).view(np.int64)
     np.take(_ACCESSES, value, out=s, mode="clip")
     acc = np.add.reduceat(s, start) if start.size else s[:0].copy()
@@ -297,14 +313,27 @@ def _group_sums(hk: np.ndarray, scratch: _Scratch) -> tuple[np.ndarray, ...]:
     return groups, n, acc, byt
 
 
-def _merge_sums(parts: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
-    """The batches' sums added up per group (the batches are sorted, the groups recur)."""
-    if not parts:
-        return tuple(np.zeros(0, np.uint64) for _ in range(4))
-    if len(parts) == 1:
-        return parts[0]
-    cols = [np.concatenate(c) for c in zip(*parts)]
-    order = np.argsort(cols[0], kind="stable")
-    g = cols[0][order]
-    start = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1])))
-    return (g[start], *(np.add.reduceat(c[order], start) for c in cols[1:]))
+class _RunningSums:
+    """Sums per group over all batches so far, sorted by group.  Each batch's
+    groups are looked up in them (a batch of 4 M samples has most of the ~10^6
+    (segment, launch) groups of the whole input), added in place, and the few
+    new ones inserted: no batch's sums wait for the end, where merging them
+    all (10^8 samples: 2*10^7 rows) cost seconds and 1 GB."""
+
+    def __init__(self) -> None:
+        self.cols: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.uint64) for _ in range(4))
+
+    def add(self, g: np.ndarray, *vals: np.ndarray) -> None:
+        """Add the sums `vals` of the sorted distinct groups `g`."""
+        have = self.cols[0]
+        if not have.size:
+            self.cols = (g, *vals)
+            return
+        at = np.searchsorted(have, g)
+        found = have[np.minimum(at, have.size - 1)] == g
+        hit = at[found]  # distinct: g is
+        for mine, v in zip(self.cols[1:], vals):
+            mine[hit] += v[found]
+        if not found.all():
+            new = ~found
+            self.cols = tuple(np.insert(mine, at[new], v[new]) for mine, v in zip(self.cols, (g, *vals)))
