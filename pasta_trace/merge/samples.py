@@ -12,15 +12,20 @@ biggest input (10^7-10^8+ rows).  Both come from one scan here:
    key) instead of hashing them: a hash group-by with 10^6-10^7 groups costs
    ~60 ns a row (cache misses), and the working set has about as many
    distinct (launch, page) pairs as rows.  Sorted hk runs give the sums per
-   (segment, launch); sorted wk, deduplicated, the distinct pages.
+   (segment, launch), added into running sums; sorted wk, deduplicated, the
+   distinct pages.
 3. The small results (~10^6 rows) go back to Polars.
 
 Only the keys are sorted, never the table, and only one batch at a time; what
 stays in memory is a few sums per (segment, launch) and one UInt64 per
-distinct (launch, page).
+distinct (launch, page) of each batch.  Fresh memory is dear (a page fault
+per 4 KiB: ~0.5 ms a MiB here, several times that with numpy's huge-page
+advice), so each batch is copied into work arrays made once, with numpy's
+huge-page advice off (numpy_pages.py).
 
-The keys must fit 64 bits (`packing`); when they do not (launch ids or
-addresses too wide, nulls), pages.py groups with Polars instead.
+The keys must fit 64 bits (`packing`, from the Parquet footers' statistics
+when there are some); when they do not (launch ids or addresses too wide,
+nulls), pages.py groups with Polars instead.
 """
 
 from __future__ import annotations
@@ -35,16 +40,10 @@ from ..parquet_scan import column_ranges
 from ..read import Capture
 from .attribution import Segments
 from .numpy_pages import ordinary_pages
+from .sort_reduce import VALUE_BITS, DistinctKeys, RunningSums, Scratch, group_sums
 
 #: rows per batch handed from the streaming scan to the reduction
 BATCH_ROWS = 1 << 22
-#: low bits of hk: the lanes set in the warp's mask (0-32, 6 bits) and the access size (8 bits)
-VALUE_BITS = 14
-_LANES = np.arange(1 << VALUE_BITS, dtype=np.uint64) & np.uint64(63)
-#: per value: thread-level accesses and bytes, looked up rather than decoded per row
-_ACCESSES, _BYTES = _LANES, _LANES * (np.arange(1 << VALUE_BITS, dtype=np.uint64) >> np.uint64(6))
-
-
 #: a pid span up to this wide (from the footers' min and max) is indexed as pid - min
 PID_SPAN = 1 << 16
 
@@ -175,23 +174,23 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
 
 def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> SampleSums:
     lk_bits = pk.lk_bits
-    pages = _DistinctKeys(pk.rows)
-    scratch = _Scratch()
-    sums = _RunningSums()
+    pages = DistinctKeys(pk.rows)
+    scratch = Scratch()
+    running = RunningSums()
     seen = 0
 
     for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):
         seen += batch.height
-        sums.add(*_group_sums(batch["hk"], scratch))
+        running.add(*group_sums(batch["hk"], scratch))
         pages.append(batch["wk"], scratch)
     if seen != pk.rows:
         # the batches end early, with no error, when the decoder panics: say it as Polars would
         raise pl.exceptions.ComputeError(f"access samples: read {seen} of {pk.rows} rows")
-    g, n, acc, byt = sums.cols
+    g, n, acc, byt = running.cols
     lk_mask = np.uint64((1 << lk_bits) - 1)
     sums = pl.DataFrame({"lk": g & lk_mask, "seg_id": (g >> np.uint64(lk_bits)).astype(np.int64) - 1,
                          "samples": n, "accesses": acc, "bytes": byt})
-    lks, counts = pages.counts(pk.page_bits, scratch)
+    lks, counts = pages.counts(pk.page_bits, scratch, BATCH_ROWS)
     per_launch = (
         sums.group_by("lk").agg(pl.col("samples", "accesses", "bytes").sum())
         .join(pl.DataFrame({"lk": lks, "pages": counts}), on="lk", how="left")
@@ -204,136 +203,9 @@ def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> 
     )
 
 
-class _Scratch:
-    """Work arrays of one batch, made once and reused for every batch: a
-    fresh 32 MiB numpy temporary is a fresh mmap, and its first touch costs
-    a page fault per 4 KiB (measured at 10^7 rows: the reduction took 0.64
-    CPU s with temporaries, most of it faults, against 0.25 s on warm memory)."""
-
-    def __init__(self) -> None:
-        self.u64: list[np.ndarray] = [np.empty(0, np.uint64) for _ in range(2)]
-        self.flags = np.empty(0, dtype=bool)
-
-    def words(self, i: int, n: int) -> np.ndarray:
-        if self.u64[i].size < n:
-            self.u64[i] = np.empty(n, np.uint64)
-        return self.u64[i][:n]
-
-    def changes(self, a: np.ndarray) -> np.ndarray:
-        """Where each run of equal values in `a` starts."""
-        if self.flags.size < a.size:
-            self.flags = np.empty(a.size, dtype=bool)
-        new = self.flags[:a.size]
-        new[:1] = True
-        np.not_equal(a[1:], a[:-1], out=new[1:])
-        return np.flatnonzero(new)
-
 def _launch_ids(df: pl.DataFrame, pk: Packing) -> pl.DataFrame:
     """`df` with its `lk` column decoded to pid and launch_id."""
     lk = df["lk"].to_numpy()
     pid = pk.pids[(lk >> np.uint64(pk.launch_bits)).astype(np.intp)]
     return df.with_columns(pl.Series("pid", pid, dtype=schema.DEVICE_FRAMES["access_samples"]["pid"]),
                            pl.Series("launch_id", lk & np.uint64((1 << pk.launch_bits) - 1)))
-
-
-class _DistinctKeys:
-    """The distinct wk keys of every batch, end to end in one buffer sized
-    for all rows (only the part written is ever touched, so memory grows with
-    the distinct keys, not the rows)."""
-
-    def __init__(self, rows: int) -> None:
-        self.buf = np.empty(rows, dtype=np.uint64)
-        self.n = 0
-
-    def append(self, wk: pl.Series, scratch: _Scratch) -> None:
-        """Add the distinct keys of `wk`, sorted in place at the buffer's end."""
-        part = self.buf[self.n:self.n + wk.len()]
-        _fill(part, wk)
-        part.sort()
-        start = scratch.changes(part)
-        kept = scratch.words(0, start.size)
-        np.take(part, start, out=kept, mode="clip")
-        part[:start.size] = kept
-        self.n += start.size
-
-    def counts(self, low_bits: int, scratch: _Scratch) -> tuple[np.ndarray, np.ndarray]:
-        """(high part, distinct keys with that high part) of every key >> low_bits.
-        The buffer is sorted in place and read a slice at a time into the
-        work arrays: no copy of it, no fresh memory per slice."""
-        keys = self.buf[:self.n]
-        keys.sort()
-        highs: list[np.ndarray] = []
-        counts: list[np.ndarray] = []
-        for lo in range(0, keys.size, BATCH_ROWS):
-            part = keys[lo:lo + BATCH_ROWS]
-            high = np.right_shift(part, np.uint64(low_bits), out=scratch.words(1, part.size))
-            start = scratch.changes(high)
-            h = high[start]
-            new = scratch.words(0, part.size)
-            np.not_equal(part[1:], part[:-1], out=new[1:])
-            new[0] = lo == 0 or part[0] != keys[lo - 1]
-            c = np.add.reduceat(new, start)
-            if highs and h[0] == highs[-1][-1]:  # a run of one high part across two slices
-                counts[-1][-1] += c[0]
-                h, c = h[1:], c[1:]
-            highs.append(h)
-            counts.append(c)
-        if not highs:
-            return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-        return np.concatenate(highs), np.concatenate(counts)
-
-
-def _fill(out: np.ndarray, col: pl.Series) -> None:
-    """`col` copied into `out` a chunk at a time: a batch holds one chunk per
-    morsel, and Series.to_numpy would first join them in fresh memory (32 MiB
-    a batch, ~60 ms of page faults here)."""
-    at = 0
-    for c in col.get_chunks():
-        a = c.to_numpy()
-        out[at:at + a.size] = a
-        at += a.size
-
-
-def _group_sums(hk: pl.Series, scratch: _Scratch) -> tuple[np.ndarray, ...]:
-    """(group, rows, accesses, bytes) per distinct hk >> VALUE_BITS, sorted."""
-    rows = hk.len()
-    s = scratch.words(0, rows)
-    _fill(s, hk)
-    s.sort()
-    g = scratch.words(1, rows)
-    np.right_shift(s, np.uint64(VALUE_BITS), out=g)
-    start = scratch.changes(g)
-    groups = g[start]
-    n = np.diff(start, append=rows).astype(np.uint64)
-    value = np.bitwise_and(s, np.uint64((1 << VALUE_BITS) - 1), out=g).view(np.int64)
-    np.take(_ACCESSES, value, out=s, mode="clip")
-    acc = np.add.reduceat(s, start) if start.size else s[:0].copy()
-    np.take(_BYTES, value, out=s, mode="clip")
-    byt = np.add.reduceat(s, start) if start.size else s[:0].copy()
-    return groups, n, acc, byt
-
-
-class _RunningSums:
-    """Sums per group over all batches so far, sorted by group.  Each batch's
-    groups are looked up in them (a batch of 4 M samples has most of the ~10^6
-    (segment, launch) groups of the whole input), added in place, and the few
-    new ones inserted: no batch's sums wait for the end, where merging them
-    all (10^8 samples: 2*10^7 rows) cost seconds and 1 GB."""
-
-    def __init__(self) -> None:
-        self.cols: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.uint64) for _ in range(4))
-
-    def add(self, g: np.ndarray, *vals: np.ndarray) -> None:
-        """Add the sums `vals` of the sorted distinct groups `g`."""
-        have = self.cols[0]
-        if not have.size:
-            self.cols = (g, *vals)
-            return
-        at = np.searchsorted(have, g)
-        found = have[np.minimum(at, have.size - 1)] == g
-        hit = at[found]  # distinct: g is
-        for mine, v in zip(self.cols[1:], vals):
-            mine[hit] += v[found]
-        if not found.all():
-            new = ~found
-            self.cols = tuple(np.insert(mine, at[new], v[new]) for mine, v in zip(self.cols, (g, *vals)))
