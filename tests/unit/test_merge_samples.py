@@ -113,3 +113,12 @@ def test_statistics_that_lie_are_an_error(cap_dir: Path, monkeypatch, column: st
     segs = merge.segments(merge.allocations(cap).collect())
     with pytest.raises(pl.exceptions.ComputeError, match="beyond the file's statistics|unexpected pid"):
         samples.sample_sums(cap, segs, pk, merge.WS_PAGE_SHIFT)
+
+
+def test_the_merge_command_reads_key_widths_from_its_copy(cap_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # `pasta-trace merge` works on the copies it wrote: their footers serve as the capture's would
+    ws = merge.working_set(open_capture(cap_dir)).collect().sort("pid", "launch_id")
+    monkeypatch.setattr(samples, "_from_scan", lambda *_: pytest.fail("the samples were scanned"))
+    merge.write_timeline(open_capture(cap_dir), tmp_path / "tl")
+    got = pl.read_parquet(tmp_path / "tl" / "working_set.parquet").sort("pid", "launch_id")
+    assert got.equals(ws.select(got.columns)) and got.height == 400
