@@ -47,8 +47,9 @@ class Scratch:
 
 class DistinctKeys:
     """The distinct wk keys of every batch, end to end in one buffer sized
-    for all rows (only the part written is ever touched, so memory grows with
-    the distinct keys, not the rows)."""
+    for all rows (only the part written is ever touched: each batch is
+    sorted and deduplicated in place at the end, so memory grows with the
+    distinct keys of the batches plus one batch, not with the rows)."""
 
     def __init__(self, rows: int) -> None:
         self.buf = np.empty(rows, dtype=np.uint64)
