@@ -31,9 +31,11 @@ import polars as pl
 from .. import clock, schema
 from ..hexfmt import hex_expr
 from ..read import Capture
-from .launches import by_row, launch_events, launch_order, time_rank
+from .launches import launch_events, launch_order, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
+#: the kernels columns read from the launch events themselves
+_EVENT_COLUMNS = [k for k in _SCHEMA if k in schema.EVENTS_SCHEMA and k not in schema.TENSOR_PAYLOAD.values()]
 _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
              and k not in ("pid", "launch_id")]
 
@@ -234,27 +236,28 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
-    # names and output order worked out on the narrow launch_order; the wide
-    # launch rows only gather them (launches.py)
+    # names and output order worked out on the narrow launch_order; the launch rows
+    # (only the columns kept) are read once and gathered once, into time order
     order = launch_order(cap)
     named = kernel_names(cap, order.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort("_i").collect()
     funcs = order["func"].unique().drop_nulls()
     unknown = order["func"].replace_strict(  # formatted once per handle
         funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None)
-    rank = time_rank(order)
-    launches = launch_events(cap).with_columns(
-        by_row(order, order["launch_seq"]).alias("launch_seq"),
-        by_row(order, named["name"].cast(pl.Categorical)).alias("name"),
-        by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
-        by_row(order, rank).alias("_rank"),
-    )
-    in_scan_order = np.empty(order.height, dtype=np.uint32)
-    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
-    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+    # by_time[k]: the row of launch_order that comes k-th in (ts_ns, pid, launch_seq) order
+    by_time = np.empty(order.height, dtype=np.int64)
+    by_time[time_rank(order).to_numpy()] = np.arange(order.height)
+    rows = order["_row"].to_numpy()[by_time]
+    scan = launch_events(cap).select(_EVENT_COLUMNS).collect()
+    if np.any(rows != np.arange(rows.size)):
         # launches stored out of time order: reordered (a gather of every row), before the
-        # device columns join, which keeps this order (fewer columns to move; none for a
-        # host-only capture, whose device columns stay null)
-        launches = launches.sort("_rank")
+        # device columns join, which keeps this order
+        scan = scan[rows]
+    at = pl.Series(by_time)
+    launches = scan.with_columns(
+        order["launch_seq"].gather(at),
+        named["name"].cast(pl.Categorical).gather(at).alias("name"),
+        unknown.cast(pl.Categorical).gather(at).alias("_unknown"),
+    ).lazy()
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
