@@ -33,21 +33,30 @@ CALL_SITES = columns(
 @returns(CALL_SITES)
 def by_call_site(cap: Capture) -> pl.DataFrame:
     """Per process and Python line, most time blocked first, then most calls."""
-    ev = with_site(cap.events, cap)
     kind = pl.col("kind")
     alloc = (kind == "alloc") & done()
     memory = lifetimes.memory(lifetimes.kind_from_api(pl.col("api")))
+    blocked = pl.col("dur_ns").filter(kind == "sync")
+    # summed per stack first (integer keys, millions of calls), then per line over
+    # the stacks of each line: every column is a count or an integer sum
+    per_stack = cap.events.group_by("pid", "stack_id").agg(
+        pl.len().alias("calls"),
+        (kind == "launch").sum().alias("launches"),
+        # a failed call allocated or copied nothing
+        pl.col("size").filter(alloc & (memory == "device")).sum().alias("device_alloc_bytes"),
+        pl.col("size").filter(alloc & (memory == "pinned host")).sum().alias("pinned_alloc_bytes"),
+        pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
+        (kind == "sync").sum().alias("syncs"),
+        blocked.sum().alias("_blocked"),
+        blocked.count().alias("_measured"),
+    )
+    sums = ["calls", "launches", "device_alloc_bytes", "pinned_alloc_bytes", "copied_bytes", "syncs"]
     return (
-        ev.group_by("pid", "call_site")
+        with_site(per_stack, cap)
+        .group_by("pid", "call_site")
         .agg(
-            pl.len().alias("calls"),
-            (kind == "launch").sum().alias("launches"),
-            # a failed call allocated or copied nothing
-            pl.col("size").filter(alloc & (memory == "device")).sum().alias("device_alloc_bytes"),
-            pl.col("size").filter(alloc & (memory == "pinned host")).sum().alias("pinned_alloc_bytes"),
-            pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
-            (kind == "sync").sum().alias("syncs"),
-            measured_sum(pl.col("dur_ns").filter(kind == "sync")).alias("blocked_ns"),
+            *(pl.col(c).sum().cast(CALL_SITES[c].dtype) for c in sums),
+            pl.when(pl.col("_measured").sum() > 0).then(pl.col("_blocked").sum()).alias("blocked_ns"),
         )
         .sort([pl.col("blocked_ns"), pl.col("call_site") == NO_STACK, "calls", "pid", "call_site"],
               descending=[True, False, True, False, False], nulls_last=True)

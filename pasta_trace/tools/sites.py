@@ -5,6 +5,7 @@ that has pid and stack_id.  The tools group by it (`call_sites` and the
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from .. import merge
@@ -41,6 +42,7 @@ def top_site(frame: pl.LazyFrame, keys: list[str], *weights: pl.Expr) -> pl.Lazy
     return (
         frame.filter(pl.col("call_site").is_not_null())
         .group_by(*keys, "call_site").agg(*named)
+        .with_columns(pl.col("call_site").cast(pl.String))  # ties go to the first by name, not by category
         .group_by(keys).agg(
             pl.col("call_site").sort_by([*order, pl.col("call_site")], descending=[*(True,) * len(order), False],
                                         nulls_last=True).first().alias("top_call_site"))
@@ -54,11 +56,25 @@ def with_top_site(result: pl.LazyFrame, calls: pl.LazyFrame, keys: list[str], *w
                        maintain_order="left")
 
 
-def launch_sites(cap: Capture) -> pl.LazyFrame:
-    """(pid, launch_seq, call_site): the line of each launch, as the merge
-    numbers launches (null call_site: no stack)."""
-    return with_site(merge.launch_order(cap).lazy().select("pid", "launch_seq", "stack_id"), cap, None).drop(
-        "stack_id")
+def with_launch_site(frame: pl.LazyFrame, cap: Capture) -> pl.LazyFrame:
+    """``frame`` (launches: pid, launch_seq, as the merge numbers them) plus
+    the call_site of each (Categorical; null: no stack).  launch_order holds
+    each process's launches in launch_seq order, so a launch's site is found
+    by its position there: a gather, where a join of millions of launches on
+    (pid, launch_seq) hashes them all."""
+    key = ("launch_sites",)
+    if key not in cap.cache:
+        order = merge.launch_order(cap)
+        site = (order.lazy().select("pid", "stack_id")
+                .join(sites(cap).with_columns(pl.col("call_site").cast(pl.Categorical)), on=["pid", "stack_id"],
+                      how="left", maintain_order="left")
+                .collect()["call_site"])
+        pid = order["pid"].to_numpy()
+        first = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]]) if pid.size else np.empty(0, np.int64)
+        cap.cache[key] = site, pl.Series(pid[first], dtype=order["pid"].dtype), pl.Series(first, dtype=pl.Int64)
+    site, pids, first = cap.cache[key]
+    at = pl.col("pid").replace_strict(pids, first, default=None, return_dtype=pl.Int64) + pl.col("launch_seq")
+    return frame.with_columns(pl.lit(site).gather(at).alias("call_site"))
 
 
 def allocation_sites(cap: Capture, device_only: bool = True) -> pl.LazyFrame:
