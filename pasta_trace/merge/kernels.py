@@ -232,7 +232,9 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
 
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
-    """One row per host launch event (schema.TIMELINE_FRAMES["kernels"])."""
+    """One row per host launch event (schema.TIMELINE_FRAMES["kernels"]),
+    worked out here and held in memory: the frame returned only selects and
+    casts (and gives a host-only capture's device columns as nulls)."""
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
@@ -257,18 +259,24 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         order["launch_seq"].gather(at),
         named["name"].cast(pl.Categorical).gather(at).alias("name"),
         unknown.cast(pl.Categorical).gather(at).alias("_unknown"),
-    ).lazy()
+    )
     dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
     if device_executions(cap, tolerance_ns).select(pl.len()).collect().item():
-        out = launches.join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left", maintain_order="left")
-    else:  # a host-only capture: nothing to join
+        launches = launches.lazy().join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left",
+                                        maintain_order="left").collect()
+        absent: list[pl.Expr] = []
+    else:  # a host-only capture: nothing to join, and its device columns are null
         dev_schema = dev.select(dev_cols).collect_schema()
-        out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
-    return out.with_columns(
+        launches = launches.with_columns(pl.lit(None, pl.String).alias("dev_name"))
+        absent = [pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:] if c != "dev_name"]
+    # the rows in memory, so that a reader pays for no more than it selects; the null
+    # columns of a host-only capture stay expressions until a reader selects one
+    launches = launches.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
-    ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    ).drop("_unknown", "dev_name")
+    return launches.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
 
 
 def aggregate_launches(cap: Capture) -> pl.LazyFrame:

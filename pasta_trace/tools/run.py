@@ -35,8 +35,11 @@ def with_merged(cap: Capture) -> Capture:
     disk and is returned as it is: for captures too big for this, merge first."""
     if cap.merged:
         return cap
-    frames = {"kernels": merge.kernel_executions, "allocations": merge.allocations, "pages": merge.attributed_pages}
-    held = {name: fn(cap).collect(engine="streaming").lazy() for name, fn in frames.items()}
+    # the kernel executions' rows are in memory already (collected, a host-only
+    # capture's null device columns would be too)
+    held = {"kernels": merge.kernel_executions(cap)}
+    frames = {"allocations": merge.allocations, "pages": merge.attributed_pages}
+    held.update((name, fn(cap).collect(engine="streaming").lazy()) for name, fn in frames.items())
     return dataclasses.replace(cap, merged=held)
 
 
