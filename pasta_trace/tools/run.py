@@ -15,6 +15,7 @@ from ..read import Capture
 from .calls import capture_calls
 from .registry import REGISTRY, Tool
 from .span import bounds
+from .tensors import TENSOR_KINDS
 
 
 NO_TENSORS = "needs tensor events (a PyTorch program); this capture has none"
@@ -52,7 +53,7 @@ def run_tools(
     that need device data still run without it, so their (empty) frames keep
     their columns for JSON and CSV, and carry a note saying why."""
     device = cap.has_device_data
-    tensors = cap.events.filter(pl.col("kind").cast(pl.String).str.starts_with("tensor_")).head(1).collect().height > 0
+    tensors = cap.events.filter(pl.col("kind").is_in(TENSOR_KINDS)).head(1).collect().height > 0
     out = []
     for name in names or list(REGISTRY):
         tool = REGISTRY[name]
