@@ -242,9 +242,12 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     # (only the columns kept) are read once and gathered once, into time order
     order = launch_order(cap)
     named = kernel_names(cap, order.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort("_i").collect()
-    funcs = order["func"].unique().drop_nulls()
-    unknown = order["func"].replace_strict(  # formatted once per handle
-        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None)
+    # unknown@0x<handle>, formatted once per handle, for the launches no name was seen for
+    unnamed = named["name"].is_null()
+    funcs = order["func"].filter(unnamed).unique().drop_nulls()
+    unknown = order["func"].replace_strict(
+        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None,
+        return_dtype=pl.String) if funcs.len() else pl.repeat(None, order.height, dtype=pl.String, eager=True)
     # by_time[k]: the row of launch_order that comes k-th in (ts_ns, pid, launch_seq) order
     by_time = np.empty(order.height, dtype=np.int64)
     by_time[time_rank(order).to_numpy()] = np.arange(order.height)

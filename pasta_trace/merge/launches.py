@@ -70,7 +70,7 @@ def _pid_time_order(df: pl.DataFrame) -> np.ndarray | None:
         # launches of one process in the same ns (a few in millions): only those rows
         # are sorted again, by thread within each run of them
         at = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])
-        run = np.cumsum(np.r_[False, ~tied])[at].astype(np.int64)
+        run = np.cumsum(~np.r_[False, tied][at]).astype(np.int64)  # a new run where not tied to the row above
         tid = df["tid"].to_numpy()[perm[at]].astype(np.int64)
         perm[at] = perm[at][np.argsort((run << 32) | tid, kind="stable")]
     return perm
