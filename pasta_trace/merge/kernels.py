@@ -233,11 +233,21 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """One row per host launch event (schema.TIMELINE_FRAMES["kernels"]),
-    worked out here and held in memory: the frame returned only selects and
-    casts (and gives a host-only capture's device columns as nulls)."""
+    worked out once per capture and held in memory: the frame returned only
+    selects and casts (and gives a host-only capture's device columns as nulls)."""
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
+    key = ("kernel_executions", tolerance_ns)
+    if key not in cap.cache:
+        cap.cache[key] = _kernel_executions(cap, tolerance_ns)
+    rows, absent = cap.cache[key]
+    return rows.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+
+
+def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, list[pl.Expr]]:
+    """The kernel executions' rows, and the columns absent from them (a
+    host-only capture's device columns: nulls) as expressions."""
     # names and output order worked out on the narrow launch_order; the launch rows
     # (only the columns kept) are read once and gathered once, into time order
     order = launch_order(cap)
@@ -274,12 +284,11 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
         dev_schema = dev.select(dev_cols).collect_schema()
         launches = launches.with_columns(pl.lit(None, pl.String).alias("dev_name"))
         absent = [pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:] if c != "dev_name"]
-    # the rows in memory, so that a reader pays for no more than it selects; the null
-    # columns of a host-only capture stay expressions until a reader selects one
+    # the null columns of a host-only capture stay expressions until a reader selects one
     launches = launches.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
     ).drop("_unknown", "dev_name")
-    return launches.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    return launches, absent
 
 
 def aggregate_launches(cap: Capture) -> pl.LazyFrame:
