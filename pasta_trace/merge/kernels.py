@@ -273,12 +273,23 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
         named["name"].cast(pl.Categorical).gather(at).alias("name"),
         unknown.cast(pl.Categorical).gather(at).alias("_unknown"),
     )
-    dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
+    dev = device_executions(cap, tolerance_ns).collect()  # held in cap.cache: no copy
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    if device_executions(cap, tolerance_ns).select(pl.len()).collect().item():
-        launches = launches.lazy().join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left",
-                                        maintain_order="left").collect()
+    if dev.height:
+        # each matched execution claims one launch, (pid, launch_seq): row first[pid] + launch_seq
+        # of launch_order.  Its columns are gathered onto the launches by that position, where a
+        # join of millions of launches on (pid, launch_seq) would hash both sides
+        pid = order["pid"].to_numpy()
+        first = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]]) if pid.size else np.empty(0, np.int64)
+        pos = (dev["pid"].replace_strict(pl.Series(pid[first], dtype=order["pid"].dtype), pl.Series(first),
+                                         default=None, return_dtype=pl.Int64) + dev["launch_seq"])
+        matched = pos.is_not_null().to_numpy()
+        of_launch = np.full(order.height, -1, dtype=np.int64)
+        of_launch[pos.drop_nulls().to_numpy()] = np.flatnonzero(matched)
+        at_dev = of_launch[by_time]
+        take = pl.Series(at_dev).set(pl.Series(at_dev < 0), None)  # null: no execution claimed the launch
+        launches = launches.hstack(dev.select(pl.col(dev_cols[2:]).gather(take)).get_columns())
         absent: list[pl.Expr] = []
     else:  # a host-only capture: nothing to join, and its device columns are null
         dev_schema = dev.select(dev_cols).collect_schema()
