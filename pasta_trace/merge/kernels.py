@@ -233,15 +233,14 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     """One row per host launch event (schema.TIMELINE_FRAMES["kernels"]),
-    worked out once per capture and held in memory: the frame returned only
-    selects and casts (and gives a host-only capture's device columns as nulls)."""
+    worked out when called and held in memory: the frame returned only selects
+    and casts (and gives a host-only capture's device columns as nulls).  Not
+    kept in cap.cache, where it would outlive a reader that wants it once (an
+    export): a reader that wants it again holds it (tools.run.with_merged)."""
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
-    key = ("kernel_executions", tolerance_ns)
-    if key not in cap.cache:
-        cap.cache[key] = _kernel_executions(cap, tolerance_ns)
-    rows, absent = cap.cache[key]
+    rows, absent = _kernel_executions(cap, tolerance_ns)
     return rows.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
 
 

@@ -37,10 +37,12 @@ def with_merged(cap: Capture) -> Capture:
     if cap.merged:
         return cap
     # the kernel executions' rows are in memory already (collected, a host-only
-    # capture's null device columns would be too)
+    # capture's null device columns would be too); the attributed pages read them
+    # (kernel names) from the held frame, not from a second merge of every launch
     held = {"kernels": merge.kernel_executions(cap)}
-    frames = {"allocations": merge.allocations, "pages": merge.attributed_pages}
-    held.update((name, fn(cap).collect(engine="streaming").lazy()) for name, fn in frames.items())
+    partial = dataclasses.replace(cap, merged=held)
+    for name, fn in (("allocations", merge.allocations), ("pages", merge.attributed_pages)):
+        held[name] = fn(partial).collect(engine="streaming").lazy()
     return dataclasses.replace(cap, merged=held)
 
 
