@@ -31,7 +31,7 @@ import polars as pl
 from .. import clock, schema
 from ..hexfmt import hex_expr
 from ..read import Capture
-from .launches import launch_events, launch_order, time_rank
+from .launches import launch_events, launch_order, order_position, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
 #: the kernels columns read from the launch events themselves
@@ -276,13 +276,10 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
     if dev.height:
-        # each matched execution claims one launch, (pid, launch_seq): row first[pid] + launch_seq
-        # of launch_order.  Its columns are gathered onto the launches by that position, where a
-        # join of millions of launches on (pid, launch_seq) would hash both sides
-        pid = order["pid"].to_numpy()
-        first = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]]) if pid.size else np.empty(0, np.int64)
-        pos = (dev["pid"].replace_strict(pl.Series(pid[first], dtype=order["pid"].dtype), pl.Series(first),
-                                         default=None, return_dtype=pl.Int64) + dev["launch_seq"])
+        # each matched execution claims one launch, (pid, launch_seq), a row of launch_order: its
+        # columns are gathered onto the launches by that position, where a join of millions of
+        # launches on (pid, launch_seq) would hash both sides
+        pos = order_position(order, dev["pid"], dev["launch_seq"])
         matched = pos.is_not_null().to_numpy()
         of_launch = np.full(order.height, -1, dtype=np.int64)
         of_launch[pos.drop_nulls().to_numpy()] = np.flatnonzero(matched)

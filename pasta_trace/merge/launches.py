@@ -43,13 +43,29 @@ def launch_order(cap: Capture) -> pl.DataFrame:
     return cap.cache[key]
 
 
+def _run_starts(pids: np.ndarray) -> np.ndarray:
+    """The first index of each run of equal values of `pids`."""
+    return np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]]) if pids.size else np.empty(0, np.int64)
+
+
 def _seq_within(pids: np.ndarray) -> pl.Series:
     """0, 1, 2, ... within each run of equal values of `pids` (sorted by
     process): a subtraction, where a window over millions of rows hashes."""
-    n = pids.size
-    starts = np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]]) if n else np.empty(0, np.int64)
-    first = np.repeat(starts, np.diff(np.r_[starts, n]))
-    return pl.Series("launch_seq", np.arange(n, dtype=np.int64) - first, dtype=pl.Int64)
+    starts = _run_starts(pids)
+    first = np.repeat(starts, np.diff(np.r_[starts, pids.size]))
+    return pl.Series("launch_seq", np.arange(pids.size, dtype=np.int64) - first, dtype=pl.Int64)
+
+
+def order_position(order: pl.DataFrame, pid: pl.Expr | pl.Series,
+                   launch_seq: pl.Expr | pl.Series) -> pl.Expr | pl.Series:
+    """The row of launch_order of the launch (pid, launch_seq), Int64, null
+    where there is none: launch_order holds each process's launches in
+    launch_seq order, so it is the first row of the process plus launch_seq,
+    found without a join of millions of rows on (pid, launch_seq)."""
+    pids = order["pid"].to_numpy()
+    first = _run_starts(pids)
+    return pid.replace_strict(pl.Series(pids[first], dtype=order["pid"].dtype), pl.Series(first, dtype=pl.Int64),
+                              default=None, return_dtype=pl.Int64) + launch_seq
 
 
 def _pid_time_order(df: pl.DataFrame) -> np.ndarray | None:

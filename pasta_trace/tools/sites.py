@@ -5,7 +5,6 @@ that has pid and stack_id.  The tools group by it (`call_sites` and the
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from .. import merge
@@ -58,23 +57,19 @@ def with_top_site(result: pl.LazyFrame, calls: pl.LazyFrame, keys: list[str], *w
 
 def with_launch_site(frame: pl.LazyFrame, cap: Capture) -> pl.LazyFrame:
     """``frame`` (launches: pid, launch_seq, as the merge numbers them) plus
-    the call_site of each (Categorical; null: no stack).  launch_order holds
-    each process's launches in launch_seq order, so a launch's site is found
-    by its position there: a gather, where a join of millions of launches on
-    (pid, launch_seq) hashes them all."""
+    the call_site of each (Categorical; null: no stack), gathered from the
+    launch's row of launch_order (merge.order_position), not joined on
+    (pid, launch_seq) across millions of launches."""
     key = ("launch_sites",)
     if key not in cap.cache:
-        order = merge.launch_order(cap)
-        site = (order.lazy().select("pid", "stack_id")
-                .join(sites(cap).with_columns(pl.col("call_site").cast(pl.Categorical)), on=["pid", "stack_id"],
-                      how="left", maintain_order="left")
-                .collect()["call_site"])
-        pid = order["pid"].to_numpy()
-        first = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1]]) if pid.size else np.empty(0, np.int64)
-        cap.cache[key] = site, pl.Series(pid[first], dtype=order["pid"].dtype), pl.Series(first, dtype=pl.Int64)
-    site, pids, first = cap.cache[key]
-    at = pl.col("pid").replace_strict(pids, first, default=None, return_dtype=pl.Int64) + pl.col("launch_seq")
-    return frame.with_columns(pl.lit(site).gather(at).alias("call_site"))
+        cap.cache[key] = (
+            merge.launch_order(cap).lazy().select("pid", "stack_id")
+            .join(sites(cap).with_columns(pl.col("call_site").cast(pl.Categorical)), on=["pid", "stack_id"],
+                  how="left", maintain_order="left")
+            .collect()["call_site"]
+        )
+    at = merge.order_position(merge.launch_order(cap), pl.col("pid"), pl.col("launch_seq"))
+    return frame.with_columns(pl.lit(cap.cache[key]).gather(at).alias("call_site"))
 
 
 def allocation_sites(cap: Capture, device_only: bool = True) -> pl.LazyFrame:
