@@ -210,4 +210,9 @@ def column_ranges(paths: list[Path], columns: list[str]) -> tuple[int, dict[str,
 def _conform(lf: pl.LazyFrame, found: dict[str, pl.DataType], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
     # a column added in a later minor version reads as null from older files
     missing = [pl.lit(None, v).alias(k) for k, v in sch.items() if k not in found]
-    return (lf.with_columns(missing) if missing else lf).cast(dict(sch), strict=False)
+    # only the columns stored as another type are cast: a cast of every column,
+    # even to its own type, stands between the scan and the filters of each reader,
+    # so that every row of every column read is decoded before any is dropped
+    other = {k: v for k, v in sch.items() if k in found and found[k] != v}
+    lf = lf.with_columns(missing) if missing else lf
+    return lf.cast(other, strict=False) if other else lf

@@ -320,7 +320,7 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     n = 0
     for lo, hi in windows:
         rows = _event_rows(slices, counts, stacks, lo, hi)
-        out.write(_encode(rows, strings).tobytes())
+        out.write(_encode(rows, strings))  # the bytes as they are: no copy
         n += rows.height
     return n
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 VARINT, I64, LEN = 0, 1, 2
 
@@ -144,14 +145,20 @@ def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
 
 def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
     """Rows of several `layout`s (data, used) placed so that row i of part j
-    lands at row positions[j][i] of the result, end to end: each part's rows
-    are put in one matrix at their positions, and the used bytes picked out
-    once."""
+    lands at row positions[j][i] of the result, end to end.  Each part's used
+    bytes are picked out at its own width, and the rows, as one Arrow binary
+    array, are put in order by a take (a copy per row), not a matrix as wide
+    as the widest part for every row."""
     n = sum(len(pos) for pos in positions)
-    width = max((data.shape[1] for data, _ in parts), default=0)
-    data = np.empty((n, width), dtype=np.uint8)
-    used = np.zeros((n, width), dtype=bool)
-    for (d, u), pos in zip(parts, positions):
-        data[pos, : d.shape[1]] = d
-        used[pos, : u.shape[1]] = u
-    return data[used]
+    if n == 0:
+        return np.empty(0, dtype=np.uint8)
+    values = np.concatenate([d[u] for d, u in parts])
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.concatenate([u.sum(axis=1) for _, u in parts]), out=offsets[1:])
+    rows = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets),
+                                                                   pa.py_buffer(values)])
+    take = np.empty(n, dtype=np.int64)
+    take[np.concatenate(positions)] = np.arange(n)
+    ordered = rows.take(pa.array(take))
+    at = np.frombuffer(ordered.buffers()[1], dtype=np.int64)[ordered.offset: ordered.offset + n + 1]
+    return np.frombuffer(ordered.buffers()[2], dtype=np.uint8)[at[0]: at[-1]]

@@ -31,9 +31,11 @@ import polars as pl
 from .. import clock, schema
 from ..hexfmt import hex_expr
 from ..read import Capture
-from .launches import by_row, launch_events, launch_order, time_rank
+from .launches import launch_events, launch_order, order_position, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
+#: the kernels columns read from the launch events themselves
+_EVENT_COLUMNS = [k for k in _SCHEMA if k in schema.EVENTS_SCHEMA and k not in schema.TENSOR_PAYLOAD.values()]
 _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
              and k not in ("pid", "launch_id")]
 
@@ -230,42 +232,70 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
 
 
 def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
-    """One row per host launch event (schema.TIMELINE_FRAMES["kernels"])."""
+    """One row per host launch event (schema.TIMELINE_FRAMES["kernels"]),
+    worked out when called and held in memory: the frame returned only selects
+    and casts (and gives a host-only capture's device columns as nulls).  Not
+    kept in cap.cache, where it would outlive a reader that wants it once (an
+    export): a reader that wants it again holds it (tools.run.with_merged)."""
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged
-    # names and output order worked out on the narrow launch_order; the wide
-    # launch rows only gather them (launches.py)
+    rows, absent = _kernel_executions(cap, tolerance_ns)
+    return rows.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+
+
+def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, list[pl.Expr]]:
+    """The kernel executions' rows, and the columns absent from them (a
+    host-only capture's device columns: nulls) as expressions."""
+    # names and output order worked out on the narrow launch_order; the launch rows
+    # (only the columns kept) are read once and gathered once, into time order
     order = launch_order(cap)
     named = kernel_names(cap, order.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort("_i").collect()
-    funcs = order["func"].unique().drop_nulls()
-    unknown = order["func"].replace_strict(  # formatted once per handle
-        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None)
-    rank = time_rank(order)
-    launches = launch_events(cap).with_columns(
-        by_row(order, order["launch_seq"]).alias("launch_seq"),
-        by_row(order, named["name"].cast(pl.Categorical)).alias("name"),
-        by_row(order, unknown.cast(pl.Categorical)).alias("_unknown"),
-        by_row(order, rank).alias("_rank"),
-    )
-    in_scan_order = np.empty(order.height, dtype=np.uint32)
-    in_scan_order[order["_row"].to_numpy()] = rank.to_numpy()
-    if np.any(in_scan_order[1:] < in_scan_order[:-1]):
+    # unknown@0x<handle>, formatted once per handle, for the launches no name was seen for
+    unnamed = named["name"].is_null()
+    funcs = order["func"].filter(unnamed).unique().drop_nulls()
+    unknown = order["func"].replace_strict(
+        funcs, pl.select(pl.format("unknown@{}", hex_expr(pl.lit(funcs)))).to_series(), default=None,
+        return_dtype=pl.String) if funcs.len() else pl.repeat(None, order.height, dtype=pl.String, eager=True)
+    # by_time[k]: the row of launch_order that comes k-th in (ts_ns, pid, launch_seq) order
+    by_time = np.empty(order.height, dtype=np.int64)
+    by_time[time_rank(order).to_numpy()] = np.arange(order.height)
+    rows = order["_row"].to_numpy()[by_time]
+    scan = launch_events(cap).select(_EVENT_COLUMNS).collect()
+    if np.any(rows != np.arange(rows.size)):
         # launches stored out of time order: reordered (a gather of every row), before the
-        # device columns join, which keeps this order (fewer columns to move; none for a
-        # host-only capture, whose device columns stay null)
-        launches = launches.sort("_rank")
-    dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_seq").is_not_null())
+        # device columns join, which keeps this order
+        scan = scan[rows]
+    at = pl.Series(by_time)
+    launches = scan.with_columns(
+        order["launch_seq"].gather(at),
+        named["name"].cast(pl.Categorical).gather(at).alias("name"),
+        unknown.cast(pl.Categorical).gather(at).alias("_unknown"),
+    )
+    dev = device_executions(cap, tolerance_ns).collect()  # held in cap.cache: no copy
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
                 "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
-    if device_executions(cap, tolerance_ns).select(pl.len()).collect().item():
-        out = launches.join(dev.select(dev_cols), on=["pid", "launch_seq"], how="left", maintain_order="left")
-    else:  # a host-only capture: nothing to join
+    if dev.height:
+        # each matched execution claims one launch, (pid, launch_seq), a row of launch_order: its
+        # columns are gathered onto the launches by that position, where a join of millions of
+        # launches on (pid, launch_seq) would hash both sides
+        pos = order_position(order, dev["pid"], dev["launch_seq"])
+        matched = pos.is_not_null().to_numpy()
+        of_launch = np.full(order.height, -1, dtype=np.int64)
+        of_launch[pos.drop_nulls().to_numpy()] = np.flatnonzero(matched)
+        at_dev = of_launch[by_time]
+        take = pl.Series(at_dev).set(pl.Series(at_dev < 0), None)  # null: no execution claimed the launch
+        launches = launches.hstack(dev.select(pl.col(dev_cols[2:]).gather(take)).get_columns())
+        absent: list[pl.Expr] = []
+    else:  # a host-only capture: nothing to join, and its device columns are null
         dev_schema = dev.select(dev_cols).collect_schema()
-        out = launches.with_columns(pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:])
-    return out.with_columns(
+        launches = launches.with_columns(pl.lit(None, pl.String).alias("dev_name"))
+        absent = [pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:] if c != "dev_name"]
+    # the null columns of a host-only capture stay expressions until a reader selects one
+    launches = launches.with_columns(
         pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
-    ).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    ).drop("_unknown", "dev_name")
+    return launches, absent
 
 
 def aggregate_launches(cap: Capture) -> pl.LazyFrame:

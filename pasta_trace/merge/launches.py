@@ -29,21 +29,49 @@ def launch_events(cap: Capture) -> pl.LazyFrame:
 def launch_order(cap: Capture) -> pl.DataFrame:
     """_row, pid, tid, ts_ns, func, stack_id and launch_seq (0-based order
     within the process, by time then thread) of every host launch, sorted by
-    (pid, ts_ns, tid).  Computed once per capture."""
+    (pid, ts_ns, tid); launches alike in all three stay in scan order.
+    Computed once per capture."""
     key = ("launch_order",)
     if key not in cap.cache:
         df = launch_events(cap).select("_row", "pid", "tid", "ts_ns", "func", "stack_id").collect()
         perm = _pid_time_order(df)
-        df = df.sort(["pid", "ts_ns", "tid"]) if perm is None else df[perm]
-        cap.cache[key] = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("launch_seq"))
+        if perm is None:
+            df = df.sort(["pid", "ts_ns", "tid", "_row"])
+        else:
+            df = df[perm]
+        cap.cache[key] = df.with_columns(_seq_within(df["pid"].to_numpy()).alias("launch_seq"))
     return cap.cache[key]
 
 
+def _run_starts(pids: np.ndarray) -> np.ndarray:
+    """The first index of each run of equal values of `pids`."""
+    return np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]]) if pids.size else np.empty(0, np.int64)
+
+
+def _seq_within(pids: np.ndarray) -> pl.Series:
+    """0, 1, 2, ... within each run of equal values of `pids` (sorted by
+    process): a subtraction, where a window over millions of rows hashes."""
+    starts = _run_starts(pids)
+    first = np.repeat(starts, np.diff(np.r_[starts, pids.size]))
+    return pl.Series("launch_seq", np.arange(pids.size, dtype=np.int64) - first, dtype=pl.Int64)
+
+
+def order_position(order: pl.DataFrame, pid: pl.Expr | pl.Series,
+                   launch_seq: pl.Expr | pl.Series) -> pl.Expr | pl.Series:
+    """The row of launch_order of the launch (pid, launch_seq), Int64, null
+    where there is none: launch_order holds each process's launches in
+    launch_seq order, so it is the first row of the process plus launch_seq,
+    found without a join of millions of rows on (pid, launch_seq)."""
+    pids = order["pid"].to_numpy()
+    first = _run_starts(pids)
+    return pid.replace_strict(pl.Series(pids[first], dtype=order["pid"].dtype), pl.Series(first, dtype=pl.Int64),
+                              default=None, return_dtype=pl.Int64) + launch_seq
+
+
 def _pid_time_order(df: pl.DataFrame) -> np.ndarray | None:
-    """The permutation sorting `df` by (pid, ts_ns); None where that is not
-    the order by (pid, ts_ns, tid) (two launches of a process in the same ns)
-    or cannot be found this way (nulls, more than 2^16 processes)."""
-    if df["pid"].null_count() or df["ts_ns"].null_count():
+    """The permutation sorting `df` by (pid, ts_ns, tid), stable; None where
+    it cannot be found this way (nulls, more than 2^16 processes)."""
+    if df["pid"].null_count() or df["ts_ns"].null_count() or df["tid"].null_count():
         return None
     pids = df["pid"].unique().sort().to_numpy()
     if pids.size > 1 << 16:
@@ -53,11 +81,15 @@ def _pid_time_order(df: pl.DataFrame) -> np.ndarray | None:
     rank = np.searchsorted(pids, df["pid"].to_numpy()[by_time]).astype(np.uint16)
     perm = by_time[np.argsort(rank, kind="stable")]
     t, p = ts[perm], df["pid"].to_numpy()[perm]
-    if np.any((t[1:] == t[:-1]) & (p[1:] == p[:-1])):
-        return None
+    tied = (t[1:] == t[:-1]) & (p[1:] == p[:-1])
+    if np.any(tied):
+        # launches of one process in the same ns (a few in millions): only those rows
+        # are sorted again, by thread within each run of them
+        at = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])
+        run = np.cumsum(~np.r_[False, tied][at]).astype(np.int64)  # a new run where not tied to the row above
+        tid = df["tid"].to_numpy()[perm[at]].astype(np.int64)
+        perm[at] = perm[at][np.argsort((run << 32) | tid, kind="stable")]
     return perm
-
-
 def host_launches(cap: Capture) -> pl.LazyFrame:
     """Host launch events with launch_seq (see launch_order), in scan order."""
     order = launch_order(cap)

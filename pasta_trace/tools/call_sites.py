@@ -33,21 +33,36 @@ CALL_SITES = columns(
 @returns(CALL_SITES)
 def by_call_site(cap: Capture) -> pl.DataFrame:
     """Per process and Python line, most time blocked first, then most calls."""
-    ev = with_site(cap.events, cap)
+    # summed per (stack, kind, API) first: integer and category keys over millions of
+    # calls; what depends on the API's name (device or pinned host memory) is then
+    # worked out once per group, and the groups summed per line: every column is a
+    # count or an integer sum
+    ok = done()
+    per_stack = cap.events.group_by("pid", "stack_id", "kind", "api").agg(
+        pl.len().alias("calls"),
+        pl.col("size").filter(ok).sum().alias("_ok_size"),  # a failed call allocated or copied nothing
+        pl.col("dur_ns").sum().alias("_dur"),
+        pl.col("dur_ns").count().alias("_measured"),
+    )
     kind = pl.col("kind")
-    alloc = (kind == "alloc") & done()
+    alloc = kind == "alloc"
     memory = lifetimes.memory(lifetimes.kind_from_api(pl.col("api")))
+    sync = kind == "sync"
+    d = CALL_SITES
     return (
-        ev.group_by("pid", "call_site")
+        with_site(per_stack, cap)
+        .group_by("pid", "call_site")
         .agg(
-            pl.len().alias("calls"),
-            (kind == "launch").sum().alias("launches"),
-            # a failed call allocated or copied nothing
-            pl.col("size").filter(alloc & (memory == "device")).sum().alias("device_alloc_bytes"),
-            pl.col("size").filter(alloc & (memory == "pinned host")).sum().alias("pinned_alloc_bytes"),
-            pl.col("size").filter((kind == "memcpy") & done()).sum().alias("copied_bytes"),
-            (kind == "sync").sum().alias("syncs"),
-            measured_sum(pl.col("dur_ns").filter(kind == "sync")).alias("blocked_ns"),
+            pl.col("calls").sum().cast(d["calls"].dtype),
+            pl.col("calls").filter(kind == "launch").sum().cast(d["launches"].dtype).alias("launches"),
+            pl.col("_ok_size").filter(alloc & (memory == "device")).sum().cast(d["device_alloc_bytes"].dtype)
+            .alias("device_alloc_bytes"),
+            pl.col("_ok_size").filter(alloc & (memory == "pinned host")).sum().cast(d["pinned_alloc_bytes"].dtype)
+            .alias("pinned_alloc_bytes"),
+            pl.col("_ok_size").filter(kind == "memcpy").sum().cast(d["copied_bytes"].dtype).alias("copied_bytes"),
+            pl.col("calls").filter(sync).sum().cast(d["syncs"].dtype).alias("syncs"),
+            pl.when(pl.col("_measured").filter(sync).sum() > 0).then(pl.col("_dur").filter(sync).sum())
+            .alias("blocked_ns"),
         )
         .sort([pl.col("blocked_ns"), pl.col("call_site") == NO_STACK, "calls", "pid", "call_site"],
               descending=[True, False, True, False, False], nulls_last=True)

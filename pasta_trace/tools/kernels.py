@@ -10,7 +10,7 @@ from .. import merge
 from ..read import Capture
 from .exprs import measured_sum
 from .registry import PID, TOP_CALL_SITE, Tool, columns, returns
-from .sites import NO_STACK, launch_sites, top_site
+from .sites import NO_STACK, top_site, with_launch_site
 from .span import duration_ns
 
 _KEY = ["pid", "name"]
@@ -95,15 +95,15 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
     return _finish(cap, summary, _top_shape(shaped, pl.col("count").sum()), no_sites, dur_s)
 
 
-def _executions(cap: Capture, no_stack: str | None) -> pl.LazyFrame:
-    """Each launch with its device execution, GPU time and call site."""
+def _executions(cap: Capture) -> pl.LazyFrame:
+    """Each launch with its device execution, GPU time and call site
+    (Categorical, null: no stack; made text once grouped)."""
     ex = merge.kernel_executions(cap)
     if cap.stacks.select(pl.len()).collect().item():
-        ex = ex.join(launch_sites(cap), on=["pid", "launch_seq"], how="left")
-    else:  # no stacks: no call sites to join onto millions of launches
-        ex = ex.with_columns(pl.lit(None, pl.String).alias("call_site"))
-    return ex.with_columns((pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"),
-                           pl.col("call_site").fill_null(no_stack) if no_stack else pl.col("call_site"))
+        ex = with_launch_site(ex, cap)
+    else:  # no stacks: no call sites to put onto millions of launches
+        ex = ex.with_columns(pl.lit(None, pl.Categorical).alias("call_site"))
+    return ex.with_columns((pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gpu_ns"))
 
 
 def _times() -> list[pl.Expr]:
@@ -123,7 +123,7 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     dur_s = duration_ns(cap) / 1e9
     if cap.aggregate is not None:
         return _aggregate_summary(cap, dur_s)
-    ex = _executions(cap, None)
+    ex = _executions(cap)
     # shapes formatted once per distinct (kernel, grid, block), not per launch
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     shaped = _shaped(ex.group_by([*_KEY, *dims]).agg(pl.len().alias("_n")))
@@ -138,8 +138,9 @@ def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
     """Launches per Python line and kernel, most first; launches without a
     stack together under (no stack).  Empty for an --aggregate capture."""
     return (
-        _executions(cap, NO_STACK).group_by("pid", "call_site", "name")
+        _executions(cap).group_by("pid", "call_site", "name")
         .agg(pl.len().cast(pl.UInt64).alias("launches"), *_times())
+        .with_columns(pl.col("call_site").cast(pl.String).fill_null(NO_STACK))
         .sort(["launches", "pid", "call_site", "name"], descending=[True, False, False, False])
         .collect(engine="streaming")
     )

@@ -15,6 +15,7 @@ from ..read import Capture
 from .calls import capture_calls
 from .registry import REGISTRY, Tool
 from .span import bounds
+from .tensors import TENSOR_KINDS
 
 
 NO_TENSORS = "needs tensor events (a PyTorch program); this capture has none"
@@ -35,8 +36,13 @@ def with_merged(cap: Capture) -> Capture:
     disk and is returned as it is: for captures too big for this, merge first."""
     if cap.merged:
         return cap
-    frames = {"kernels": merge.kernel_executions, "allocations": merge.allocations, "pages": merge.attributed_pages}
-    held = {name: fn(cap).collect(engine="streaming").lazy() for name, fn in frames.items()}
+    # the kernel executions' rows are in memory already (collected, a host-only
+    # capture's null device columns would be too); the attributed pages read them
+    # (kernel names) from the held frame, not from a second merge of every launch
+    held = {"kernels": merge.kernel_executions(cap)}
+    partial = dataclasses.replace(cap, merged=held)
+    for name, fn in (("allocations", merge.allocations), ("pages", merge.attributed_pages)):
+        held[name] = fn(partial).collect(engine="streaming").lazy()
     return dataclasses.replace(cap, merged=held)
 
 
@@ -49,7 +55,7 @@ def run_tools(
     that need device data still run without it, so their (empty) frames keep
     their columns for JSON and CSV, and carry a note saying why."""
     device = cap.has_device_data
-    tensors = cap.events.filter(pl.col("kind").cast(pl.String).str.starts_with("tensor_")).head(1).collect().height > 0
+    tensors = cap.events.filter(pl.col("kind").is_in(TENSOR_KINDS)).head(1).collect().height > 0
     out = []
     for name in names or list(REGISTRY):
         tool = REGISTRY[name]

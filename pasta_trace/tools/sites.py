@@ -41,6 +41,7 @@ def top_site(frame: pl.LazyFrame, keys: list[str], *weights: pl.Expr) -> pl.Lazy
     return (
         frame.filter(pl.col("call_site").is_not_null())
         .group_by(*keys, "call_site").agg(*named)
+        .with_columns(pl.col("call_site").cast(pl.String))  # ties go to the first by name, not by category
         .group_by(keys).agg(
             pl.col("call_site").sort_by([*order, pl.col("call_site")], descending=[*(True,) * len(order), False],
                                         nulls_last=True).first().alias("top_call_site"))
@@ -54,11 +55,21 @@ def with_top_site(result: pl.LazyFrame, calls: pl.LazyFrame, keys: list[str], *w
                        maintain_order="left")
 
 
-def launch_sites(cap: Capture) -> pl.LazyFrame:
-    """(pid, launch_seq, call_site): the line of each launch, as the merge
-    numbers launches (null call_site: no stack)."""
-    return with_site(merge.launch_order(cap).lazy().select("pid", "launch_seq", "stack_id"), cap, None).drop(
-        "stack_id")
+def with_launch_site(frame: pl.LazyFrame, cap: Capture) -> pl.LazyFrame:
+    """``frame`` (launches: pid, launch_seq, as the merge numbers them) plus
+    the call_site of each (Categorical; null: no stack), gathered from the
+    launch's row of launch_order (merge.order_position), not joined on
+    (pid, launch_seq) across millions of launches."""
+    key = ("launch_sites",)
+    if key not in cap.cache:
+        cap.cache[key] = (
+            merge.launch_order(cap).lazy().select("pid", "stack_id")
+            .join(sites(cap).with_columns(pl.col("call_site").cast(pl.Categorical)), on=["pid", "stack_id"],
+                  how="left", maintain_order="left")
+            .collect()["call_site"]
+        )
+    at = merge.order_position(merge.launch_order(cap), pl.col("pid"), pl.col("launch_seq"))
+    return frame.with_columns(pl.lit(cap.cache[key]).gather(at).alias("call_site"))
 
 
 def allocation_sites(cap: Capture, device_only: bool = True) -> pl.LazyFrame:

@@ -53,7 +53,7 @@ def tensor_events(cap: Capture) -> pl.LazyFrame:
         .otherwise(pl.when(api == REPORT_API).then(0).otherwise(1))
     )
     return (
-        cap.events.filter(pl.col("kind").cast(pl.String).is_in(TENSOR_KINDS) & device.is_not_null())
+        cap.events.filter(pl.col("kind").is_in(TENSOR_KINDS) & device.is_not_null())  # on the Enum: no text per event
         .select("pid", "tid", "ts_ns", pl.col("api").cast(pl.String), pl.col("kind").cast(pl.String), "ptr", "size",
                 pl.col("device").cast(pl.String), "allocated_bytes", "reserved_bytes", "stack_id")
         .with_columns(rank.alias("_rank"))
