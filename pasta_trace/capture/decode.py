@@ -60,10 +60,9 @@ def _lookup(values: np.ndarray, table: Sequence[str], dtype: pl.DataType, name: 
 _BLOCK = 16384
 
 
-def columns(recs: np.ndarray | Sequence[np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Contiguous copies of the named fields of a structured array, or of
-    several in order (as if concatenated: no copy of the records is made)."""
-    parts = [recs] if isinstance(recs, np.ndarray) else list(recs)
+def columns(parts: Sequence[np.ndarray], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Contiguous copies of the named fields of structured arrays of one
+    layout, in order (as if concatenated: no copy of the records is made)."""
     dtype = parts[0].dtype
     out = {c: np.empty(sum(p.size for p in parts), dtype[c]) for c in names}
     at = 0
@@ -130,7 +129,7 @@ def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[st
     """Decode HOST_EVENT records (an array, or several in order) into a
     frame with exactly schema.EVENTS_SCHEMA.  ``sequencer`` numbers the
     collectives (`seq`) on from the batches before; None: from 0 in this batch."""
-    parts = [recs] if isinstance(recs, np.ndarray) else [p for p in recs if p.size]
+    parts = [p for p in ([recs] if isinstance(recs, np.ndarray) else recs) if p.size]
     if not parts:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
     cols = columns(parts, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",

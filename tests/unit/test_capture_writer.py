@@ -63,6 +63,14 @@ def test_events_frame_has_the_schema_and_nulls_where_unset():
     assert (launch["layer"], alloc["layer"]) == ("driver", "driver")
 
 
+def test_events_frame_of_several_arrays_is_that_of_their_concatenation_and_no_records_give_an_empty_frame():
+    a, b = _launch(10, 0xABC), _alloc(20, 0x7000, 4096)
+    empty = np.zeros(0, a.dtype)
+    assert events_frame([a, empty, b], APIS).equals(events_frame(np.concatenate([a, b]), APIS))
+    for none in (empty, [empty, empty], []):
+        assert events_frame(none, APIS).equals(schema.empty_frame(schema.EVENTS_SCHEMA))
+
+
 def test_each_event_says_its_layer():
     recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096), _event(2, schema.Kind.other)])
     df = events_frame(recs, ["cuLaunchKernel", "hipMalloc", "notInTheCatalog"])
