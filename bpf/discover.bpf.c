@@ -213,6 +213,16 @@ RAW_TRACEPOINT_PROBE(sys_enter)
     return 0;
 }
 
+/* This CPU's pt_stop, zeroed (a pause's record is too large for the stack). */
+static __always_inline struct pt_stop *pt_stop_scratch(void)
+{
+    int k = 0;
+    struct pt_stop *st = discover_scratch.lookup(&k);
+    if (st)
+        __builtin_memset(st, 0, sizeof(*st));
+    return st;
+}
+
 /* Stop the calling thread (SIGSTOP, taken on its way back to user space),
  * recorded first in pt_stops with why (st: path, dev, ino already set):
  * whoever resumes it learns of it there.  A full pt_stops pauses nobody. */
@@ -254,11 +264,9 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     long ret = ctx->args[1];
     if (ret < 0)
         return 0;
-    int k = 0;
-    struct pt_stop *st = discover_scratch.lookup(&k);
+    struct pt_stop *st = pt_stop_scratch();
     if (!st)
         return 0;
-    __builtin_memset(st, 0, sizeof(*st));
     if (bpf_probe_read_user_str(st->path, sizeof(st->path), (void *)uname) <= 0)
         return 0;
     if (!pt_is_gpu_library(st->path))
@@ -302,11 +310,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
 #if PT_DISCOVER_FILTER
     if (!pt_armed() || pt_own_process())
         return 0;
-    int k = 0;
-    struct pt_stop *st = discover_scratch.lookup(&k);
+    struct pt_stop *st = pt_stop_scratch();
     if (!st)
         return 0;
-    __builtin_memset(st, 0, sizeof(*st));
     pt_stop_current(st, (u32)id, tgid, -1); /* fd -1: no library, an exec */
 #endif
     return 0;

@@ -12,7 +12,6 @@ mmap threshold) come from the heap and freed ones are used again.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 M_TRIM_THRESHOLD = -1
 M_TOP_PAD = -2
@@ -24,11 +23,9 @@ MMAP_THRESHOLD_MAX = 32 << 20
 def keep_freed_memory(trim_bytes: int = 1 << 30) -> bool:
     """Raise this process's malloc thresholds; False where it cannot (not
     glibc): nothing changes then but speed."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on (as own_process, checks)
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in (

@@ -32,7 +32,6 @@ up the tracer gives those pages back (``trim``).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import mmap
 import os
 
@@ -171,7 +170,7 @@ class SharedRing:
             self._head[0] = end
 
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # as probes.uprobe_link: no ldconfig run at import
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 
 
