@@ -11,17 +11,34 @@
  * a CUDA 12 stub passes itself as the function (func). */
 #define PT_FRAME_MAX 65536 /* a caller's frame pointer lies this close above sp */
 
-static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e, u64 ret)
+/* caller_fp is read once per (function, return address) on a thread (o's
+ * table, pasta.h): a launch from the same place names its function the
+ * same, and the read costs about a third of the launch's probe.  Later
+ * launches from there leave it unset. */
+static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e, u64 ret,
+                                         struct pt_outer *o)
 {
     u64 up = 0, fp = PT_REGS_FP(ctx), sp = PT_REGS_SP(ctx);
     e->caller = ret;
     e->valid |= PT_V_CALLER;
     /* only where rbp can be a frame pointer: code built without one keeps
      * anything in rbp, and a read that faults costs about 1 us */
-    if (fp > sp && fp - sp < PT_FRAME_MAX && !bpf_probe_read_user(&up, sizeof(up), (void *)(fp + 8))) {
-        e->caller_fp = up;
-        e->valid |= PT_V_CALLER_FP;
+    if (!(fp > sp && fp - sp < PT_FRAME_MAX))
+        return;
+    u32 i = pt_fold_slot(e->func);
+    if (o && o->seen[i].outer == e->func && o->seen[i].site == ret)
+        return;
+    if (bpf_probe_read_user(&up, sizeof(up), (void *)(fp + 8)))
+        return;
+    e->caller_fp = up;
+    e->valid |= PT_V_CALLER_FP;
+    if (!o)
+        return;
+    if (o->seen[i].outer != e->func) { /* the slot changes hands */
+        o->seen[i].outer = e->func;
+        o->seen[i].inner = 0;
     }
+    o->seen[i].site = ret;
 }
 
 /* cudaLaunchKernel layout (see PT_H_LAUNCH_RT), read with the return address:
@@ -38,7 +55,7 @@ static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e
             E->shmem = (u32)st[1];                                             \
             E->stream = st[2];                                                 \
             E->valid = PT_LAUNCH_V;                                            \
-            pt_rt_caller(ctx, E, st[0]);                                       \
+            pt_rt_caller(ctx, E, st[0], O);                                       \
         }                                                                      \
     })
 
@@ -49,7 +66,7 @@ static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e
         E->func = PT_P2;                                                       \
         pt_launch_cfg_rt(E, PT_P1);                                            \
         if (!bpf_probe_read_user(&ret, sizeof(ret), (void *)PT_REGS_SP(ctx)))  \
-            pt_rt_caller(ctx, E, ret);                                         \
+            pt_rt_caller(ctx, E, ret, O);                                         \
     })
 
 /* cudaMemcpyKind is numbered like hipMemcpyKind: the HIP copy shapes fit.

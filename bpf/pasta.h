@@ -19,6 +19,8 @@
 BPF_RINGBUF_OUTPUT(events, PT_RING_PAGES);
 BPF_RINGBUF_OUTPUT(names, PT_NAMES_PAGES);
 BPF_PERCPU_ARRAY(lost, u64, PT_LOST_N);
+/* Calls handled without an event of their own, on purpose (schema.TALLIES) */
+BPF_PERCPU_ARRAY(tally, u64, PT_TALLY_N);
 BPF_HASH(pid_filter, u32, u8, PT_PID_FILTER_MAX);
 
 /* Entry -> return state of the calls a uretprobe completes: a small stack of
@@ -48,10 +50,22 @@ BPF_TASK_STORAGE(inflight, struct pt_frames);
  * outer call has a return probe, which clears the mark (its uretprobe also
  * replaced the return address in the slot), or, without one, the outer
  * call's return address is still in its slot (any frame built there after
- * the outer call returned overwrites it). */
+ * the outer call returned overwrites it).
+ *
+ * Folding: a driver launch nested in a runtime launch is written only the
+ * first time its thread sees its pair (the runtime launch's function, the
+ * driver's handle), which is what names the handle offline
+ * (capture/pairing.py); each later one is counted in
+ * tally[PT_TALLY_FOLDED_LAUNCHES] and costs no event (nor stack walk).  The
+ * thread keeps the pairs in a direct-mapped table of PT_FOLD_N slots, by the
+ * runtime function: a pair that lost its slot is written again.  The same
+ * table keeps, per runtime function, the return address whose caller_fp was
+ * read last (pt_rt_caller), so that read is made once per call site. */
 #define PT_ROLE_NONE 0
 #define PT_ROLE_OUTER 1
 #define PT_ROLE_INNER 2
+/* PT_FOLD_N (schema.FOLD_SLOTS): slots of the table below */
+#define PT_FOLDED (~0ULL) /* pt_inner: write no event */
 struct pt_outer {
     u64 ts;  /* entry time of the outer call; 0: none, or already paired */
     u64 sp;  /* its stack pointer at entry */
@@ -60,6 +74,13 @@ struct pt_outer {
     u32 api;
     u32 paired; /* the outer call has a return probe: it clears the mark */
     u32 pad;
+    u64 func;   /* the outer call's function (a launch's host stub or kernel), or 0 */
+    struct {
+        u64 outer; /* func of a runtime launch */
+        u64 inner; /* the handle of the driver launch nested in it */
+        u64 site;  /* a return address of that runtime launch whose caller_fp was read */
+        u64 pad;
+    } seen[PT_FOLD_N];
 };
 BPF_TASK_STORAGE(outer_call, struct pt_outer);
 
@@ -206,6 +227,25 @@ static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
 #endif
 }
 
+static __always_inline void pt_tally(u32 idx)
+{
+    u64 *v = tally.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+/* schema.fold_slot */
+static __always_inline u32 pt_fold_slot(u64 func)
+{
+    return ((func >> 4) ^ (func >> 12)) & (PT_FOLD_N - 1);
+}
+
+/* The thread's outer-call mark, made on first use. */
+static __always_inline struct pt_outer *pt_outer_get(void)
+{
+    return outer_call.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+}
+
 static __always_inline int pt_still_in(struct pt_outer *o, u64 sp)
 {
     u64 v = 0;
@@ -214,26 +254,43 @@ static __always_inline int pt_still_in(struct pt_outer *o, u64 sp)
     return o->paired || (!bpf_probe_read_user(&v, sizeof(v), (void *)o->sp) && v == o->ret);
 }
 
+/* An inner-layer call: the entry time of the outer call it is nested in, or
+ * 0; PT_FOLDED when it is a launch (fold: its handle, else 0) whose pair with
+ * the outer launch's function this thread has recorded already. */
+static __always_inline u64 pt_inner(struct pt_regs *ctx, u32 kind, u64 fold)
+{
+    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!o || !o->ts || o->kind != kind || !pt_still_in(o, PT_REGS_SP(ctx)))
+        return 0;
+    u64 t = o->ts;
+    o->ts = 0; /* one inner call per outer call: a later one is its own */
+    if (!fold || !o->func)
+        return t;
+    u32 i = pt_fold_slot(o->func);
+    if (o->seen[i].outer == o->func && o->seen[i].inner == fold) {
+        pt_tally(PT_TALLY_FOLDED_LAUNCHES);
+        return PT_FOLDED;
+    }
+    if (o->seen[i].outer != o->func)
+        o->seen[i].site = 0;
+    o->seen[i].outer = o->func;
+    o->seen[i].inner = fold;
+    return t;
+}
+
 /* The entry time of the outer call this one is nested in, or 0; an outer
- * call that is not nested marks its thread.  role is a constant
- * (PT_ROLE_<id>): the branches not taken compile away.  ret: the return
- * address if the handler read it already, else 0. */
-static __always_inline u64 pt_nest(struct pt_regs *ctx, int role, u32 api, u32 kind, u64 ts, u32 paired,
-                                   u64 ret)
+ * call that is not nested marks its thread (o: pt_outer_get()).  role is a
+ * constant (PT_ROLE_<id>): the branches not taken compile away.  ret: the
+ * return address if the handler read it already, else 0; func: the outer
+ * call's function (a launch's), else 0. */
+static __always_inline u64 pt_nest(struct pt_regs *ctx, int role, struct pt_outer *o, u32 api, u32 kind,
+                                   u64 ts, u32 paired, u64 ret, u64 func)
 {
     if (role == PT_ROLE_NONE)
         return 0;
     u64 sp = PT_REGS_SP(ctx);
-    if (role == PT_ROLE_INNER) {
-        struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-        if (!o || !o->ts || o->kind != kind || !pt_still_in(o, sp))
-            return 0;
-        u64 t = o->ts;
-        o->ts = 0; /* one inner call per outer call: a later one is its own */
-        return t;
-    }
-    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0,
-                                                    BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (role == PT_ROLE_INNER)
+        return pt_inner(ctx, kind, 0);
     if (!o)
         return 0;
     /* an outer call inside another of the same kind (a wrapper of the same
@@ -248,6 +305,7 @@ static __always_inline u64 pt_nest(struct pt_regs *ctx, int role, u32 api, u32 k
     o->kind = kind;
     o->api = api;
     o->paired = paired;
+    o->func = func;
     return 0;
 }
 
@@ -374,25 +432,43 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 #define PT_LAUNCH_V (PT_V_FUNC | PT_V_GRID | PT_V_BLOCK | PT_V_SHMEM | PT_V_STREAM)
 
 /* Entry-only handler: E is the event, already stamped; zeroed unless
- * PT_ENTRY_ALL, whose body writes every field past pid/tid/api/kind/comm. */
-#define PT_ENTRY_Z(clear, name, id, kind, ...)                                 \
+ * PT_ENTRY_ALL, whose body writes every field past pid/tid/api/kind/comm.
+ * fold: an expression of the registers giving a launch's handle, for an
+ * inner-layer launch to be folded (pt_inner), else 0.  O: an outer-layer
+ * call's mark (pt_outer_get; null for other layers or if it failed). */
+#define PT_ENTRY_Z(clear, fold, name, id, kind, ...)                           \
     int pt_e_##name(struct pt_regs *ctx)                                       \
     {                                                                          \
         if (pt_skip())                                                         \
             return 0;                                                          \
+        u64 in_ = 0;                                                           \
+        /* before the event (and its clock read): a folded launch has none */  \
+        if (PT_ROLE_##id == PT_ROLE_INNER) {                                   \
+            in_ = pt_inner(ctx, kind, fold);                                   \
+            if (in_ == PT_FOLDED)                                              \
+                return 0;                                                      \
+        }                                                                      \
         u64 ts_ = bpf_ktime_get_ns();                                          \
         struct pt_event *E = pt_open(id, kind, ts_, clear);                    \
         if (!E)                                                                \
             return 0;                                                          \
+        struct pt_outer *O = 0;                                                \
+        if (PT_ROLE_##id == PT_ROLE_OUTER)                                     \
+            O = pt_outer_get();                                                \
         __VA_ARGS__;                                                           \
         /* after the body: a runtime launch has read its return address */    \
-        pt_nested(E, pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 0,              \
-                             (E->valid & PT_V_CALLER) ? E->caller : 0));       \
-        pt_close(ctx, E);                                                           \
+        if (PT_ROLE_##id != PT_ROLE_INNER)                                     \
+            in_ = pt_nest(ctx, PT_ROLE_##id, O, id, kind, ts_, 0,              \
+                          (E->valid & PT_V_CALLER) ? E->caller : 0,            \
+                          (E->valid & PT_V_FUNC) ? E->func : 0);               \
+        pt_nested(E, in_);                                                     \
+        pt_close(ctx, E);                                                      \
         return 0;                                                              \
     }
-#define PT_ENTRY(...) PT_ENTRY_Z(1, __VA_ARGS__)
-#define PT_ENTRY_ALL(...) PT_ENTRY_Z(0, __VA_ARGS__)
+#define PT_ENTRY(...) PT_ENTRY_Z(1, 0, __VA_ARGS__)
+#define PT_ENTRY_ALL(...) PT_ENTRY_Z(0, 0, __VA_ARGS__)
+/* a launch whose handle is in a register: nested in a runtime launch, it folds */
+#define PT_ENTRY_FOLD(fold, ...) PT_ENTRY_Z(0, fold, __VA_ARGS__)
 
 /* The fields no launch carries (launch handlers skip the memset). */
 #define PT_LAUNCH_ZERO(e)                                                      \
@@ -416,7 +492,9 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         if (pt_skip())                                                         \
             return 0;                                                          \
         u64 ts_ = bpf_ktime_get_ns();                                          \
-        pt_save(id, ts_, pt_nest(ctx, PT_ROLE_##id, id, kind, ts_, 1, 0), a0, a1, a2, a3); \
+        pt_save(id, ts_, pt_nest(ctx, PT_ROLE_##id,                            \
+                                 PT_ROLE_##id == PT_ROLE_OUTER ? pt_outer_get() : 0, \
+                                 id, kind, ts_, 1, 0, 0), a0, a1, a2, a3);     \
         return 0;                                                              \
     }                                                                          \
     int pt_r_##name(struct pt_regs *ctx)                                       \
@@ -437,7 +515,7 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
 
 /* cuLaunchKernel layout: (f, gx, gy, gz, bx, by, [bz, shmem, stream]) */
 #define PT_H_LAUNCH_CU(name, id, kind, arg)                                      \
-    PT_ENTRY_ALL(name, id, kind, {                                             \
+    PT_ENTRY_FOLD(PT_P1, name, id, kind, {                                             \
         u64 st[3];                                                             \
         PT_LAUNCH_ZERO(E);                                                     \
         E->valid = PT_V_FUNC | PT_V_GRID;                                      \

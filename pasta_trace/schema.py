@@ -733,6 +733,52 @@ LOSSES: tuple[Loss, ...] = (
 LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}
 
 
+@dataclass(frozen=True)
+class Tally:
+    """A count the probes keep of calls they handled without an event of
+    their own, on purpose: not a loss.  The manifest stores each in
+    ``counts`` under ``name``; ``index`` is its slot in the per-CPU BPF array
+    ``tally`` (the C side's ``PT_TALLY_<NAME>``)."""
+
+    name: str
+    index: int
+    meaning: str
+
+    @property
+    def c_define(self) -> str:
+        return f"PT_TALLY_{self.name.upper()}"
+
+
+TALLIES: tuple[Tally, ...] = (
+    # bpf/pasta.h pt_inner: a thread records each (runtime launch function,
+    # driver handle) pair once, in the first nested driver launch that shows it
+    Tally("folded_launches", 0,
+          "driver launches made inside a runtime launch whose pair of runtime function and driver handle its "
+          "thread had recorded already: counted by the runtime launch, written without a nested event"),
+)
+
+
+#: Slots of the per-thread table that remembers which (runtime launch
+#: function, driver handle) pairs a thread has written (bpf/pasta.h
+#: pt_inner): direct-mapped by the function (fold_slot); a power of two.
+FOLD_SLOTS = 64
+
+
+def fold_slot(func: int) -> int:
+    """The table slot of a runtime launch's function, as the probes compute it
+    (pt_fold_slot): two launch functions with the same slot take it from each
+    other, so neither's nested launches fold."""
+    return ((func >> 4) ^ (func >> 12)) & (FOLD_SLOTS - 1)
+
+
+def tally_c_defines() -> str:
+    """``#define PT_TALLY_<NAME> <slot>`` for each tally, and ``PT_TALLY_N``."""
+    out = [f"#define {t.c_define} {t.index}" for t in TALLIES]
+    out.append(f"#define PT_TALLY_N {len(TALLIES)}")
+    out.append(f"#define PT_FOLD_N {FOLD_SLOTS}")
+    return "\n".join(out) + "\n"
+
+
 def loss_counters(counter: str) -> tuple[Loss, ...]:
     """The losses one BPF array counts, in slot order."""
     return tuple(sorted((loss for loss in LOSSES if loss.counter == counter), key=lambda loss: loss.index))
@@ -1430,6 +1476,7 @@ def bpf_c_header() -> str:
         f"#define PT_DEPTH {INFLIGHT_DEPTH}",
     ]
     out.append(loss_c_defines("lost").rstrip("\n"))
+    out.append(tally_c_defines().rstrip("\n"))
     for r in HOST_RECORDS:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"

@@ -23,6 +23,16 @@ def read_lost(bpf) -> dict[str, int]:
     return out
 
 
+def read_tallies(bpf) -> dict[str, int]:
+    """Every tally of schema.TALLIES so far, by name, summed over CPUs (0
+    each when the program has no such array)."""
+    try:
+        table = bpf["tally"]
+    except KeyError:
+        return {t.name: 0 for t in schema.TALLIES}
+    return {t.name: int(sum(table[table.Key(t.index)])) for t in schema.TALLIES}
+
+
 def read_aggregate(bpf) -> tuple[np.ndarray, np.ndarray]:
     """The aggregation map's keys and values (schema.AGG_KEY, schema.AGG_VAL):
     one row per (pid, api, kernel, shape, return code), at most --aggregate-max."""

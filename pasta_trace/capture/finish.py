@@ -19,7 +19,7 @@ import polars as pl
 from .. import schema
 from ..safe_output import OutputDir
 from . import manifest as mf
-from .bpf_maps import read_aggregate, read_lost
+from .bpf_maps import read_aggregate, read_lost, read_tallies
 from .attach_names import AttachNamer
 from .launch import HeldCommand
 from .options import Options, Result
@@ -86,7 +86,7 @@ class Finisher:
         if self._stacks is not None or self._native is not None:
             stacks = {**(self._stacks.counts() if self._stacks else {}), **(self._native.counts() if self._native else {})}
         manifest.counts = mf.counts(events=writer.written, names=writer.names, lost=lost, by_kind=by_kind,
-                                    known_full=self._known_full(), stacks=stacks)
+                                    known_full=self._known_full(), stacks=stacks, tallies=read_tallies(bpf))
         if held is not None:
             manifest.launched = {"argv": self._opts.command, "pid": held.pid, "exit_code": exit_code}
         if device is not None:

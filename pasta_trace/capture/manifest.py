@@ -116,7 +116,7 @@ class Manifest:
 
 def counts(
     *, events: int, names: int, lost: dict[str, int], by_kind: dict[str, int], known_full: int = 0,
-    stacks: dict | None = None,
+    stacks: dict | None = None, tallies: dict[str, int] | None = None,
 ) -> dict:
     """The manifest's `counts` object.  Each loss counter (schema.LOSSES) is
     stored by its name, in its section (`stacks`) where it has one; the
@@ -130,5 +130,8 @@ def counts(
     # library files with probes that the kernel's known-files table could not
     # hold: each later open of one paused its process (not a loss)
     out["known_full"] = known_full
+    # calls the probes handled without an event of their own (schema.TALLIES):
+    # not losses
+    out.update(tallies or {})
     out["by_kind"] = by_kind
     return out

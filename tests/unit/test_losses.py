@@ -88,7 +88,8 @@ def test_aggregate_max_is_a_usage_error_out_of_range(value: str, error: str) -> 
 def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path: Path) -> None:
     lost = {loss.name: 10 * (i + 1) for i, loss in enumerate(schema.LOSSES)}
     stacks = {"lost_stacks": 0, "unreadable_stacks": 0, "no_python_thread": 3, "truncated_stacks": 1, "stacks": 9}
-    counts = mf.counts(events=5, names=2, lost=lost, by_kind={"launch": 5}, known_full=2, stacks=stacks)
+    counts = mf.counts(events=5, names=2, lost=lost, by_kind={"launch": 5}, known_full=2, stacks=stacks,
+                       tallies={"folded_launches": 7})
     assert counts == {
         "events": 5, "names": 2,
         "stacks": {"lost_stacks": 50, "unreadable_stacks": 60, "no_python_thread": 3, "truncated_stacks": 1,
@@ -96,14 +97,14 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
                    "unresolved_native_stacks": 90},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
         "unpaused_opens": 100, "lost_notifications": 110, "lost_writer_behind": 120, "lost_unwritten": 130,
-        "known_full": 2, "by_kind": {"launch": 5},
+        "known_full": 2, "folded_launches": 7, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
     manifest = json.loads((cap / "manifest.json").read_text())
     manifest["counts"] = counts
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
-    assert c.losses == lost
+    assert c.losses == lost  # a tally (launches folded on purpose) is not a loss
     assert c.lost_events == sum(lost.values()) == 910
 
 
