@@ -41,6 +41,8 @@ class Sequencer:
 
     def number(self, events: pl.DataFrame) -> pl.DataFrame:
         """``events`` (schema.EVENTS_SCHEMA, one batch) with `seq` filled in."""
+        if not events["kind"].is_in(["collective", "comm"]).any():  # most batches: a scan of the kind codes only
+            return events
         coll = (pl.col("kind") == "collective") & done() & pl.col("communicator").is_not_null()
         marks = events.with_row_index("_row").filter(coll | _made()).select(
             "_row", *KEY, "ts_ns", coll.alias("_coll"), _made().alias("_new"))

@@ -86,9 +86,10 @@ def write_atomic(out: OutputDir, name: str, data: pl.DataFrame) -> None:
     out.write_atomic(name, write)
 
 
-def kind_counts(recs: np.ndarray) -> np.ndarray:
-    """Records per schema.KIND_NAMES (an unknown kind counts as other)."""
-    return np.bincount(schema.kind_index(recs["kind"]), minlength=len(schema.KIND_NAMES))
+def kind_counts(events: pl.DataFrame) -> np.ndarray:
+    """Events per schema.KIND_NAMES: the decoded `kind` column's codes are
+    their places there (an unknown kind decoded as other)."""
+    return np.bincount(events["kind"].to_physical().to_numpy(), minlength=len(schema.KIND_NAMES))
 
 
 def _read_exact(stream, n: int) -> bytes:
@@ -175,7 +176,9 @@ class EventFiles:
         records = sum(p.size for p in parts)
         try:
             data = self._sizes.fill(events_frame(parts, self.api_names, self._sequencer))
-            for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique().iter_rows():
+            # one comm per process: a row of each, not every distinct pair cast to text
+            for pid, comm in data.select("pid", "comm").unique(subset="pid", keep="any").with_columns(
+                    pl.col("comm").cast(pl.String)).iter_rows():
                 self.comms.setdefault(pid, comm)
             name = f"events-{len(self.files):05d}.parquet"
             try:
@@ -186,8 +189,7 @@ class EventFiles:
                 return
             self.files.append(name)
             self.written += records
-            for p in parts:
-                self.by_kind += kind_counts(p)
+            self.by_kind += kind_counts(data)
             self._write_communicators(data)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread by wait()
             self._failure = e

@@ -23,6 +23,8 @@ class TensorSizes:
     def fill(self, events: pl.DataFrame) -> pl.DataFrame:
         """`events` (schema.EVENTS_SCHEMA, in ring order) with the size of
         each tensor free that had none, where the capture saw its allocation."""
+        if not events["kind"].is_in(_TENSOR).any():  # most batches: a scan of the kind codes only
+            return events
         kind = pl.col("kind").cast(pl.String)
         tensors = events.with_row_index("_row").filter(kind.is_in(_TENSOR) & pl.col("ptr").is_not_null()).select(
             "_row", "pid", pl.col("device").cast(pl.String).alias("_dev"), "ptr", "ts_ns",
