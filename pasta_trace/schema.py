@@ -743,6 +743,7 @@ class Tally:
     name: str
     index: int
     meaning: str
+    summary: str  # the capture summary's line, after the count
 
     @property
     def c_define(self) -> str:
@@ -754,7 +755,8 @@ TALLIES: tuple[Tally, ...] = (
     # driver handle) pair once, in the first nested driver launch that shows it
     Tally("folded_launches", 0,
           "driver launches made inside a runtime launch whose pair of runtime function and driver handle its "
-          "thread had recorded already: counted by the runtime launch, written without a nested event"),
+          "thread had recorded already: counted by the runtime launch, written without a nested event",
+          "driver launches folded into their runtime launch (kernel seen before)"),
 )
 
 

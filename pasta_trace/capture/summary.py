@@ -136,6 +136,11 @@ def known_full_line(counts: dict) -> list[str]:
             "each later open of one paused its process for a moment"]
 
 
+def tally_lines(counts: dict) -> list[str]:
+    """Calls the probes handled without an event on purpose (schema.TALLIES): not losses."""
+    return [f"{n:,} {t.summary}" for t in schema.TALLIES if (n := counts.get(t.name, 0))]
+
+
 #: manifest notes shown before pointing at the manifest
 NOTE_LINES = 5
 
@@ -169,6 +174,7 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
     lines += failures(all_calls, Path(out_dir))
     lines += byte_lines(events, aggregate)
     lines += known_full_line(counts)
+    lines += tally_lines(counts)
     lines += loss_lines({loss.name: loss.count_in(counts) for loss in schema.LOSSES}, settings)
     lines += [f"warning: {note}" for note in notes[:NOTE_LINES]]
     if len(notes) > NOTE_LINES:

@@ -149,13 +149,15 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "--buffer-pages": 8, "--stack-buffer-pages": 16, "--aggregate-max": 32, "--native-stack-buffer-pages": 64}
 
 
-def test_summary_reads_every_loss_and_the_known_files_overflow_from_the_counts(tmp_path: Path) -> None:
-    counts = {"events": 0, "lost_agg": 18, "stacks": {"lost_stacks": 2}, "known_full": 3, "by_kind": {}}
+def test_summary_reads_every_loss_the_known_files_overflow_and_the_folded_launches_from_the_counts(tmp_path: Path) -> None:
+    counts = {"events": 0, "lost_agg": 18, "stacks": {"lost_stacks": 2}, "known_full": 3, "folded_launches": 12,
+              "by_kind": {}}
     text = summary.render(tmp_path, {}, pl.DataFrame(schema={"pid": pl.UInt32, "handle": pl.UInt64,
                                                              "name": pl.String}), counts, SETTINGS)
-    assert text.splitlines()[-5:] == [
+    assert text.splitlines()[-6:] == [
         "3 library files with probes did not fit the kernel's known-files table: each later open of one "
         "paused its process for a moment",
+        "12 driver launches inside runtime launches of a kernel already seen: counted as their runtime launch",
         "LOST: 18 aggregated calls: the --aggregate map was full",
         "  raise --aggregate-max (now 4)",
         "LOST: 2 Python stacks: the stacks ring buffer was full",
