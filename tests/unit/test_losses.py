@@ -157,7 +157,7 @@ def test_summary_reads_every_loss_the_known_files_overflow_and_the_folded_launch
     assert text.splitlines()[-6:] == [
         "3 library files with probes did not fit the kernel's known-files table: each later open of one "
         "paused its process for a moment",
-        "12 driver launches inside runtime launches of a kernel already seen: counted as their runtime launch",
+        "12 driver launches folded into their runtime launch (kernel seen before)",
         "LOST: 18 aggregated calls: the --aggregate map was full",
         "  raise --aggregate-max (now 4)",
         "LOST: 2 Python stacks: the stacks ring buffer was full",
