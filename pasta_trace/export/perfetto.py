@@ -212,6 +212,23 @@ class _Order:
         self.rows = np.concatenate(rows)[perm]
 
 
+def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """An integer or boolean column as uint64 values (0 where null) and where
+    it is not null, read from its Arrow buffers: through Polars, each of
+    fill_null, cast and to_numpy is a query of its own, thousands a trace."""
+    if s.dtype == pl.Boolean:
+        return s.fill_null(False).cast(pl.UInt64).to_numpy(), s.is_not_null().to_numpy()
+    a = s.rechunk().to_arrow()
+    validity, data = a.buffers()[:2]
+    at = slice(a.offset, a.offset + len(a))
+    # signed values keep their two's complement bits, which is how int64 varints are written
+    values = np.frombuffer(data, dtype=a.type.to_pandas_dtype())[at].astype(np.int64).view(np.uint64)
+    if validity is None or a.null_count == 0:
+        return values, np.ones(len(a), dtype=bool)
+    present = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[at].view(bool)
+    return np.where(present, values, np.uint64(0)), present
+
+
 def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray]:
     """Packets of rows that share one layout (every row an event of type
     `ph`), as protowire.layout's (bytes, used) matrices.  String arguments
@@ -221,14 +238,7 @@ def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray]:
     nothing = np.zeros(n, dtype=bool)
 
     def col(name: str) -> tuple[np.ndarray, np.ndarray]:
-        if name not in rows.columns:
-            return np.zeros(n, dtype=np.uint64), nothing
-        s = rows[name]
-        present = s.is_not_null().to_numpy()
-        if s.dtype == pl.Boolean:
-            return s.fill_null(False).cast(pl.UInt64).to_numpy(), present
-        # signed values keep their two's complement bits, which is how int64 varints are written
-        return s.fill_null(0).cast(pl.Int64).to_numpy().view(np.uint64), present
+        return _values(rows[name]) if name in rows.columns else (np.zeros(n, dtype=np.uint64), nothing)
 
     named = every if ph in (SLICE_BEGIN, INSTANT) else nothing
     event = [pw.varint_field(_E_TYPE, np.full(n, ph, dtype=np.uint64), every),
