@@ -17,6 +17,9 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,6 +30,8 @@ from . import protowire as pw
 from .trace_model import API_ARGS, TraceModel
 
 CHUNK_ROWS = 200_000
+#: threads encoding windows at once (each holds a window's matrices, ~100 MB)
+MAX_WORKERS = 4
 SEQUENCE_ID = 1
 
 # TracePacket
@@ -200,16 +205,32 @@ class _Order:
         t, o, s = np.concatenate(ts), np.concatenate(order), np.concatenate(sub)
         perm = np.argsort(t, kind="stable")
         t = t[perm]
-        tie = np.zeros(len(t), dtype=bool)
-        same = t[1:] == t[:-1]
-        tie[1:] |= same
-        tie[:-1] |= same
-        at = np.flatnonzero(tie)
-        tied = perm[at]
-        perm[at] = tied[np.lexsort((s[tied], o[tied], t[at]))]
+        _break_ties(perm, t, o, s)
         self.ts = t
         self.part = part[perm]
         self.rows = np.concatenate(rows)[perm]
+
+
+def _break_ties(perm: np.ndarray, t: np.ndarray, o: np.ndarray, s: np.ndarray) -> None:
+    """Sort the runs of `perm` whose times `t` are equal by (o, s), stably, in
+    place.  Most runs are pairs (a launch and its kernel, when the kernel has
+    no device time of its own): those are compared and swapped as columns;
+    only longer runs are sorted."""
+    same = t[1:] == t[:-1]
+    if not same.any():
+        return
+    starts = np.flatnonzero(same & ~np.concatenate(([False], same[:-1])))
+    size = np.flatnonzero(same & ~np.concatenate((same[1:], [False]))) + 2 - starts
+    pair = starts[size == 2]
+    a, b = perm[pair], perm[pair + 1]
+    swap = (o[b] < o[a]) | ((o[b] == o[a]) & (s[b] < s[a]))
+    perm[pair[swap]], perm[pair[swap] + 1] = b[swap], a[swap]
+    long = size > 2
+    if long.any():
+        lens = size[long]
+        at = np.arange(lens.sum()) + np.repeat(starts[long] - np.cumsum(lens) + lens, lens)
+        tied = perm[at]
+        perm[at] = tied[np.lexsort((s[tied], o[tied], t[at]))]
 
 
 def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -345,8 +366,16 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     out.write(_header(strings, int(order.ts[0]) if len(order.ts) else 0))
     out.write(b"".join(descriptors))
     n = len(order.ts)
-    for lo in range(0, n, chunk_rows):
-        out.write(_encode(parts, order, lo, min(n, lo + chunk_rows)))  # the bytes as they are: no copy
+    # windows are encoded on several threads (numpy and Polars let go of the GIL) and written in order
+    workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque[Future] = deque()
+        for lo in range(0, n, chunk_rows):
+            pending.append(pool.submit(_encode, parts, order, lo, min(n, lo + chunk_rows)))
+            if len(pending) > workers:
+                out.write(pending.popleft().result())  # the bytes as they are: no copy
+        while pending:
+            out.write(pending.popleft().result())
     return n
 
 

@@ -151,28 +151,28 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-#: the byte columns of a segment, to compare with its lengths
-_COLUMNS = np.arange(64, dtype=np.int64)
-
-
 def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The segments side by side: a (rows, widths) byte matrix, the mask of
-    the bytes each row uses, and each row's length.  The mask is filled a
-    segment at a time (its lengths against its byte columns), not row by
-    row: fields are a few bytes wide."""
+    the bytes each row uses, and each row's length.  Both matrices are laid
+    out a byte column after another (views of (widths, rows) arrays): each
+    field's bytes and mask are then written as whole contiguous columns, where
+    in a row-major matrix every field would stride through all of it, five
+    times slower; the boolean pick of the used bytes reads them row by row
+    all the same."""
     n = len(segs[0].lens)
     width = sum(s.width for s in segs)
-    data = np.empty((n, width), dtype=np.uint8)
-    used = np.empty((n, width), dtype=bool)
+    data = np.empty((width, n), dtype=np.uint8)
+    used = np.empty((width, n), dtype=bool)
     lens = np.zeros(n, dtype=np.int64)
     at = 0
     for s in segs:
         if s.width:
-            s.put(data[:, at: at + s.width])
-            np.greater(s.lens[:, None], _COLUMNS[: s.width], out=used[:, at: at + s.width])
+            s.put(data[at: at + s.width].T)
+            for k in range(s.width):
+                np.greater(s.lens, k, out=used[at + k])
             lens += s.lens
         at += s.width
-    return data, used, lens
+    return data.T, used.T, lens
 
 
 def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
