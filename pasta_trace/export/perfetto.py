@@ -200,15 +200,16 @@ class _Order:
         order.append(np.full(counts.height, 3, dtype=np.int8))
         sub.append(np.zeros(counts.height, dtype=np.int64))
         rows.append(np.arange(counts.height, dtype=np.int64))
-        self.sizes = [len(r) for r in rows]
-        part = np.repeat(np.arange(len(rows), dtype=np.int8), self.sizes)
         t, o, s = np.concatenate(ts), np.concatenate(order), np.concatenate(sub)
+        del ts, order, sub
         perm = np.argsort(t, kind="stable")
         t = t[perm]
         _break_ties(perm, t, o, s)
-        self.ts = t
-        self.part = part[perm]
-        self.rows = np.concatenate(rows)[perm]
+        #: the first event's time, and the number of events
+        self.first, self.n = (int(t[0]) if len(t) else 0), len(t)
+        del t, o, s
+        self.part = np.repeat(np.arange(len(rows), dtype=np.int8), [len(r) for r in rows])[perm]
+        self.rows = np.concatenate(rows).astype(np.uint32)[perm]  # frames hold under 2^32 rows
 
 
 def _break_ties(perm: np.ndarray, t: np.ndarray, o: np.ndarray, s: np.ndarray) -> None:
@@ -363,9 +364,9 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     for f in slices:
         parts += [f.select(*(c for c in _ENCODED if c in f.columns), "layout"), f.select("track", "ts_ns", "dur_ns")]
     parts.append(counts)
-    out.write(_header(strings, int(order.ts[0]) if len(order.ts) else 0))
+    out.write(_header(strings, order.first))
     out.write(b"".join(descriptors))
-    n = len(order.ts)
+    n = order.n
     # windows are encoded on several threads (numpy and Polars let go of the GIL) and written in order
     workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(workers) as pool:

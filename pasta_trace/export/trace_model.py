@@ -99,12 +99,12 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
     return sorted_by(calls, "ts_ns", "pid", "tid")
 
 
-def sorted_by(frame: pl.DataFrame, *keys: str) -> pl.DataFrame:
+def sorted_by(frame: pl.DataFrame, *keys: str, nulls_last: bool = False) -> pl.DataFrame:
     """`frame` sorted by `keys` (stable).  The order is found on the keys
     alone and the rows gathered only when it moves one: a capture's calls
     come in time order already, and sorting every column of them, even in
     order, costs as much as reading them."""
-    order = frame.select(pl.arg_sort_by(*keys, maintain_order=True)).to_series().to_numpy()
+    order = frame.select(pl.arg_sort_by(*keys, maintain_order=True, nulls_last=nulls_last)).to_series().to_numpy()
     return frame if np.array_equal(order, np.arange(frame.height)) else frame[order]
 
 
@@ -153,7 +153,13 @@ def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
             launches, on=["pid", "launch_seq"], how="left", maintain_order="left").collect()["_row"]
     rows = np.flatnonzero((api["kind"] == "launch").fill_null(False).to_numpy())
     pid, ts, tid = (api[k].to_numpy()[rows] for k in keys)
-    order = np.lexsort((tid, ts, pid))  # stable: calls with equal keys keep their order in api
+    if _in_order(ts, pid, tid):
+        # (the model's calls are): a stable sort by pid alone gives (pid, ts_ns, tid), and pids,
+        # numbered densely, sort in linear time where a lexsort of three keys takes seconds
+        pids, dense = np.unique(pid, return_inverse=True)
+        order = np.argsort(dense.astype(np.uint16) if len(pids) <= 1 << 16 else dense, kind="stable")
+    else:
+        order = np.lexsort((tid, ts, pid))  # stable: calls with equal keys keep their order in api
     by_pid, rows = pid[order], rows[order]
     first = np.searchsorted(by_pid, ex["pid"].to_numpy(), side="left")
     count = np.searchsorted(by_pid, ex["pid"].to_numpy(), side="right") - first
@@ -164,14 +170,19 @@ def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
         pl.Series(~found), None).cast(pl.UInt32)
 
 
+def _in_order(*keys: np.ndarray) -> bool:
+    """Whether rows are sorted by `keys` (the first the most significant)."""
+    ok = np.ones(max(len(keys[0]) - 1, 0), dtype=bool)
+    for k in reversed(keys):
+        ok = (k[1:] > k[:-1]) | ((k[1:] == k[:-1]) & ok)
+    return bool(ok.all())
+
+
 def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Kernel executions with a `corr` shared with their launch; returns
     (api with corr, kernels)."""
-    ex = (
-        ex.with_columns(_launch_rows(api, ex))
-        .sort("_row", "ts_ns", nulls_last=True)
-        .with_row_index("corr", offset=1)
-    )
+    ex = sorted_by(ex.with_columns(_launch_rows(api, ex)), "_row", "ts_ns", nulls_last=True).with_row_index(
+        "corr", offset=1)
     # put in place by row number: a join would copy every column of the API calls
     corr_of_row = ex.filter(pl.col("_row").is_not_null()).select("_row", "corr")
     corr = np.zeros(api.height, dtype=np.uint32)
@@ -288,6 +299,8 @@ def serialized(frame: pl.DataFrame) -> pl.DataFrame:
     leave neighbours overlapping by a few ns, which trace viewers draw as one
     nested in the other.  Each timed item starts no earlier than the previous
     one on its track ended; `overlap_ns` says by how much it was moved."""
+    if frame["dur_ns"].null_count() == frame.height:  # no device timing: nothing to move
+        return frame.with_columns(overlap_ns=pl.lit(None, dtype=frame.schema["ts_ns"]))
     end = pl.col("ts_ns") + pl.col("dur_ns")
     prev_end = end.cum_max().forward_fill().shift(1).over("pid", "label", order_by="ts_ns")
     moved = pl.when(pl.col("dur_ns").is_not_null() & (prev_end > pl.col("ts_ns"))).then(prev_end - pl.col("ts_ns"))
@@ -305,8 +318,12 @@ def build(cap: Capture) -> TraceModel:
     # joined on the three key columns only (flows are unique per key: one row per call), and
     # put beside the calls: joining the calls themselves would copy every column of them
     key = ["pid", "tid", "ts_ns"]
-    flows = api.select(key).join(_collective_flows(cap), on=key, how="left", maintain_order="left")
-    api = api.with_columns(flows["coll_in"], flows["coll_out"])
+    collectives = _collective_flows(cap)
+    if collectives.height:
+        flows = api.select(key).join(collectives, on=key, how="left", maintain_order="left")
+        api = api.with_columns(flows["coll_in"], flows["coll_out"])
+    else:  # no collective: no join of every call's keys to find none
+        api = api.with_columns(pl.lit(None, dtype=collectives.schema[c]).alias(c) for c in ("coll_in", "coll_out"))
     kernels = serialized(kernels)
     memops = serialized(_memops(cap, ex))
     streams = (
