@@ -21,7 +21,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import numpy as np
 import polars as pl
@@ -180,43 +180,56 @@ class _Order:
     the events that share their time with another are sorted further."""
 
     def __init__(self, slices: list[pl.DataFrame], counts: pl.DataFrame) -> None:
-        ts, order, sub, rows = [], [], [], []
+        ts, order, rows = [], [], []
+        #: per part, what orders its events at one instant after `order` (see `_sub`)
+        self._subs: list[tuple[np.ndarray, int]] = []
         for f in slices:
             t = f["ts_ns"].cast(pl.Int64).to_numpy()
             dur = f["dur_ns"].cast(pl.Int64).fill_null(0).to_numpy()
             has = f.select(_HAS_DUR)["dur_ns"].to_numpy()
             ts.append(t)
             order.append(np.where(has, 1, 2).astype(np.int8))
-            sub.append(-dur)
-            rows.append(np.arange(f.height, dtype=np.int64))
-            timed = np.flatnonzero(has)
+            rows.append(np.arange(f.height, dtype=np.uint32))  # frames hold under 2^32 rows
+            self._subs.append((dur, -1))  # the longer slice first
+            timed = np.flatnonzero(has).astype(np.uint32)
             end = t[timed] + dur[timed]
             by_end = np.argsort(end, kind="stable")
             ts.append(end[by_end])
             order.append(np.zeros(len(timed), dtype=np.int8))
-            sub.append(-t[timed[by_end]])
             rows.append(timed[by_end])
+            self._subs.append((t, -1))  # the later-begun (inner) slice first
         ts.append(counts["ts_ns"].cast(pl.Int64).to_numpy())
         order.append(np.full(counts.height, 3, dtype=np.int8))
-        sub.append(np.zeros(counts.height, dtype=np.int64))
-        rows.append(np.arange(counts.height, dtype=np.int64))
-        t, o, s = np.concatenate(ts), np.concatenate(order), np.concatenate(sub)
-        del ts, order, sub
+        rows.append(np.arange(counts.height, dtype=np.uint32))
+        self._subs.append((np.zeros(counts.height, dtype=np.int64), 1))
+        t = np.concatenate(ts)
+        del ts
         perm = np.argsort(t, kind="stable")
         t = t[perm]
-        _break_ties(perm, t, o, s)
         #: the first event's time, and the number of events
         self.first, self.n = (int(t[0]) if len(t) else 0), len(t)
-        del t, o, s
-        self.part = np.repeat(np.arange(len(rows), dtype=np.int8), [len(r) for r in rows])[perm]
-        self.rows = np.concatenate(rows).astype(np.uint32)[perm]  # frames hold under 2^32 rows
+        part = np.repeat(np.arange(len(rows), dtype=np.int8), [len(r) for r in rows])
+        rows, order = np.concatenate(rows), np.concatenate(order)
+        _break_ties(perm, t, lambda at: (order[at], self._sub(part[at], rows[at])))
+        del t
+        self.part, self.rows = part[perm], rows[perm]
+
+    def _sub(self, part: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The second key at one instant, of a few events: minus the duration
+        of a begin or instant, minus the begin time of an end, 0 for a counter."""
+        sub = np.zeros(len(rows), dtype=np.int64)
+        for k, (values, sign) in enumerate(self._subs):
+            mine = part == k
+            sub[mine] = sign * values[rows[mine]]
+        return sub
 
 
-def _break_ties(perm: np.ndarray, t: np.ndarray, o: np.ndarray, s: np.ndarray) -> None:
-    """Sort the runs of `perm` whose times `t` are equal by (o, s), stably, in
+def _break_ties(perm: np.ndarray, t: np.ndarray, keys: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
+    """Sort the runs of `perm` whose times `t` are equal by `keys` (of the
+    events at those indices: (o, s), compared in that order), stably, in
     place.  Most runs are pairs (a launch and its kernel, when the kernel has
     no device time of its own): those are compared and swapped as columns;
-    only longer runs are sorted."""
+    only longer runs are sorted.  The keys are computed for tied events only."""
     same = t[1:] == t[:-1]
     if not same.any():
         return
@@ -224,14 +237,16 @@ def _break_ties(perm: np.ndarray, t: np.ndarray, o: np.ndarray, s: np.ndarray) -
     size = np.flatnonzero(same & ~np.concatenate((same[1:], [False]))) + 2 - starts
     pair = starts[size == 2]
     a, b = perm[pair], perm[pair + 1]
-    swap = (o[b] < o[a]) | ((o[b] == o[a]) & (s[b] < s[a]))
+    (oa, sa), (ob, sb) = keys(a), keys(b)
+    swap = (ob < oa) | ((ob == oa) & (sb < sa))
     perm[pair[swap]], perm[pair[swap] + 1] = b[swap], a[swap]
     long = size > 2
     if long.any():
         lens = size[long]
         at = np.arange(lens.sum()) + np.repeat(starts[long] - np.cumsum(lens) + lens, lens)
         tied = perm[at]
-        perm[at] = tied[np.lexsort((s[tied], o[tied], t[at]))]
+        o, s = keys(tied)
+        perm[at] = tied[np.lexsort((s, o, t[at]))]
 
 
 def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
