@@ -117,6 +117,7 @@ def _stack_texts(model: TraceModel) -> pl.DataFrame:
 
 
 _HAS_DUR = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
+_KERNEL = "kernel"  # the category of kernel executions
 _STR_ARGS = tuple(name for name, kind in ARGS if kind == "str")
 
 
@@ -132,7 +133,7 @@ def _dressed(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame, co
         name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
         flow_in=pl.col("coll_in"))
     kernels = model.kernels.with_columns(beside(model.kernels, streams, ["pid", "label"], "track")).with_columns(
-        cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
+        correlation=pl.col("corr"), flow_in=pl.col("corr"),
         device_timing=pl.col("dur_ns").is_not_null())
     memops = model.memops.with_columns(beside(model.memops, streams, ["pid", "label"], "track")).with_columns(
         cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind"))).drop("copy_kind")
@@ -147,7 +148,7 @@ def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
 
     return {
         "names": sorted(uniq("name")),
-        "categories": sorted(uniq("cat")),
+        "categories": sorted(uniq("cat") | ({_KERNEL} if slices[1].height else set())),
         "values": sorted(set().union(*(uniq(name) for name in _STR_ARGS))),
     }
 
@@ -369,6 +370,8 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     counts = _in_time_order(counts)
     strings = _strings([*slices, *([stacks] if stacks is not None else [])])
     slices = [_coded(f, strings) for f in slices]
+    if slices[1].height:  # the kernels' one category, as its id: not a string per kernel
+        slices[1] = slices[1].with_columns(cat=pl.lit(strings["categories"].index(_KERNEL) + 1, dtype=pl.UInt32))
     if stacks is not None:  # the stack's id beside each call: its text on every call would be a string per call
         ids = _coded(stacks, strings)
         slices[0] = slices[0].with_columns(
