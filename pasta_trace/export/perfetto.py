@@ -153,15 +153,27 @@ def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
     }
 
 
+def _iids(s: pl.Series, table: list[str]) -> pl.Series:
+    """The 1-based position in `table` of each string of `s` (null where
+    null).  A categorical's distinct values are looked up once and its codes
+    mapped through a table: millions of calls share a few names."""
+    if s.dtype != pl.Categorical:
+        return s.cast(pl.String).cast(pl.Enum(table)).to_physical().cast(pl.UInt32) + 1
+    distinct = s.unique().drop_nulls()
+    codes = distinct.to_physical().to_numpy()
+    lut = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.uint32)
+    lut[codes] = (distinct.cast(pl.String).cast(pl.Enum(table)).to_physical().cast(pl.UInt32) + 1).to_numpy()
+    physical = s.to_physical()
+    ids = pl.Series(s.name, lut[physical.fill_null(0).to_numpy()])
+    return ids.set(physical.is_null(), None) if physical.null_count() else ids
+
+
 def _coded(frame: pl.DataFrame, strings: dict[str, list[str]]) -> pl.DataFrame:
     """String columns as their interned ids (1-based, null where absent), and
     `layout`: what the fields a begin event carries depend on (its type,
     category and kind), one number per row."""
-    def iids(col: str, table: list[str]) -> pl.Expr:
-        return pl.col(col).cast(pl.String).cast(pl.Enum(table)).to_physical().cast(pl.UInt32) + 1
-
     text = {"name": "names", "cat": "categories", **{c: "values" for c in _STR_ARGS}}
-    frame = frame.with_columns(iids(c, strings[t]) for c, t in text.items() if c in frame.columns)
+    frame = frame.with_columns(_iids(frame[c], strings[t]) for c, t in text.items() if c in frame.columns)
     if "dur_ns" not in frame.columns:
         return frame
     layout = pl.lit(0, dtype=pl.UInt64)

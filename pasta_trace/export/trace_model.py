@@ -84,15 +84,16 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
     calls = (
         cap.events.select(
             "ts_ns", "dur_ns", "pid", "tid",
-            pl.col("api").cast(pl.String),
-            pl.col("kind").cast(pl.String),
-            "ret", *API_ARGS, "stack_id", pl.col("device").cast(pl.String).alias("tensor_device"), "allocated_bytes",
-            "reserved_bytes",
+            pl.col("api").cast(pl.Categorical),
+            pl.col("kind").cast(pl.Categorical),
+            "ret", *API_ARGS, "stack_id", pl.col("device").cast(pl.Categorical).alias("tensor_device"),
+            "allocated_bytes", "reserved_bytes",
         )
         .with_columns(
-            cat=pl.when(pl.col("kind").str.starts_with("tensor_")).then(pl.lit(CAT_TENSOR))
-            .when(pl.col("api").str.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA)),
-            copy_kind=pl.col("copy_kind").cast(pl.String),
+            cat=pl.when(pl.col("kind").cat.starts_with("tensor_")).then(pl.lit(CAT_TENSOR))
+            .when(pl.col("api").cat.starts_with("hip")).then(pl.lit(CAT_HIP)).otherwise(pl.lit(CAT_CUDA))
+            .cast(pl.Categorical),
+            copy_kind=pl.col("copy_kind").cast(pl.Categorical),
         )
         .collect()
     )
