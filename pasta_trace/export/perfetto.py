@@ -206,7 +206,7 @@ class _Order:
             self._subs.append((dur, -1))  # the longer slice first
             timed = np.flatnonzero(has).astype(np.uint32)
             end = t[timed] + dur[timed]
-            by_end = np.argsort(end, kind="stable")
+            by_end = _stable_argsort(end)
             ts.append(end[by_end])
             order.append(np.zeros(len(timed), dtype=np.int8))
             rows.append(timed[by_end])
@@ -217,7 +217,7 @@ class _Order:
         self._subs.append((np.zeros(counts.height, dtype=np.int64), 1))
         t = np.concatenate(ts)
         del ts
-        perm = np.argsort(t, kind="stable")
+        perm = _stable_argsort(t)
         t = t[perm]
         #: the first event's time, and the number of events
         self.first, self.n = (int(t[0]) if len(t) else 0), len(t)
@@ -235,6 +235,12 @@ class _Order:
             mine = part == k
             sub[mine] = sign * values[rows[mine]]
         return sub
+
+
+def _stable_argsort(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable"), on Polars' threads: on 3*10^7 times
+    (runs already in order) about three times faster than numpy's timsort."""
+    return pl.DataFrame({"v": values}).select(pl.arg_sort_by("v", maintain_order=True)).to_series().to_numpy(writable=True)
 
 
 def _break_ties(perm: np.ndarray, t: np.ndarray, keys: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
