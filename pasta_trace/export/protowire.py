@@ -58,12 +58,17 @@ class Segment:
     put: Callable[[np.ndarray], None]
 
 
-#: a varint of v has 1 + (number of these that are <= v) bytes
-_VARINT_STEPS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
-
-
 def _varint_lens(v: np.ndarray) -> np.ndarray:
-    return np.searchsorted(_VARINT_STEPS, v, side="right") + 1
+    """Bytes of each varint: 1 + the number of 7-bit steps (2^7, 2^14, ...)
+    at or under it, counted only up to the largest value's (most fields are
+    small ids: one or two compares, where a binary search costs four)."""
+    lens = np.ones(len(v), dtype=np.int64)
+    top = int(v.max()) if len(v) else 0
+    for k in range(1, 10):
+        if top < 1 << (7 * k):
+            break
+        lens += v >= np.uint64(1 << (7 * k))
+    return lens
 
 
 def _put_varint(view: np.ndarray, v: np.ndarray) -> None:
