@@ -8,11 +8,15 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
      (event names, categories, argument names, string argument values);
   3. one TrackDescriptor per process, thread, GPU stream (child of its process)
      and live-memory counter (child of its process);
-  4. the events, sorted by time, prepared and encoded column-wise one time
-     window (about CHUNK_ROWS events) at a time and streamed to the file: slice begin/end pairs (API calls on thread tracks, kernels and
-     memcpy/memset on stream tracks), instants for calls without a duration and
-     launches without device timing, counter values, and flows from each
-     launch to its kernel.
+  4. the events: slice begin/end pairs (API calls on thread tracks, kernels
+     and memcpy/memset on stream tracks), instants for calls without a
+     duration and launches without device timing, counter values, and flows
+     from each launch to its kernel.
+
+Events are prepared once for all rows (string columns as interned ids,
+tracks and stack ids joined on key columns), put in order once (`_Order`: a
+part and a row per event), then encoded column-wise CHUNK_ROWS events at a
+time, on several threads, and written in order.
 """
 
 from __future__ import annotations
