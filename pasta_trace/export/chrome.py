@@ -38,6 +38,7 @@ HANDLES = ("stream", "func", "ptr", "dst", "src")
 
 def json_strings(s: pl.Series) -> pl.Series:
     """Each string as a JSON string literal; escaped once per distinct value."""
+    s = s.cast(pl.String)  # the trace model holds names as categoricals
     uniq = s.unique().drop_nulls()
     table = pl.DataFrame({"v": uniq, "j": [json.dumps(v) for v in uniq.to_list()]},
                          schema={"v": pl.String, "j": pl.String})

@@ -8,15 +8,22 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
      (event names, categories, argument names, string argument values);
   3. one TrackDescriptor per process, thread, GPU stream (child of its process)
      and live-memory counter (child of its process);
-  4. the events, sorted by time, prepared and encoded column-wise one time
-     window (about CHUNK_ROWS events) at a time and streamed to the file: slice begin/end pairs (API calls on thread tracks, kernels and
-     memcpy/memset on stream tracks), instants for calls without a duration and
-     launches without device timing, counter values, and flows from each
-     launch to its kernel.
+  4. the events: slice begin/end pairs (API calls on thread tracks, kernels
+     and memcpy/memset on stream tracks), instants for calls without a
+     duration and launches without device timing, counter values, and flows
+     from each launch to its kernel.
+
+Events are prepared once for all rows (string columns as interned ids,
+tracks and stack ids joined on key columns), put in order once (`_Order`: a
+part and a row per event), then encoded column-wise CHUNK_ROWS events at a
+time, on several threads, and written in order.
 """
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -27,6 +34,8 @@ from . import protowire as pw
 from .trace_model import API_ARGS, TraceModel
 
 CHUNK_ROWS = 200_000
+#: threads encoding windows at once (each holds a window's matrices, ~100 MB)
+MAX_WORKERS = 4
 SEQUENCE_ID = 1
 
 # TracePacket
@@ -101,34 +110,6 @@ def _tracks(model: TraceModel) -> tuple[list[bytes], pl.DataFrame, pl.DataFrame,
     return packets, threads, streams, counters
 
 
-def _sources(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame,
-             counters: pl.DataFrame) -> tuple[list[tuple[pl.DataFrame, Dress]], pl.DataFrame]:
-    """The slices (API calls, kernels, copies), each with what gives a window
-    of its rows their track, name, category and argument columns (dressed a
-    window at a time: on every row at once, each join would copy the model's
-    widest frames), and the counter samples with their track."""
-    def api(f: pl.DataFrame) -> pl.DataFrame:
-        # a launch's arrow runs to its kernel; a collective's (never a launch) to the next rank's entry
-        return f.join(threads.select("pid", "tid", "track"), on=["pid", "tid"], how="left",
-                      maintain_order="left").with_columns(
-            name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
-            flow_in=pl.col("coll_in"))
-
-    def kernels(f: pl.DataFrame) -> pl.DataFrame:
-        return f.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
-            cat=pl.lit("kernel"), correlation=pl.col("corr"), flow_in=pl.col("corr"),
-            device_timing=pl.col("dur_ns").is_not_null())
-
-    def memops(f: pl.DataFrame) -> pl.DataFrame:
-        return f.join(streams, on=["pid", "label"], how="left", maintain_order="left").with_columns(
-            cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind")),
-        ).drop("copy_kind")
-
-    counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
-        "track", "ts_ns", counter_value="live_bytes")
-    return [(model.api, api), (model.kernels, kernels), (model.memops, memops)], counts
-
-
 def _stack_texts(model: TraceModel) -> pl.DataFrame:
     """pid, stack_id, stack: each stack as one string (interned: there are few)."""
     return (
@@ -139,111 +120,192 @@ def _stack_texts(model: TraceModel) -> pl.DataFrame:
     )
 
 
-#: a window of a source's rows -> the same rows with the columns the encoder reads
-Dress = Callable[[pl.DataFrame], pl.DataFrame]
 _HAS_DUR = pl.col("dur_ns").is_not_null() & (pl.col("dur_ns") > 0)
-_END = pl.col("ts_ns") + pl.col("dur_ns")
+_KERNEL = "kernel"  # the category of kernel executions
+_STR_ARGS = tuple(name for name, kind in ARGS if kind == "str")
 
 
-class _Timed:
-    """One source of events (a slice frame, or the counter samples) ordered
-    once by begin and by end time, so that each window is a slice and a
-    gather of it, not a filter of every row: a filter per window costs
-    windows x rows, 100 x 2*10^7 on a 10^7-event capture.  Stable orders keep
-    rows of one instant in the source's order, as a filter would."""
+def _dressed(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame, counters: pl.DataFrame) -> tuple[list[pl.DataFrame], pl.DataFrame]:
+    """The slices (API calls, kernels, copies) with the columns the encoder
+    reads, on every row at once, and the counter samples with their track.
+    Tracks and stack texts are joined on the key columns alone and put beside
+    the rows: a join of the frames themselves would copy their widest columns."""
+    def beside(frame: pl.DataFrame, table: pl.DataFrame, on: list[str], col: str) -> pl.Series:
+        return frame.select(on).join(table.select(*on, col), on=on, how="left", maintain_order="left")[col]
 
-    def __init__(self, frame: pl.DataFrame, ends: bool, dress: Dress = lambda f: f) -> None:
-        self.dress = dress
-        if frame["ts_ns"].null_count():
-            frame = frame.filter(pl.col("ts_ns").is_not_null())  # in no window
-        ts = frame["ts_ns"].to_numpy()
-        by_begin = np.argsort(ts, kind="stable")
-        self.frame = frame if np.all(by_begin == np.arange(len(ts))) else frame[by_begin]
-        self.begins = ts[by_begin]
-        self.ends: np.ndarray | None = None
-        if ends:
-            timed = self.frame.select(pl.arg_where(_HAS_DUR).alias("row"))["row"].to_numpy()
-            end = self.frame.select(_END.gather(timed))["ts_ns"].to_numpy()
-            order = np.argsort(end, kind="stable")
-            self.end_rows, self.ends = timed[order], end[order]
-
-    def begun(self, lo: int, hi: int) -> pl.DataFrame:
-        a, b = np.searchsorted(self.begins, [lo, hi])
-        return self.dress(self.frame.slice(int(a), int(b - a)))
-
-    def ended(self, lo: int, hi: int) -> pl.DataFrame:
-        a, b = np.searchsorted(self.ends, [lo, hi])
-        return self.dress(self.frame[self.end_rows[a:b]])
-
-    def strings(self) -> pl.DataFrame:
-        """A row for each combination of string values (what the interned
-        string tables are made of), dressed."""
-        text = [c for c, t in self.frame.schema.items() if t in (pl.String, pl.Categorical) or isinstance(t, pl.Enum)]
-        return self.dress(self.frame.unique(text, keep="any") if text else self.frame.head(1))
+    api = model.api.with_columns(beside(model.api, threads, ["pid", "tid"], "track")).with_columns(
+        name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
+        flow_in=pl.col("coll_in"))
+    kernels = model.kernels.with_columns(beside(model.kernels, streams, ["pid", "label"], "track")).with_columns(
+        correlation=pl.col("corr"), flow_in=pl.col("corr"),
+        device_timing=pl.col("dur_ns").is_not_null())
+    memops = model.memops.with_columns(beside(model.memops, streams, ["pid", "label"], "track")).with_columns(
+        cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind"))).drop("copy_kind")
+    counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
+        "track", "ts_ns", counter_value="live_bytes")
+    return [api, kernels, memops], counts
 
 
-def _windows(slices: list[_Timed], counts: _Timed, rows: int) -> list[tuple[int, int]]:
-    """[lo, hi) time ranges holding about `rows` events each."""
-    ts = pl.Series("ts_ns", np.concatenate([*(f.begins for f in slices), *(f.ends for f in slices), counts.begins]))
-    ts = ts.sort()
-    if ts.len() == 0:
-        return []
-    bounds = ts.gather_every(rows).unique(maintain_order=True).to_list() + [int(ts[-1]) + 1]
-    return list(zip(bounds[:-1], bounds[1:]))
+def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
+    def uniq(col: str) -> set[str]:
+        return set().union(*(f[col].drop_nulls().unique().cast(pl.String).to_list() for f in slices if col in f.columns))
+
+    return {
+        "names": sorted(uniq("name")),
+        "categories": sorted(uniq("cat") | ({_KERNEL} if slices[1].height else set())),
+        "values": sorted(set().union(*(uniq(name) for name in _STR_ARGS))),
+    }
 
 
-def _event_rows(slices: list[_Timed], counts: _Timed, stacks: pl.DataFrame, lo: int, hi: int) -> pl.DataFrame:
-    """One row per TrackEvent in [lo, hi), sorted so that nesting replays
-    correctly: at one instant ends come first (the inner slice's first), then
-    begins (the outer slice's first), then instants and counters.  Stack
-    texts are joined here, on the window's rows: on every call at once they
-    would be a string per call."""
-    parts = []
-    for f in slices:
-        begun = f.begun(lo, hi)
-        if "stack_id" in begun.columns:
-            begun = begun.join(stacks, on=["pid", "stack_id"], how="left", maintain_order="left")
-        parts.append(begun.with_columns(
-            ph=pl.when(_HAS_DUR).then(pl.lit(SLICE_BEGIN)).otherwise(pl.lit(INSTANT)),
-            order=pl.when(_HAS_DUR).then(pl.lit(1)).otherwise(pl.lit(2)),
-            sub=-pl.col("dur_ns").fill_null(0),
-        ))
-        parts.append(f.ended(lo, hi).select(
-            "track", ts_ns=_END, ph=pl.lit(SLICE_END), order=pl.lit(0), sub=-pl.col("ts_ns")))
-    parts.append(counts.begun(lo, hi).with_columns(
-        ph=pl.lit(COUNTER), order=pl.lit(3), sub=pl.lit(0)))
-    return pl.concat(parts, how="diagonal_relaxed").sort("ts_ns", "order", "sub", maintain_order=True)
+def _iids(s: pl.Series, table: list[str]) -> pl.Series:
+    """The 1-based position in `table` of each string of `s` (null where
+    null).  A categorical's distinct values are looked up once and its codes
+    mapped through a table: millions of calls share a few names."""
+    if s.dtype != pl.Categorical:
+        return s.cast(pl.String).cast(pl.Enum(table)).to_physical().cast(pl.UInt32) + 1
+    distinct = s.unique().drop_nulls()
+    codes = distinct.to_physical().to_numpy()
+    lut = np.zeros(int(codes.max()) + 1 if len(codes) else 1, dtype=np.uint32)
+    lut[codes] = (distinct.cast(pl.String).cast(pl.Enum(table)).to_physical().cast(pl.UInt32) + 1).to_numpy()
+    physical = s.to_physical()
+    ids = pl.Series(s.name, lut[physical.fill_null(0).to_numpy()])
+    return ids.set(physical.is_null(), None) if physical.null_count() else ids
 
 
-def _iids(col: pl.Series, table: list[str]) -> np.ndarray:
-    """1-based position of each string in `table` (0 for null)."""
-    return (col.cast(pl.Enum(table)).to_physical().cast(pl.UInt64) + 1).fill_null(0).to_numpy()
+def _coded(frame: pl.DataFrame, strings: dict[str, list[str]]) -> pl.DataFrame:
+    """String columns as their interned ids (1-based, null where absent), and
+    `layout`: what the fields a begin event carries depend on (its type,
+    category and kind), one number per row."""
+    text = {"name": "names", "cat": "categories", **{c: "values" for c in _STR_ARGS}}
+    frame = frame.with_columns(_iids(frame[c], strings[t]) for c, t in text.items() if c in frame.columns)
+    if "dur_ns" not in frame.columns:
+        return frame
+    layout = pl.lit(0, dtype=pl.UInt64)
+    for c in ("kind", "cat"):  # ids are under 2^21
+        if c in frame.columns:
+            layout = layout * (1 << 21) + pl.col(c).cast(pl.UInt64).fill_null(0)
+    return frame.with_columns(layout=layout * 2 + _HAS_DUR.cast(pl.UInt64))
 
 
-def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Packets of rows that share one layout (columns null in all of them
-    are absent), as protowire.layout's (bytes, used) matrices."""
+class _Order:
+    """Every event's place in the file, computed once: sorted by time, and at
+    one instant ends first (the inner slice's first), then begins (the outer
+    slice's first), then instants, then counters.  Events are parts (begins
+    and ends of each slice frame, then the counter samples), concatenated in
+    that order, and the sort is stable.  A stable sort by time alone puts
+    most events in place (the parts are runs already in time order); only
+    the events that share their time with another are sorted further."""
+
+    def __init__(self, slices: list[pl.DataFrame], counts: pl.DataFrame) -> None:
+        ts, order, rows = [], [], []
+        #: per part, what orders its events at one instant after `order` (see `_sub`)
+        self._subs: list[tuple[np.ndarray, int]] = []
+        for f in slices:
+            t = f["ts_ns"].cast(pl.Int64).to_numpy()
+            dur = f["dur_ns"].cast(pl.Int64).fill_null(0).to_numpy()
+            has = f.select(_HAS_DUR)["dur_ns"].to_numpy()
+            ts.append(t)
+            order.append(np.where(has, 1, 2).astype(np.int8))
+            rows.append(np.arange(f.height, dtype=np.uint32))  # frames hold under 2^32 rows
+            self._subs.append((dur, -1))  # the longer slice first
+            timed = np.flatnonzero(has).astype(np.uint32)
+            end = t[timed] + dur[timed]
+            by_end = _stable_argsort(end)
+            ts.append(end[by_end])
+            order.append(np.zeros(len(timed), dtype=np.int8))
+            rows.append(timed[by_end])
+            self._subs.append((t, -1))  # the later-begun (inner) slice first
+        ts.append(counts["ts_ns"].cast(pl.Int64).to_numpy())
+        order.append(np.full(counts.height, 3, dtype=np.int8))
+        rows.append(np.arange(counts.height, dtype=np.uint32))
+        self._subs.append((np.zeros(counts.height, dtype=np.int64), 1))
+        t = np.concatenate(ts)
+        del ts
+        perm = _stable_argsort(t)
+        t = t[perm]
+        #: the first event's time, and the number of events
+        self.first, self.n = (int(t[0]) if len(t) else 0), len(t)
+        part = np.repeat(np.arange(len(rows), dtype=np.int8), [len(r) for r in rows])
+        rows, order = np.concatenate(rows), np.concatenate(order)
+        _break_ties(perm, t, lambda at: (order[at], self._sub(part[at], rows[at])))
+        del t
+        self.part, self.rows = part[perm], rows[perm]
+
+    def _sub(self, part: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The second key at one instant, of a few events: minus the duration
+        of a begin or instant, minus the begin time of an end, 0 for a counter."""
+        sub = np.zeros(len(rows), dtype=np.int64)
+        for k, (values, sign) in enumerate(self._subs):
+            mine = part == k
+            sub[mine] = sign * values[rows[mine]]
+        return sub
+
+
+def _stable_argsort(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable"), on Polars' threads: on 3*10^7 times
+    (runs already in order) about three times faster than numpy's timsort."""
+    return pl.DataFrame({"v": values}).select(pl.arg_sort_by("v", maintain_order=True)).to_series().to_numpy(writable=True)
+
+
+def _break_ties(perm: np.ndarray, t: np.ndarray, keys: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
+    """Sort the runs of `perm` whose times `t` are equal by `keys` (of the
+    events at those indices: (o, s), compared in that order), stably, in
+    place.  Most runs are pairs (a launch and its kernel, when the kernel has
+    no device time of its own): those are compared and swapped as columns;
+    only longer runs are sorted.  The keys are computed for tied events only."""
+    same = t[1:] == t[:-1]
+    if not same.any():
+        return
+    starts = np.flatnonzero(same & ~np.concatenate(([False], same[:-1])))
+    size = np.flatnonzero(same & ~np.concatenate((same[1:], [False]))) + 2 - starts
+    pair = starts[size == 2]
+    a, b = perm[pair], perm[pair + 1]
+    (oa, sa), (ob, sb) = keys(a), keys(b)
+    swap = (ob < oa) | ((ob == oa) & (sb < sa))
+    perm[pair[swap]], perm[pair[swap] + 1] = b[swap], a[swap]
+    long = size > 2
+    if long.any():
+        lens = size[long]
+        at = np.arange(lens.sum()) + np.repeat(starts[long] - np.cumsum(lens) + lens, lens)
+        tied = perm[at]
+        o, s = keys(tied)
+        perm[at] = tied[np.lexsort((s, o, t[at]))]
+
+
+def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """An integer or boolean column as uint64 values (0 where null) and where
+    it is not null, read from its Arrow buffers: through Polars, each of
+    fill_null, cast and to_numpy is a query of its own, thousands a trace."""
+    if s.dtype == pl.Boolean:
+        return s.fill_null(False).cast(pl.UInt64).to_numpy(), s.is_not_null().to_numpy()
+    a = s.rechunk().to_arrow()
+    validity, data = a.buffers()[:2]
+    at = slice(a.offset, a.offset + len(a))
+    # signed values keep their two's complement bits, which is how int64 varints are written
+    values = np.frombuffer(data, dtype=a.type.to_pandas_dtype())[at].astype(np.int64).view(np.uint64)
+    if validity is None or a.null_count == 0:
+        return values, np.ones(len(a), dtype=bool)
+    present = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")[at].view(bool)
+    return np.where(present, values, np.uint64(0)), present
+
+
+def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray]:
+    """Packets of rows that share one layout (every row an event of type
+    `ph`), as protowire.layout's (bytes, used) matrices.  String arguments
+    and names are interned ids already."""
     n = rows.height
     every = np.ones(n, dtype=bool)
+    nothing = np.zeros(n, dtype=bool)
 
     def col(name: str) -> tuple[np.ndarray, np.ndarray]:
-        if name not in rows.columns:
-            return np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
-        s = rows[name]
-        present = s.is_not_null().to_numpy()
-        if s.dtype == pl.Boolean:
-            return s.fill_null(False).cast(pl.UInt64).to_numpy(), present
-        if s.dtype == pl.String:
-            return _iids(s, strings["values"]), present
-        # signed values keep their two's complement bits, which is how int64 varints are written
-        return s.fill_null(0).cast(pl.Int64).to_numpy().view(np.uint64), present
+        return _values(rows[name]) if name in rows.columns else (np.zeros(n, dtype=np.uint64), nothing)
 
-    ph, _ = col("ph")
-    named = (ph == SLICE_BEGIN) | (ph == INSTANT)
-    event = [pw.varint_field(_E_TYPE, ph, every), pw.varint_field(_E_TRACK_UUID, col("track")[0], every)]
-    if "name" in rows.columns:
-        event.append(pw.varint_field(_E_NAME_IID, _iids(rows["name"], strings["names"]), named))
-        event.append(pw.varint_field(_E_CATEGORY_IIDS, _iids(rows["cat"], strings["categories"]), named))
+    named = every if ph in (SLICE_BEGIN, INSTANT) else nothing
+    event = [pw.varint_field(_E_TYPE, np.full(n, ph, dtype=np.uint64), every),
+             pw.varint_field(_E_TRACK_UUID, col("track")[0], every)]
+    if "name" in rows.columns and rows["name"].null_count() < n:
+        event.append(pw.varint_field(_E_NAME_IID, col("name")[0], named))
+        event.append(pw.varint_field(_E_CATEGORY_IIDS, col("cat")[0], named))
     for i, (name, kind) in enumerate(ARGS):
         values, present = col(name)
         present &= named
@@ -265,30 +327,32 @@ def _encode_group(rows: pl.DataFrame, strings: dict[str, list[str]]) -> tuple[np
     return pw.layout(pw.message_field(1, packet, every))
 
 
-def _encode(rows: pl.DataFrame, strings: dict[str, list[str]]) -> np.ndarray:
-    """Packets of `rows`, in order.  Rows are encoded in groups of one layout
-    (event type, category, kind), so that each group carries only its own
-    fields, then interleaved back into time order."""
-    rows = rows.with_row_index("_pos")
-    groups = rows.partition_by([c for c in ("ph", "cat", "kind") if c in rows.columns], maintain_order=False)
-    parts, positions = [], []
-    for g in groups:
-        g = g.select(c for c in g.columns if g[c].null_count() < g.height)
-        parts.append(_encode_group(g.drop("_pos"), strings))
-        positions.append(g["_pos"].to_numpy())
-    return pw.interleave(parts, positions)
-
-
-def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
-    def uniq(col: str) -> list[str]:
-        return sorted(set().union(*(f[col].drop_nulls().unique().cast(pl.String).to_list()
-                                    for f in slices if col in f.columns)))
-
-    return {
-        "names": uniq("name"),
-        "categories": uniq("cat"),
-        "values": sorted(set().union(*(uniq(name) for name, kind in ARGS if kind == "str"))),
-    }
+def _encode(parts: list[pl.DataFrame], order: _Order, lo: int, hi: int) -> np.ndarray:
+    """Packets of events [lo, hi) of `order`.  Each part's events are
+    encoded in groups of one layout, so that each group carries only its own
+    fields, then interleaved back into order."""
+    part, rows = order.part[lo:hi], order.rows[lo:hi]
+    groups, positions = [], []
+    for k, frame in enumerate(parts):
+        pos = np.flatnonzero(part == k)
+        if len(pos) == 0:
+            continue
+        if k == len(parts) - 1:
+            groups.append(_encode_group(frame[rows[pos]], COUNTER))
+            positions.append(pos)
+        elif k % 2:
+            g = frame.select("track", "ts_ns", "dur_ns")[rows[pos]]
+            groups.append(_encode_group(g.select("track", ts_ns=pl.col("ts_ns") + pl.col("dur_ns")), SLICE_END))
+            positions.append(pos)
+        else:
+            layout = frame["layout"].gather(rows[pos]).to_numpy()
+            codes, which = np.unique(layout, return_inverse=True)
+            for i, code in enumerate(codes):
+                at = pos[which == i]
+                g = frame[rows[at]]
+                groups.append(_encode_group(g, SLICE_BEGIN if code & 1 else INSTANT))
+                positions.append(at)
+    return pw.interleave(groups, positions)
 
 
 def _header(strings: dict[str, list[str]], first_ts: int) -> bytes:
@@ -305,23 +369,54 @@ def _header(strings: dict[str, list[str]], first_ts: int) -> bytes:
     return snapshot + first
 
 
+def _in_time_order(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows with a time, sorted by it (stable: rows of one instant keep the frame's order)."""
+    if frame["ts_ns"].null_count():
+        frame = frame.filter(pl.col("ts_ns").is_not_null())  # never drawn
+    return frame if frame["ts_ns"].is_sorted() else frame.sort("ts_ns", maintain_order=True)
+
+
+#: the columns `_encode_group` reads
+_ENCODED = ("track", "ts_ns", "name", "cat", *(name for name, _ in ARGS), "counter_value", "flow_out", "flow_in")
+
+
 def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
-    """Write the trace to `out`, one time window of about `chunk_rows` events
-    at a time; returns the number of TrackEvents written."""
+    """Write the trace to `out`, about `chunk_rows` events at a time; returns
+    the number of TrackEvents written."""
     descriptors, threads, streams, counters = _tracks(model)
-    sources, samples = _sources(model, threads, streams, counters)
-    slices, counts = [_Timed(f, True, dress) for f, dress in sources], _Timed(samples, ends=False)
-    stacks = _stack_texts(model).join(model.api.select("pid", "stack_id").unique(), on=["pid", "stack_id"],
-                                      how="semi", maintain_order="left")
-    strings = _strings([*(f.strings() for f in slices), stacks])
-    windows = _windows(slices, counts, chunk_rows)
-    out.write(_header(strings, windows[0][0] if windows else 0))
+    used = model.api.select("pid", "stack_id").unique() if "stack_id" in model.api.columns else None
+    stacks = (_stack_texts(model).join(used, on=["pid", "stack_id"], how="semi", maintain_order="left")
+              if used is not None else None)
+    slices, counts = _dressed(model, threads, streams, counters)
+    slices = [_in_time_order(f) for f in slices]
+    counts = _in_time_order(counts)
+    strings = _strings([*slices, *([stacks] if stacks is not None else [])])
+    slices = [_coded(f, strings) for f in slices]
+    if slices[1].height:  # the kernels' one category, as its id: not a string per kernel
+        slices[1] = slices[1].with_columns(cat=pl.lit(strings["categories"].index(_KERNEL) + 1, dtype=pl.UInt32))
+    if stacks is not None:  # the stack's id beside each call: its text on every call would be a string per call
+        ids = _coded(stacks, strings)
+        slices[0] = slices[0].with_columns(
+            slices[0].select("pid", "stack_id").join(ids, on=["pid", "stack_id"], how="left",
+                                                     maintain_order="left")["stack"])
+    order = _Order(slices, counts)
+    parts = []
+    for f in slices:
+        parts += [f.select(*(c for c in _ENCODED if c in f.columns), "layout"), f.select("track", "ts_ns", "dur_ns")]
+    parts.append(counts)
+    out.write(_header(strings, order.first))
     out.write(b"".join(descriptors))
-    n = 0
-    for lo, hi in windows:
-        rows = _event_rows(slices, counts, stacks, lo, hi)
-        out.write(_encode(rows, strings))  # the bytes as they are: no copy
-        n += rows.height
+    n = order.n
+    # windows are encoded on several threads (numpy and Polars let go of the GIL) and written in order
+    workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque[Future] = deque()
+        for lo in range(0, n, chunk_rows):
+            pending.append(pool.submit(_encode, parts, order, lo, min(n, lo + chunk_rows)))
+            if len(pending) > workers:
+                out.write(pending.popleft().result())  # the bytes as they are: no copy
+        while pending:
+            out.write(pending.popleft().result())
     return n
 
 

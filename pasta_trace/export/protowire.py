@@ -2,15 +2,16 @@
 
 Perfetto traces are a stream of length-delimited TracePacket messages.  Track
 descriptors and interned strings are few and are encoded one by one
-(`field_*`).  Events are millions: they are encoded as *segments*, a byte
-matrix with one row per event and a length per row (0 where the field is
-absent), and `assemble` lays the rows of all segments end to end with numpy
-scatters, so no Python runs per event.
+(`field_*`).  Events are millions: they are encoded as *segments*, a field of every
+event with a length per row (0 where the field is absent), laid side by side
+in one byte matrix with a row per event, and the used bytes of each row
+picked out end to end with one boolean mask, so no Python runs per event.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -46,51 +47,77 @@ def field_bytes(field: int, payload: bytes | str) -> bytes:
 
 @dataclass
 class Segment:
-    """Row i contributes data[i, :lens[i]]; a one-row `data` is shared by every row."""
+    """A field of every row: row i writes `lens[i]` bytes (0 where the field
+    is absent), at most `width`; `put` writes them, left-aligned, into a
+    (rows, width) view of the packets' matrix.  The bytes are computed there,
+    in place: a matrix of their own, copied into it, would be one more pass
+    over every byte of the trace."""
 
-    data: np.ndarray  # (rows or 1, width) uint8
-    lens: np.ndarray  # (rows,) int64, 0 where the field is absent
+    lens: np.ndarray  # (rows,) int64
+    width: int
+    put: Callable[[np.ndarray], None]
 
 
-def _varint_bytes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n, width) varint bytes, left-aligned, and each one's length."""
-    v = np.ascontiguousarray(values).astype(np.uint64, copy=False)
+def _varint_lens(v: np.ndarray) -> np.ndarray:
+    """Bytes of each varint: 1 + the number of 7-bit steps (2^7, 2^14, ...)
+    at or under it, counted only up to the largest value's (most fields are
+    small ids: one or two compares, where a binary search costs four)."""
     lens = np.ones(len(v), dtype=np.int64)
+    top = int(v.max()) if len(v) else 0
     for k in range(1, 10):
-        more = v >= np.uint64(1 << (7 * k))
-        if not more.any():
+        if top < 1 << (7 * k):
             break
-        lens += more
-    width = int(lens.max()) if len(v) else 1
-    out = np.empty((len(v), width), dtype=np.uint8)
-    for k in range(width):
-        group = ((v >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        out[:, k] = np.where(lens - 1 > k, group | 0x80, group)
-    return out, lens
+        lens += v >= np.uint64(1 << (7 * k))
+    return lens
+
+
+def _put_varint(view: np.ndarray, v: np.ndarray) -> None:
+    """Varints of `v` into the byte columns of `view` (as many as the longest needs)."""
+    rest = v.copy()
+    for k in range(view.shape[1]):
+        more = rest >= 0x80
+        np.bitwise_or(rest.astype(np.uint8) & 0x7F, more.view(np.uint8) << 7, out=view[:, k])
+        rest >>= np.uint64(7)
+
+
+def _absent(n: int) -> Segment:
+    return Segment(np.zeros(n, dtype=np.int64), 0, lambda view: None)
 
 
 def tagged(prefix: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
     """`prefix` (a tag, or any fixed bytes) then `values` as varints, where `present`."""
-    groups, lens = _varint_bytes(np.where(present, values, 0))
-    data = np.empty((len(lens), len(prefix) + groups.shape[1]), dtype=np.uint8)
-    data[:, : len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
-    data[:, len(prefix):] = groups
-    return Segment(data, np.where(present, lens + len(prefix), 0))
+    if not present.any():
+        return _absent(len(present))
+    v = np.where(present, values, np.uint64(0)).astype(np.uint64, copy=False)
+    lens = _varint_lens(v)
+    p = np.frombuffer(prefix, dtype=np.uint8)
+
+    def put(view: np.ndarray) -> None:
+        view[:, : len(p)] = p
+        _put_varint(view[:, len(p):], v)
+
+    return Segment(np.where(present, lens + len(p), 0), len(p) + int(lens.max()), put)
 
 
 def small_message(field: int, head: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
     """Sub-message `field` whose body is `head` then one varint (e.g. a named
     argument: name id, value tag, value); bodies stay under 128 bytes, so the
     length is one byte."""
+    if not present.any():
+        return _absent(len(present))
     t = tag(field, LEN)
-    groups, lens = _varint_bytes(np.where(present, values, 0))
+    v = np.where(present, values, np.uint64(0)).astype(np.uint64, copy=False)
+    lens = _varint_lens(v)
     fixed = len(t) + 1 + len(head)
-    data = np.empty((len(lens), fixed + groups.shape[1]), dtype=np.uint8)
-    data[:, : len(t)] = np.frombuffer(t, dtype=np.uint8)
-    data[:, len(t)] = len(head) + lens
-    data[:, len(t) + 1: fixed] = np.frombuffer(head, dtype=np.uint8)
-    data[:, fixed:] = groups
-    return Segment(data, np.where(present, fixed + lens, 0))
+    t8, head8 = np.frombuffer(t, dtype=np.uint8), np.frombuffer(head, dtype=np.uint8)
+
+    def put(view: np.ndarray) -> None:
+        view[:, : len(t)] = t8
+        view[:, len(t)] = len(head) + lens
+        view[:, len(t) + 1: fixed] = head8
+        _put_varint(view[:, fixed:], v)
+
+    return Segment(np.where(present, fixed + lens, 0), fixed + int(lens.max()), put)
 
 
 def varint_field(field: int, values: np.ndarray, present: np.ndarray) -> Segment:
@@ -98,40 +125,59 @@ def varint_field(field: int, values: np.ndarray, present: np.ndarray) -> Segment
 
 
 def const(b: bytes, present: np.ndarray) -> Segment:
-    return Segment(np.frombuffer(b, dtype=np.uint8)[None, :], np.where(present, len(b), 0).astype(np.int64))
+    if not present.any():
+        return _absent(len(present))
+    b8 = np.frombuffer(b, dtype=np.uint8)
+
+    def put(view: np.ndarray) -> None:
+        view[:] = b8
+
+    return Segment(np.where(present, len(b), 0).astype(np.int64), len(b), put)
 
 
 def fixed64_field(field: int, values: np.ndarray, present: np.ndarray) -> Segment:
-    t = tag(field, I64)
-    data = np.empty((len(values), len(t) + 8), dtype=np.uint8)
-    data[:, : len(t)] = np.frombuffer(t, dtype=np.uint8)
-    data[:, len(t):] = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)
-    return Segment(data, np.where(present, len(t) + 8, 0).astype(np.int64))
+    if not present.any():
+        return _absent(len(present))
+    t = np.frombuffer(tag(field, I64), dtype=np.uint8)
+
+    def put(view: np.ndarray) -> None:
+        view[:, : len(t)] = t
+        view[:, len(t):] = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)
+
+    return Segment(np.where(present, len(t) + 8, 0).astype(np.int64), len(t) + 8, put)
 
 
 def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[Segment]:
     """`body` as the length-delimited sub-message `field`, where `present`
     (body segments must already be empty where it is not)."""
-    n = np.sum([s.lens for s in body], axis=0)
+    n = body[0].lens.copy()
+    for s in body[1:]:
+        n += s.lens
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
-    """The segments side by side: a (rows, widths) byte matrix and the mask of
-    the bytes each row uses.  The mask is filled a byte column at a time (a
-    compare over every row), not row by row: fields are a few bytes wide."""
+def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The segments side by side: a (rows, widths) byte matrix, the mask of
+    the bytes each row uses, and each row's length.  Both matrices are laid
+    out a byte column after another (views of (widths, rows) arrays): each
+    field's bytes and mask are then written as whole contiguous columns, where
+    in a row-major matrix every field would stride through all of it, five
+    times slower; the boolean pick of the used bytes reads them row by row
+    all the same."""
     n = len(segs[0].lens)
-    width = sum(s.data.shape[1] for s in segs)
-    data = np.empty((n, width), dtype=np.uint8)
-    used = np.empty((n, width), dtype=bool)
+    width = sum(s.width for s in segs)
+    data = np.empty((width, n), dtype=np.uint8)
+    used = np.empty((width, n), dtype=bool)
+    lens = np.zeros(n, dtype=np.int64)
     at = 0
     for s in segs:
-        w = s.data.shape[1]
-        data[:, at: at + w] = s.data
-        for k in range(w):
-            np.greater(s.lens, k, out=used[:, at + k])
-        at += w
-    return data, used
+        if s.width:
+            s.put(data[at: at + s.width].T)
+            for k in range(s.width):
+                np.greater(s.lens, k, out=used[at + k])
+            lens += s.lens
+        at += s.width
+    return data.T, used.T, lens
 
 
 def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
@@ -139,22 +185,22 @@ def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     and the length of each row: the used bytes of `layout`, picked out with
     one boolean mask (row-major: row by row, segment by segment), a byte copy
     where an index per output byte would cost four times the output."""
-    data, used = layout(segs)
-    return data[used], np.sum([s.lens for s in segs], axis=0)
+    data, used, lens = layout(segs)
+    return data[used], lens
 
 
-def interleave(parts: list[tuple[np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
-    """Rows of several `layout`s (data, used) placed so that row i of part j
-    lands at row positions[j][i] of the result, end to end.  Each part's used
-    bytes are picked out at its own width, and the rows, as one Arrow binary
-    array, are put in order by a take (a copy per row), not a matrix as wide
-    as the widest part for every row."""
+def interleave(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
+    """Rows of several `layout`s (data, used, lens) placed so that row i of
+    part j lands at row positions[j][i] of the result, end to end.  Each
+    part's used bytes are picked out at its own width, and the rows, as one
+    Arrow binary array, are put in order by a take (a copy per row), not a
+    matrix as wide as the widest part for every row."""
     n = sum(len(pos) for pos in positions)
     if n == 0:
         return np.empty(0, dtype=np.uint8)
-    values = np.concatenate([d[u] for d, u in parts])
+    values = np.concatenate([d[u] for d, u, _ in parts])
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.concatenate([u.sum(axis=1) for _, u in parts]), out=offsets[1:])
+    np.cumsum(np.concatenate([lens for _, _, lens in parts]), out=offsets[1:])
     rows = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets),
                                                                    pa.py_buffer(values)])
     take = np.empty(n, dtype=np.int64)

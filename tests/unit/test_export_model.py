@@ -190,3 +190,33 @@ def test_launch_rows_number_launches_by_pid_time_then_thread_stably() -> None:
     assert trace_model._launch_rows(api, ex).to_list() == want
     with_null = api.with_columns(ts_ns=pl.when(pl.col("kind") != "sync").then(pl.col("ts_ns")))
     assert trace_model._launch_rows(with_null, ex).to_list() == want
+
+
+def test_launch_rows_of_calls_in_time_order_number_by_pid_first() -> None:
+    """Calls sorted by (ts_ns, pid, tid), as the model holds them, are
+    numbered by a stable sort on pid alone: the same rows as the lexsort."""
+    api = pl.DataFrame({
+        "pid": [9, 7, 7, 7, 9, 7, 7], "ts_ns": [1, 5, 10, 10, 10, 20, 20], "tid": [1, 1, 1, 2, 1, 3, 3],
+        "kind": ["launch", "sync", "launch", "launch", "launch", "launch", "launch"],
+    }, schema={"pid": pl.UInt32, "ts_ns": pl.Int64, "tid": pl.UInt32, "kind": pl.String})
+    ex = pl.DataFrame({"pid": [7, 7, 7, 7, 9, 9, 9], "launch_seq": [0, 1, 2, 3, 0, 1, 2]},
+                      schema={"pid": pl.UInt32, "launch_seq": pl.Int64})
+    assert trace_model._launch_rows(api, ex).to_list() == [2, 3, 5, 6, 0, 4, None]
+
+
+def test_host_kernels_are_the_merged_kernel_executions(tmp_path: Path) -> None:
+    """Without device data the kernels come from the launch calls in memory:
+    the same frames as the merge's kernel executions give, names not seen
+    (0xF2 here) included as unknown@0x<handle>."""
+    from polars.testing import assert_frame_equal
+
+    from pasta_trace import merge
+
+    cap = open_capture(write_capture(tmp_path / "cap", names=[(100, 0xF1, "axpy"), (200, 0xA1, "hip_fill")]))
+    api = trace_model._api_calls(cap)
+    fast_api, fast = trace_model._host_kernels(cap, api)
+    merged_api, merged = trace_model._kernels(
+        api, merge.kernel_executions(cap).select(trace_model.KERNEL_COLUMNS).collect())
+    assert_frame_equal(fast, merged)
+    assert_frame_equal(fast_api, merged_api)
+    assert fast["name"].to_list() == ["axpy", "hip_fill", "axpy", "unknown@0xf2"]
