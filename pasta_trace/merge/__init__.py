@@ -12,7 +12,8 @@ from .allocations import allocations
 from .attribution import Segments, segments
 from .cluster import load_cluster, write_cluster
 from .collectives import calls_on_communicators, collective_calls, collective_entries, entered
-from .kernels import TOLERANCE_NS, aggregate_launches, device_executions, kernel_executions, kernel_names
+from .executions import TOLERANCE_NS, device_executions
+from .kernels import aggregate_launches, kernel_executions, kernel_names
 from .launches import host_launches, launch_order, order_position
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, stats

@@ -43,7 +43,7 @@ def launch_order(cap: Capture) -> pl.DataFrame:
     return cap.cache[key]
 
 
-def _run_starts(pids: np.ndarray) -> np.ndarray:
+def run_starts(pids: np.ndarray) -> np.ndarray:
     """The first index of each run of equal values of `pids`."""
     return np.flatnonzero(np.r_[True, pids[1:] != pids[:-1]]) if pids.size else np.empty(0, np.int64)
 
@@ -51,7 +51,7 @@ def _run_starts(pids: np.ndarray) -> np.ndarray:
 def _seq_within(pids: np.ndarray) -> pl.Series:
     """0, 1, 2, ... within each run of equal values of `pids` (sorted by
     process): a subtraction, where a window over millions of rows hashes."""
-    starts = _run_starts(pids)
+    starts = run_starts(pids)
     first = np.repeat(starts, np.diff(np.r_[starts, pids.size]))
     return pl.Series("launch_seq", np.arange(pids.size, dtype=np.int64) - first, dtype=pl.Int64)
 
@@ -63,7 +63,7 @@ def order_position(order: pl.DataFrame, pid: pl.Expr | pl.Series,
     launch_seq order, so it is the first row of the process plus launch_seq,
     found without a join of millions of rows on (pid, launch_seq)."""
     pids = order["pid"].to_numpy()
-    first = _run_starts(pids)
+    first = run_starts(pids)
     return pid.replace_strict(pl.Series(pids[first], dtype=order["pid"].dtype), pl.Series(first, dtype=pl.Int64),
                               default=None, return_dtype=pl.Int64) + launch_seq
 
