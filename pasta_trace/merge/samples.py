@@ -156,7 +156,9 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
     def hk(cols: list[pl.Series]) -> pl.Series:
         skey, pi, lid, val, addr = cols
         pk.check(pi, lid, addr)
-        seg = segs.lookup(skey.to_numpy()).astype(np.uint64) + np.uint64(1)
+        # segment + 1 (0 below every segment) in place: lookup's array is this call's own
+        seg = segs.lookup(skey.to_numpy()).view(np.uint64)
+        seg += np.uint64(1)
         seg <<= np.uint64(lk_bits + VALUE_BITS)
         lk = pi.to_numpy() << launch_bits
         lk |= lid.to_numpy()
