@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from pasta_trace.merge import segments
-from pasta_trace.merge.attribution import ADDRESS_BITS, SPLIT_ROWS
+from pasta_trace.merge.attribution import ADDRESS_BITS, SPLIT_ROWS, TABLE16_SEGMENTS
 
 BIG = np.iinfo(np.int64).max
 
@@ -93,3 +93,23 @@ def test_bucket_table_is_each_slot_first_and_last_key_searched() -> None:
         lo[above] = hi[above] = last[owner[above]]
         assert b.lo.tolist() == lo.tolist() and b.hi.tolist() == hi.tolist()
         assert int((b.lo != b.hi).sum()) < b.lo.size  # most slots map to one segment
+
+
+def test_lookup_equals_searchsorted_with_int16_and_int32_tables() -> None:
+    """The lookup's table is int16 up to TABLE16_SEGMENTS segments, int32 above: both give the search's answer,
+    for keys in buckets without a start, in buckets with one, below and above each process, and of no process."""
+    rng = np.random.default_rng(5)
+    for n in (200, TABLE16_SEGMENTS // 2 + 100):  # ~2n segments: int16, then int32
+        allocs = pl.DataFrame({
+            "alloc_id": np.arange(n, dtype=np.uint32), "pid": rng.integers(1, 4, n).astype(np.uint32),
+            "base": (rng.integers(1, 1 << 24, n) * 64).astype(np.uint64),
+            "size": rng.integers(1, 1 << 16, n).astype(np.uint64), "alloc_ts_ns": np.arange(n, dtype=np.int64),
+            "free_ts_ns": np.full(n, None),
+        }, schema_overrides={"free_ts_ns": pl.Int64})
+        s = dataclasses.replace(segments(allocs), threads=1)
+        assert s.buckets.table.dtype == (np.int16 if s.kstart.size <= TABLE16_SEGMENTS else np.int32)
+        near = s.kstart[rng.integers(0, s.kstart.size, 20_000)] + rng.integers(-2, 3, 20_000).astype(np.uint64)
+        key = np.r_[rng.integers(0, 3 << ADDRESS_BITS, 50_000, dtype=np.uint64), near, np.uint64(BIG) * 2 + 1, 0]
+        want = np.searchsorted(s.kstart, key, side="right") - 1
+        assert np.array_equal(s.lookup(key), want)
+        assert (s.buckets.table < -1).any()  # some keys took the search

@@ -83,6 +83,29 @@ def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path) -> None:
         samples.sample_sums(cap, segs, dataclasses.replace(pk, rows=30_001), merge.WS_PAGE_SHIFT)
 
 
+def test_an_error_in_a_reduction_lane_ends_the_pass_with_it(cap_dir: Path, monkeypatch) -> None:
+    """The sums and the distinct pages are reduced on threads of their own: what one raises, mid-input,
+    is the pass's error (not a hang, not a smaller result)."""
+    cap = open_capture(cap_dir)
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    segs = merge.segments(merge.allocations(cap).collect())
+    monkeypatch.setattr(samples, "BATCH_ROWS", 1_000)
+    calls: list[int] = []
+    real = samples.group_sums
+
+    def fails_at_the_fifth(hk, scratch):
+        calls.append(hk.len())
+        if len(calls) == 5:
+            raise MemoryError("fifth batch")
+        return real(hk, scratch)
+
+    monkeypatch.setattr(samples, "group_sums", fails_at_the_fifth)
+    with pytest.raises(MemoryError, match="fifth batch"):
+        samples.sample_sums(cap, segs, pk, merge.WS_PAGE_SHIFT)
+    # the batches after it were not reduced, but for those already waiting in the lane (a race: at most these)
+    assert 5 <= len(calls) <= 5 + samples.MAX_WAITING + 1
+
+
 def test_key_widths_come_from_the_footers_without_a_pass(cap_dir: Path, monkeypatch) -> None:
     cap = open_capture(cap_dir)
     scanned = samples._from_scan(cap, merge.WS_PAGE_SHIFT)
