@@ -140,8 +140,9 @@ def test_stub_ranks_stragglers_and_hangs(launched) -> None:
         (comm_id, s, RANKS - (s == ITERS - 1)) for s in range(ITERS)]
     worst = late.sort("late_ns", descending=True).row(0, named=True)
     assert (worst["seq"], worst["last_rank"], worst["last_pid"]) == (LATE_AT, STRAGGLER, ranks["pids"][STRAGGLER])
-    # the delay, plus at most the scheduling noise of a busy 2-CPU machine
-    assert DELAY_MS * 10**6 <= worst["late_ns"] < (DELAY_MS + 100) * 10**6
+    # the delay, give or take the scheduling noise of a busy 2-CPU machine: the straggler sleeps from its
+    # barrier exit, but the rank before it may be woken from the same barrier some ms late (CI saw 296 ms)
+    assert (DELAY_MS - 100) * 10**6 <= worst["late_ns"] < (DELAY_MS + 100) * 10**6
     assert late.filter(pl.col("seq") != LATE_AT)["late_ns"].max() < DELAY_MS * 10**6 // 3
     top = REGISTRY["straggler_ranks"].compute(cap).row(0, named=True)
     assert (top["rank"], top["worst_seq"], top["max_late_ns"]) == (STRAGGLER, LATE_AT, worst["late_ns"])
