@@ -180,6 +180,20 @@ class ModuleCache:
                 t.close()
 
 
+def _beside(first: list[Mapping], older: list[Mapping]) -> list[Mapping]:
+    """``first`` with the mappings of ``older`` that overlap none of it, by start address."""
+    first = sorted(first, key=lambda m: m.start)
+    starts = [m.start for m in first]
+    out = list(first)
+    for m in older:
+        i = bisect.bisect_left(starts, m.end)  # the mappings of `first` starting before m ends
+        if i == 0 or first[i - 1].end <= m.start:
+            # the last of them ends before m starts; `first` does not overlap itself, so none
+            # of the earlier ones reaches m either
+            out.append(m)
+    return sorted(out, key=lambda m: m.start)
+
+
 class AddressSpace:
     """The executable file mappings of one process and the tables of their files."""
 
@@ -197,22 +211,19 @@ class AddressSpace:
         self.refresh()
 
     def refresh(self) -> None:
-        """Read the maps again (a library loaded since), with the copy the
-        tracker saved for what they no longer show (an exited process's maps
-        are empty even before it is reaped)."""
+        """Read the maps again (a library loaded since).  What they no longer
+        show (an exited process's maps are empty even before it is reaped)
+        is taken from what this space read before, then from the copy the
+        tracker saved: a mapping read earlier is dropped only when a mapping
+        read now overlaps it (the address range reused)."""
         try:
             live = parse_maps((self._proc / str(self.pid) / "maps").read_text(), executable=True)
         except OSError:
             live = []
-        seen = {(m.start, m.end) for m in live}
-        saved = [m for m in parse_maps(self._saved(self.pid) or "", executable=True) if (m.start, m.end) not in seen]
-        self._maps = sorted(live + [m for m in saved if self._free(live, m)], key=lambda m: m.start)
+        known = _beside(live, self._maps)
+        saved = parse_maps(self._saved(self.pid) or "", executable=True)
+        self._maps = _beside(known, saved)
         self._starts = [m.start for m in self._maps]
-
-    @staticmethod
-    def _free(live: list[Mapping], m: Mapping) -> bool:
-        """``m`` (saved earlier) overlaps no mapping the process has now."""
-        return not any(o.start < m.end and m.start < o.end for o in live)
 
     def _mapping(self, addr: int) -> Mapping | None:
         i = bisect.bisect_right(self._starts, addr) - 1

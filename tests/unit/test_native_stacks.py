@@ -180,3 +180,24 @@ def test_native_record_matches_its_c_layout(tmp_path):
     header = schema.native_stacks_c_header()
     assert "#define PT_NATIVE_KINDS 0x2eu" in header  # alloc 1, free 2, memcpy 3, sync 5
     assert "#define PT_NATIVE_KINDS 0xffffffffu" in schema.native_stacks_c_header(None)
+
+
+def test_maps_read_before_the_process_exited_outlive_it(tmp_path):
+    """A library mapped after the exec (dlopen), read while the process ran, is still
+    located after it exited, when its maps read empty and the tracker's copy predates the
+    library; a mapping read later at an overlapping range replaces it."""
+    exe = "00400000-00401000 r-xp 00000000 08:01 1 /usr/bin/prog\n"
+    lib = "7f0000000000-7f0000002000 r-xp 00001000 08:01 2 /opt/libdlopened.so\n"
+    other = "7f0000001000-7f0000003000 r-xp 00000000 08:01 3 /opt/libreused.so\n"
+    maps = tmp_path / "42" / "maps"
+    maps.parent.mkdir()
+    maps.write_text(exe + lib)
+    space = native.AddressSpace(42, native.ModuleCache(tmp_path), proc=tmp_path, saved_maps=lambda pid: exe)
+    maps.write_text("")  # exited: its memory released, not yet reaped
+    space.refresh()
+    assert [m.path for m in space._maps] == ["/usr/bin/prog", "/opt/libdlopened.so"]
+    assert space._mapping(0x7F0000000010).path == "/opt/libdlopened.so"
+    maps.write_text(exe + other)  # (a live process) the range unmapped and another library mapped over it
+    space.refresh()
+    assert [m.path for m in space._maps] == ["/usr/bin/prog", "/opt/libreused.so"]
+    assert space._mapping(0x7F0000000010) is None
