@@ -101,6 +101,15 @@ class NativeCollector:
     def drain(self) -> None:
         recs = self._ring.drain()
         self.samples += int(recs.size)
+        if self._parked and recs.size:
+            # these samples wait behind others: their processes' maps are read now, while
+            # they still run (one that dlopens a library and exits before its samples are
+            # unwound would otherwise be read dead, showing only the maps saved at its exec)
+            for pid in np.unique(recs["pid"]).tolist():
+                if pid in self._spaces:
+                    self._spaces[pid].refresh()
+                else:
+                    self._space(pid)  # reads them
         if self._parked and not self._modules.building:
             recs = np.concatenate([*self._parked, recs])
             self._parked.clear()

@@ -158,7 +158,10 @@ def test_launched_python_and_c_all_events(tmp_path, native_chain, cuda_stub):
     cmds = [f"{native_chain} --report {c_report}"]
     # --settle: an interpreter that opens no new traced library is registered from its exec
     # notification, tens of milliseconds after it starts; its first calls come later
-    cmds += [f"{py} {WORKLOAD} --lib {libpath} --report {r} --settle 0.3" for py, r in zip(pys, reports)]
+    # --linger 2: the tracer reads each process's maps (the ctypes-loaded library is not in the
+    # maps saved at its exec) and code objects while it runs; a CI machine at load 35 once
+    # unwound the first sample after the 0.5 s default had run out
+    cmds += [f"{py} {WORKLOAD} --lib {libpath} --report {r} --settle 0.3 --linger 2" for py, r in zip(pys, reports)]
     r = run_pasta(["-o", str(out), "--native-stacks=all", "--", "sh", "-c", " && ".join(cmds)], timeout=300)
     assert r.returncode == 0, r.stderr
     cap = open_capture(out)
