@@ -122,7 +122,9 @@ def _allocations(spec: Spec, rng: np.random.Generator, pids: np.ndarray) -> pl.D
 def _launches(spec: Spec, rng: np.random.Generator, pids: np.ndarray) -> pl.DataFrame:
     n = spec.launches
     pid = pids[rng.integers(0, spec.pids, n)]
-    ts = MONO0 + np.sort(rng.integers(spec.span_ns // 100, spec.span_ns, n))
+    # strictly increasing: two probes never fire in the same nanosecond (a uprobe alone costs ~1 us),
+    # and a tie in one thread would put its device callback before its own launch
+    ts = MONO0 + np.sort(rng.integers(spec.span_ns // 100, spec.span_ns, n)) + np.arange(n)
     tid = pid + 1 + rng.integers(0, spec.threads, n).astype(np.uint32)
     kernel = rng.integers(0, spec.kernels, n)
     df = pl.DataFrame({
