@@ -26,25 +26,32 @@ def _is_empty(lf: pl.LazyFrame) -> bool:
     return lf.select(pl.len()).collect().item() == 0
 
 
-def launch_times(cap: Capture, tolerance_ns: int = TOLERANCE_NS, names: bool = True) -> pl.LazyFrame:
-    """(pid, launch_id) -> t (host time of the launch) and, with `names`, the kernel name.
+def launch_times(cap: Capture, keys: pl.LazyFrame, tolerance_ns: int = TOLERANCE_NS,
+                 names: bool = True) -> pl.LazyFrame:
+    """(pid, launch_id) -> t (host time of the launch) and, with `names`, the
+    kernel name, for the launches named in `keys` (pid, launch_id): device
+    rows name a small part of millions of launches, and only those are looked
+    up, by semi-joins that hash the small side.
 
     t is the matched host launch's uprobe time, else the device's API-enter
     time, else the kernel's start on the host clock."""
-    key = ("launch_times", tolerance_ns, names)
-    if key not in cap.cache:
-        host = launch_order(cap).lazy().select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts"))
-        dev = device_executions(cap, tolerance_ns).filter(pl.col("launch_id").is_not_null())
-        out = dev.join(host, on=["pid", "launch_seq"], how="left").select(
-            "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
-            "launch_seq", pl.col("dev_name").alias("name"),
-        )
-        if names:
-            by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", pl.col("name").alias("h_name"))
-            out = out.join(by_seq, on=["pid", "launch_seq"], how="left").with_columns(
-                pl.coalesce("h_name", "name").alias("name"))
-        cap.cache[key] = out.select("pid", "launch_id", "t", "name").unique(["pid", "launch_id"], keep="first").collect()
-    return cap.cache[key].lazy()
+    dtypes = schema.DEVICE_FRAMES["launches"]
+    want = keys.select(pl.col("pid").cast(dtypes["pid"]), pl.col("launch_id").cast(dtypes["launch_id"])).unique()
+    dev = (device_executions(cap, tolerance_ns).join(want, on=["pid", "launch_id"], how="semi")
+           .select("pid", "launch_id", "launch_seq", "dev_ts", "gpu_start_ns", "dev_name").collect())
+    seqs = dev.lazy().select("pid", "launch_seq").drop_nulls()
+    host = launch_order(cap).lazy().select("pid", "launch_seq", pl.col("ts_ns").alias("host_ts")).join(
+        seqs, on=["pid", "launch_seq"], how="semi")
+    out = dev.lazy().join(host, on=["pid", "launch_seq"], how="left").select(
+        "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
+        "launch_seq", pl.col("dev_name").alias("name"),
+    )
+    if names:
+        by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", pl.col("name").alias("h_name")).join(
+            seqs, on=["pid", "launch_seq"], how="semi")
+        out = out.join(by_seq, on=["pid", "launch_seq"], how="left").with_columns(
+            pl.coalesce("h_name", "name").alias("name"))
+    return out.select("pid", "launch_id", "t", "name").unique(["pid", "launch_id"], keep="first").collect().lazy()
 
 
 def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
@@ -83,7 +90,7 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
         # no device pages: nothing to attribute (and no segments or launch times to build)
         return schema.empty_frame(cols).lazy()
     segs, allocs = _segments(cap)
-    times = launch_times(cap, tolerance_ns)
+    times = launch_times(cap, hist if not _is_empty(hist) else samples, tolerance_ns)
     if not _is_empty(hist):
         rows = hist.select(
             "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
@@ -109,7 +116,8 @@ def alloc_touches(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFram
         return merged
     segs, allocs = _segments(cap)
     rows = cap.device["alloc_touch"].with_columns(segs.expr("pid", pl.col("alloc_base")).alias("seg_id"))
-    out = _attribute(rows.rename({"alloc_base": "dev_base"}), segs, allocs, launch_times(cap, tolerance_ns))
+    out = _attribute(rows.rename({"alloc_base": "dev_base"}), segs, allocs,
+                     launch_times(cap, cap.device["alloc_touch"], tolerance_ns))
     # the device names the base it matched: a different live base is not this touch's allocation
     out = out.with_columns(
         pl.when(pl.col("alloc_base") == pl.col("dev_base")).then(pl.col(c)).alias(c)
@@ -172,7 +180,7 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
             .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
                  (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
         )
-    times = launch_times(cap, tolerance_ns, names=False)
+    times = launch_times(cap, per_seg, tolerance_ns, names=False)
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (
         per_seg.join(times, on=["pid", "launch_id"], how="left")
