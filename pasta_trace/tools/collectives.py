@@ -112,9 +112,12 @@ def bandwidth(cap: Capture) -> pl.DataFrame:
     call launched and the algorithm and bus bandwidth."""
     calls = _containers(cap.events).filter(done()).drop("comm_id", "rank", "nranks").with_columns(
         pl.col("api").cast(pl.String))
-    kernels = merge.kernel_executions(cap).filter(pl.col("gpu_start_ns").is_not_null()).select(
-        "pid", "tid", pl.col("ts_ns").alias("_launch"), "gpu_start_ns", "gpu_end_ns")
     cont = calls.select("pid", "tid", "_c_ts", "_c_end").unique()
+    # only the threads that made collective calls: a semi-join hashing those few, before
+    # the sort that the as-of join needs (millions of launches, most from other threads)
+    kernels = merge.kernel_executions(cap).filter(pl.col("gpu_start_ns").is_not_null()).select(
+        "pid", "tid", pl.col("ts_ns").alias("_launch"), "gpu_start_ns", "gpu_end_ns").join(
+        cont.select("pid", "tid").unique(), on=["pid", "tid"], how="semi")
     timed = (
         kernels.sort("pid", "tid", "_launch")
         .join_asof(cont.sort("pid", "tid", "_c_ts"), left_on="_launch", right_on="_c_ts", by=["pid", "tid"],

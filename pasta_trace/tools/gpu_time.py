@@ -38,7 +38,9 @@ def _timed(cap: Capture) -> pl.LazyFrame:
 
 def _gaps(timed: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
     """Per group: span, busy (union), idle (sum of gaps), largest gap."""
-    ordered = timed.sort([*keys, "gpu_start_ns", "gpu_end_ns"]).with_columns(
+    # kernels starting together need no order among them: whichever comes first, every
+    # later one of them starts before its end, so their gaps are 0 (a sort key less)
+    ordered = timed.sort([*keys, "gpu_start_ns"]).with_columns(
         pl.col("gpu_end_ns").cum_max().shift(1).over(keys).alias("busy_until")
     )
     gap = (pl.col("gpu_start_ns") - pl.col("busy_until")).clip(lower_bound=0).fill_null(0)
