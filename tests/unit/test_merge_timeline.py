@@ -239,3 +239,22 @@ def test_saved_statistics_of_a_newer_minor_version_load(tmp_path: Path) -> None:
     (out / "timeline.json").write_text(json.dumps(meta))
     loaded = merge.load(out)
     assert loaded.manifest["merge_stats"] is None and merge.stats(loaded) == stats
+
+
+def test_executions_claiming_every_launch_in_order_give_their_own_columns(tmp_path):
+    """Every launch claimed in order by the execution in the same row (the device columns
+    are then shared, not gathered): each kernel row still has its own execution's columns."""
+    from pasta_trace.merge.executions import device_executions
+
+    synthetic.write_capture(tmp_path / "c", synthetic.Spec(pids=3, launches=20_000, allocations=200, syncs=10,
+                                                           accesses=100, seed=5))
+    cap = merge.load(tmp_path / "c")
+    k = merge.kernel_executions(cap).collect()
+    assert k.height == 20_000 and k["match"].eq("exact").all()
+    dev = device_executions(cap).collect()
+    cols = ["launch_id", "gpu_start_ns", "gpu_end_ns", "gld", "gst", "grid_id"]
+    want = k.select("pid", "launch_seq").join(dev.select("pid", "launch_seq", *cols), on=["pid", "launch_seq"],
+                                              how="left", maintain_order="left")
+    assert k.select(cols).equals(want.select(cols))
+    # the device's per-process launch_id counts from 1 in launch order
+    assert k.select((pl.col("launch_id").cast(pl.Int64) == pl.col("launch_seq") + 1).all()).item()
