@@ -86,12 +86,13 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
         return merged
     cols = schema.TIMELINE_FRAMES["pages"]
     hist, samples = cap.device["page_hist"], cap.device["access_samples"]
-    if _is_empty(hist) and _is_empty(samples):
+    from_hist = not _is_empty(hist)
+    if not from_hist and _is_empty(samples):
         # no device pages: nothing to attribute (and no segments or launch times to build)
         return schema.empty_frame(cols).lazy()
     segs, allocs = _segments(cap)
-    times = launch_times(cap, hist if not _is_empty(hist) else samples, tolerance_ns)
-    if not _is_empty(hist):
+    times = launch_times(cap, hist if from_hist else samples, tolerance_ns)
+    if from_hist:
         rows = hist.select(
             "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
         ).with_columns(segs.expr("pid", pl.col("page") * pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))).alias("seg_id"))
@@ -171,8 +172,9 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
     segs, allocs = _segments(cap)
     shared = _sample_sums(cap, WS_PAGE_SHIFT)
     if shared is not None:
-        per_seg = shared.per_segment.lazy()
+        per_seg = keys = shared.per_segment.lazy()
     else:
+        keys = cap.device["access_samples"]  # the same launches, without a second pass of the group-by
         lanes = pl.col("lanes").bitwise_count_ones().cast(pl.UInt64)
         per_seg = (
             cap.device["access_samples"].with_columns(segs.expr("pid", pl.col("address")).alias("seg_id"))
@@ -180,7 +182,7 @@ def hotness(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.LazyFrame:
             .agg(pl.len().alias("samples"), lanes.sum().alias("accesses"),
                  (lanes * pl.col("size").cast(pl.UInt64)).sum().alias("bytes"))
         )
-    times = launch_times(cap, per_seg, tolerance_ns, names=False)
+    times = launch_times(cap, keys, tolerance_ns, names=False)
     cols = schema.TIMELINE_FRAMES["hotness"]
     return (
         per_seg.join(times, on=["pid", "launch_id"], how="left")
