@@ -62,6 +62,8 @@ class NativeCollector:
         self._pending: dict[int, int] = {}
         #: samples waiting for a file's tables, and the events waiting for them
         self._parked: list[np.ndarray] = []
+        #: processes whose maps were read since samples began to wait
+        self._read_parked: set[int] = set()
         self._held: np.ndarray | None = None
         #: (pid, Python stack id, return addresses, truncated) -> stack_id
         self._ids: dict[tuple, int] = {}
@@ -101,11 +103,15 @@ class NativeCollector:
     def drain(self) -> None:
         recs = self._ring.drain()
         self.samples += int(recs.size)
-        if self._parked and recs.size:
+        if not self._parked:
+            self._read_parked.clear()
+        elif recs.size:
             # these samples wait behind others: their processes' maps are read now, while
             # they still run (one that dlopens a library and exits before its samples are
-            # unwound would otherwise be read dead, showing only the maps saved at its exec)
-            for pid in np.unique(recs["pid"]).tolist():
+            # unwound would otherwise be read dead, showing only the maps saved at its exec);
+            # once per process while samples wait, not at every drain
+            for pid in np.setdiff1d(recs["pid"], list(self._read_parked)).tolist():
+                self._read_parked.add(pid)
                 if pid in self._spaces:
                     self._spaces[pid].refresh()
                 else:
