@@ -5,7 +5,6 @@
 # the header are unpacked, and the wheel is deleted.  Tests call the library
 # without a GPU (its calls fail at once, which is what they check).
 #
-#
 # The wheel is pinned: pasta_trace/return_codes.py is generated from this
 # nccl.h and its check compares the header's version too, and the tests and
 # docs name this release (NVIDIA publishes point releases that would change
