@@ -829,6 +829,17 @@ class DeviceBackend(enum.IntEnum):
     synthetic = 99  # written by tests and benchmarks
 
 
+class DeviceAllocKind(enum.IntEnum):
+    """`kind` of a device ALLOC record (gpu_probes' GP_ALLOC_*)."""
+
+    device = 0
+    managed = 1
+    host = 2  # pinned or mapped host memory
+    async_ = 3  # stream-ordered (cudaMallocAsync, pools)
+    virtual = 4  # a virtual-address reservation: no memory of its own
+
+
+
 DEV_FILE_HEADER = Record(
     "gp_file_header",
     _fields(
@@ -971,7 +982,7 @@ DEV_ALLOC = Record(
             ("size", "u64", "bytes", ""),
             ("ctx", "u64", "", ""),
             ("stream", "u64", "", ""),
-            ("kind", "u32", "", "0 device, 1 managed, 2 host pinned, 3 async/pool, 4 virtual"),
+            ("kind", "u32", "", "DeviceAllocKind: 0 device, 1 managed, 2 host pinned, 3 async/pool, 4 virtual"),
             ("pad", "u32", "", ""),
         ]
     ),
@@ -1312,7 +1323,7 @@ DEVICE_FRAMES: dict[str, dict[str, pl.DataType]] = {
 
 #: Memory kind of an allocation instance (`allocations.kind`), from the API
 #: name (host events) or the device ALLOC record's `kind`.
-ALLOC_KIND_NAMES = ["device", "managed", "host", "async", "virtual", "other"]
+ALLOC_KIND_NAMES = [k.name.rstrip("_") for k in DeviceAllocKind] + ["other"]
 
 #: How a host launch found its device execution (`kernels.match`).
 MATCH_NAMES = ["exact", "time"]
@@ -1500,6 +1511,8 @@ def device_c_header() -> str:
         out.append(f"#define GP_REC_{t.name} {int(t)}")
     for b in DeviceBackend:
         out.append(f"#define GP_BACKEND_{b.name.upper()} {int(b)}")
+    for k in DeviceAllocKind:
+        out.append(f"#define GP_ALLOC_{k.name.rstrip('_').upper()} {int(k)}")
     for r in DEVICE_RECORDS:
         out.append(r.c_struct())
         out.append(

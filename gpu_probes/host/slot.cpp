@@ -5,27 +5,54 @@
 
 namespace gp {
 
-AllocTable AllocTable::build(std::vector<std::pair<uint64_t, uint64_t>> base_size, uint32_t page_shift) {
-    /* Same base: the larger range first, so that it is the one kept. */
-    std::sort(base_size.begin(), base_size.end(), [](const auto &a, const auto &b) {
-        return a.first != b.first ? a.first < b.first : a.second > b.second;
-    });
-    AllocTable t;
+namespace {
+
+bool before(const Range &a, const Range &b) { return a.base != b.base ? a.base < b.base : a.size > b.size; }
+
+/* Disjoint ranges of `v` (sorted by before()), skipping any that overlaps one
+ * already in `kept` (sorted, disjoint) or kept before it from `v`. */
+void keep_disjoint(std::vector<Range> v, std::vector<Range> &kept) {
+    std::sort(v.begin(), v.end(), before);
+    std::vector<Range> out;
+    out.reserve(kept.size() + v.size());
+    size_t k = 0;
     uint64_t end = 0;
-    for (const auto &bs : base_size) {
-        /* Binary search needs disjoint ranges: a range inside one already kept
-         * (a mapping inside a virtual reservation) is attributed to the outer one. */
-        if (bs.second == 0 || bs.first < end) continue;
-        end = bs.first + bs.second;
+    for (const Range &r : v) {
+        if (r.size == 0 || r.base < end) continue;
+        while (k < kept.size() && kept[k].base + kept[k].size <= r.base) out.push_back(kept[k++]);
+        if (k < kept.size() && kept[k].base < r.base + r.size) continue; /* overlaps a kept range */
+        out.push_back(r);
+        end = r.base + r.size;
+    }
+    out.insert(out.end(), kept.begin() + (std::ptrdiff_t)k, kept.end());
+    kept = std::move(out);
+}
+
+} // namespace
+
+AllocTable AllocTable::build(std::vector<Range> ranges, uint32_t page_shift) {
+    std::vector<Range> allocs, reservations, kept;
+    for (const Range &r : ranges) (r.reservation ? reservations : allocs).push_back(r);
+    keep_disjoint(std::move(allocs), kept);
+    keep_disjoint(std::move(reservations), kept);
+    AllocTable t;
+    for (const Range &r : kept) {
         gp_alloc_desc d{};
-        d.base = bs.first;
-        d.size = bs.second;
-        d.first_page = bs.first >> page_shift;
+        d.base = r.base;
+        d.size = r.size;
+        d.first_page = r.base >> page_shift;
         d.bitmap_word = t.bitmap_words;
-        t.bitmap_words += (gp_alloc_pages(bs.first, bs.second, page_shift) + 63) / 64;
+        t.bitmap_words += (gp_alloc_pages(r.base, r.size, page_shift) + 63) / 64;
         t.descs.push_back(d);
     }
     return t;
+}
+
+AllocTable AllocTable::build(const std::vector<std::pair<uint64_t, uint64_t>> &base_size, uint32_t page_shift) {
+    std::vector<Range> v;
+    v.reserve(base_size.size());
+    for (const auto &bs : base_size) v.push_back(Range{bs.first, bs.second, false});
+    return build(std::move(v), page_shift);
 }
 
 SlotImage::SlotImage(const SlotConfig &cfg, const AllocTable &allocs)

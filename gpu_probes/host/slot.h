@@ -21,11 +21,29 @@ struct SlotConfig {
     uint32_t sample_cap = 0;
 };
 
-/* Live allocations, sorted, with each one's first bitmap word. */
+/* A live address range: an allocation, or a virtual-address reservation
+ * (the Sanitizer's VIRTUAL_RESERVE, cuMemAddressReserve). */
+struct Range {
+    uint64_t base;
+    uint64_t size;
+    bool reservation;
+};
+
+/* Live allocations, sorted and disjoint, with each one's first bitmap word.
+ *
+ * Ranges overlap in real processes: on driver 580 (H200, 2026-12-04) every
+ * cudaMalloc'd array lay inside a virtual-address reservation that the driver
+ * reported first, one of them at the same base.  An access belongs to the
+ * allocation, not to the reservation around it, so allocations are kept first
+ * (of two overlapping allocations, the lower base, then the larger, is kept);
+ * a reservation is kept only where it overlaps nothing kept (memory mapped
+ * into it that no allocation callback reported, such as cuMemMap). */
 struct AllocTable {
     std::vector<gp_alloc_desc> descs;
     uint64_t bitmap_words = 0;
-    static AllocTable build(std::vector<std::pair<uint64_t, uint64_t>> base_size, uint32_t page_shift);
+    static AllocTable build(std::vector<Range> ranges, uint32_t page_shift);
+    /* All ranges allocations (the NVBit tool, which sees no reservations). */
+    static AllocTable build(const std::vector<std::pair<uint64_t, uint64_t>> &base_size, uint32_t page_shift);
 };
 
 /* One slot as a byte image: header + page hash + alloc table + touch counts +

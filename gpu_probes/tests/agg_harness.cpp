@@ -4,6 +4,7 @@
  * Input (text, one command a line):
  *   config <page_shift> <hash_capacity> <sample_mode> <sample_every> <sample_cap>   (first line)
  *   alloc <base> <size>                                     (before the first event)
+ *   reserve <base> <size>                                   a virtual-address reservation (likewise)
  *   enter <gpu_time> | exit <gpu_time>                      block enter / exit
  *   instr <lanes>                                           one executed warp instruction (NVBit)
  *   access <space> <flags> <size> <block> <warp> <gpu_time> <lane_mask> <addr>...
@@ -54,17 +55,17 @@ int main(int argc, char **argv) {
     std::ifstream in(argv[1]);
     std::string line, cmd;
     gp::SlotConfig cfg;
-    std::vector<std::pair<uint64_t, uint64_t>> allocs;
+    std::vector<gp::Range> allocs;
     std::vector<std::string> events;
     while (std::getline(in, line)) {
         std::istringstream ls(line);
         ls >> cmd;
         if (cmd == "config")
             ls >> cfg.page_shift >> cfg.hash_capacity >> cfg.sample_mode >> cfg.sample_every >> cfg.sample_cap;
-        else if (cmd == "alloc") {
+        else if (cmd == "alloc" || cmd == "reserve") {
             uint64_t b, n;
             ls >> b >> n;
-            allocs.push_back({b, n});
+            allocs.push_back({b, n, cmd == "reserve"});
         } else
             events.push_back(line);
     }

@@ -238,7 +238,8 @@ int main(int argc, char **argv) {
     cfg.sample_mode = GP_SAMPLE_WARP_INSTR;
     cfg.sample_every = 8;
     cfg.sample_cap = 16;
-    gp::SlotImage img(cfg, gp::AllocTable::build({{A, N * 4ull}, {B, N * 4ull}, {C, N * 4ull}}, 12));
+    const std::vector<gp::Range> arrays{{A, N * 4ull, false}, {B, N * 4ull, false}, {C, N * 4ull, false}};
+    gp::SlotImage img(cfg, gp::AllocTable::build(arrays, 12));
     img.reset_host();
     gp_slot *s = img.header();
     for (uint32_t blk = 0; blk < N / 256; ++blk) gp_block_enter(s, 1764633600000200000ull + 40 * blk);

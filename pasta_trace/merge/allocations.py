@@ -14,7 +14,7 @@ from ..read import Capture
 _SCHEMA = schema.TIMELINE_FRAMES["allocations"]
 
 #: device ALLOC record `kind` -> allocations.kind
-_DEVICE_KIND = {0: "device", 1: "managed", 2: "host", 3: "async", 4: "virtual"}
+_DEVICE_KIND = {int(k): k.name.rstrip("_") for k in schema.DeviceAllocKind}
 
 
 def _device_allocs(cap: Capture, host_pids: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:

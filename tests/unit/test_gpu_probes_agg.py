@@ -62,11 +62,13 @@ class Stream:
     sample_every: int = 0
     sample_cap: int = 0
     allocs: list[tuple[int, int]] = field(default_factory=list)
+    reservations: list[tuple[int, int]] = field(default_factory=list)  # the model ignores them
     events: list[object] = field(default_factory=list)  # Access | ("enter"|"exit"|"instr", int)
 
     def text(self) -> str:
         out = [f"config {self.page_shift} {self.capacity} {self.sample_mode} {self.sample_every} {self.sample_cap}"]
         out += [f"alloc {b} {s}" for b, s in self.allocs]
+        out += [f"reserve {b} {s}" for b, s in self.reservations]
         for e in self.events:
             out.append(e.line() if isinstance(e, Access) else f"{e[0]} {e[1]}")
         return "\n".join(out) + "\n"
@@ -295,3 +297,22 @@ def test_vecadd_shape_gives_the_gpu_check_numbers(harness: Path, tmp_path: Path)
     assert [t[1] for t in got["touch"]] == [n, n, n]
     assert sum(1 for k, _ in got["hash"] if k) == 3 * (4 * n >> 16)
     assert got["bitmap"] == [0xF, 0xF, 0xF]
+
+
+def test_allocations_win_over_the_reservations_around_them(harness: Path, tmp_path: Path) -> None:
+    """The layout driver 580 gave vecadd on an H200 (2026-12-04, addresses as recorded): the
+    driver reported virtual-address reservations first, and each cudaMalloc'd array lies inside
+    one, b at the very base of its reservation.  Every access to a, b and c is the array's; a
+    reservation is kept only where no allocation lies (here the 64 MiB one), and an access in a
+    reservation outside its allocations belongs to no allocation."""
+    a, b, c = 139701839200256, 139701293940736, 139701310717952
+    n = 4 << 20  # 16 MiB arrays
+    lone = 1099511627776
+    st = Stream(allocs=[(a, n), (b, n), (c, n)],
+                reservations=[(139701763702784, 100663296), (b, 33554432), (lone, 67108864)])
+    for i, addr in enumerate([a, b + n - 4, c, lone + 8, b - 4, a + n]):
+        st.events.append(Access(GLOBAL, READ, 4, 0, i, i, 1, [addr]))
+    got = run(harness, st, tmp_path)
+    touches = {base: t for base, t, _ in got["touch"]}
+    assert touches == {a: 1, b: 1, c: 1, lone: 1}
+    assert got["summary"]["gld"] == 6

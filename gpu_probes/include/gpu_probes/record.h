@@ -26,6 +26,11 @@ typedef int32_t __s32; typedef int64_t __s64;
 #define GP_BACKEND_NVBIT 3
 #define GP_BACKEND_CUPTI_SASS 4
 #define GP_BACKEND_SYNTHETIC 99
+#define GP_ALLOC_DEVICE 0
+#define GP_ALLOC_MANAGED 1
+#define GP_ALLOC_HOST 2
+#define GP_ALLOC_ASYNC 3
+#define GP_ALLOC_VIRTUAL 4
 /* device record file header */
 struct gp_file_header {
     __u32 magic;
