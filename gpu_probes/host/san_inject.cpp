@@ -1,7 +1,8 @@
 /* Compute Sanitizer injection library: libgpu_probes_sanitizer.so.
  *
- * Load with CUDA_INJECTION64_PATH=<lib> (the driver calls InitializeInjection)
- * or LD_PRELOAD=<lib> (the constructor does).  Per launch it binds one slot of
+ * Load with LD_PRELOAD=<lib> (the constructor starts it) or CUDA_INJECTION64_PATH=<lib>
+ * (the driver calls InitializeInjection; on an H200 with driver 580.159.04 that way
+ * died with SIGSEGV before the first callback, so pasta-trace uses LD_PRELOAD).  Per launch it binds one slot of
  * device memory (agg.cuh's gp_slot) to the launch, lets the patch functions in
  * device/san_patches.cu aggregate into it, and at LAUNCH_END copies it back
  * and queues KERNEL_SUMMARY, PAGE_HIST, ALLOC_TOUCH, WS_BITMAP, LAUNCH and
@@ -18,6 +19,7 @@
  *   GPU_PROBES_HASH_SLOTS   page-hash slots per launch, rounded up to a power of two (default 4096)
  *   GPU_PROBES_SAMPLE       off | warp:N | cta:K   raw access samples (default off)
  *   GPU_PROBES_SAMPLE_CAP   samples kept per launch (default 4096)
+ *   GPU_PROBES_VERBOSE      1: log each module patched and each launch to stderr
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -77,11 +79,16 @@ struct Tool {
     uint64_t alloc_version = 0;
     gp::AllocTable table;
     uint64_t table_version = ~0ull;
-    std::unordered_map<CUcontext, bool> patches_loaded;
     std::unordered_map<CUcontext, std::vector<DeviceSlot *>> free_slots;
     std::unordered_map<CUcontext, std::vector<DeviceSlot *>> all_slots;
     std::unordered_map<Sanitizer_LaunchHandle, Inflight> inflight;
     std::unordered_map<std::string, uint32_t> strings;
+
+    /* The patching API must be serialised, and it may call back (a module or
+     * functions loaded): its own lock, never held with `mu`. */
+    std::recursive_mutex patch_mu;
+    std::unordered_map<CUcontext, bool> patches_loaded;
+    std::unordered_map<CUmodule, bool> patched; /* modules instrumented (sanitizerPatchModule succeeded) */
 };
 
 Tool *g_tool = nullptr;
@@ -90,6 +97,21 @@ Tool *g_tool = nullptr;
  * sanitizerAlloc/Memcpy/Free calls trigger is ours, not the program's, and
  * must not take t.mu again. */
 thread_local bool in_tool = false;
+
+/* Set while this thread is inside a patching call: a load it triggers is
+ * patched at its module's first launch instead (the API is not re-entrant). */
+thread_local bool in_patching = false;
+
+bool g_verbose = false;
+
+#define GP_LOG(...)                                                                                                    \
+    do {                                                                                                               \
+        if (g_verbose) {                                                                                               \
+            std::fprintf(stderr, "gpu_probes[%d]: ", (int)getpid());                                                   \
+            std::fprintf(stderr, __VA_ARGS__);                                                                         \
+            std::fputc('\n', stderr);                                                                                  \
+        }                                                                                                              \
+    } while (0)
 
 void warn(const char *what, SanitizerResult r) {
     const char *s = "?";
@@ -152,18 +174,44 @@ uint32_t intern(Tool &t, const char *name, uint64_t launch_id) {
     return id;
 }
 
-void load_patches(Tool &t, CUcontext ctx, CUmodule module) {
-    std::lock_guard<std::mutex> g(t.mu); /* the patching API must be serialised */
-    if (!t.patches_loaded[ctx]) {
-        if (!GP_TRY(sanitizerAddPatches(gp_san_patches_fatbin, ctx))) return;
-        t.patches_loaded[ctx] = true;
+void load_patches(Tool &t, CUcontext ctx, CUmodule module, const char *why) {
+    std::lock_guard<std::recursive_mutex> g(t.patch_mu);
+    if (in_patching) {
+        GP_LOG("%s during patching: module %p is patched at its first launch", why, (void *)module);
+        return;
     }
-    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, module, "gp_san_global_access"));
-    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, module, "gp_san_shared_access"));
-    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, module, "gp_san_local_access"));
-    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, module, "gp_san_block_enter"));
-    GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, module, "gp_san_block_exit"));
-    GP_TRY(sanitizerPatchModule(module));
+    in_patching = true;
+    bool ok = true;
+    if (!t.patches_loaded[ctx]) {
+        ok = GP_TRY(sanitizerAddPatches(gp_san_patches_fatbin, ctx));
+        t.patches_loaded[ctx] = ok;
+        GP_LOG("patches added to context %p: %s", (void *)ctx, ok ? "ok" : "FAILED");
+    }
+    if (ok) {
+        ok = GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, module,
+                                               "gp_san_global_access")) &
+             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, module,
+                                               "gp_san_shared_access")) &
+             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, module,
+                                               "gp_san_local_access")) &
+             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, module, "gp_san_block_enter")) &
+             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, module, "gp_san_block_exit")) &
+             GP_TRY(sanitizerPatchModule(module));
+        if (ok) t.patched[module] = true;
+    }
+    in_patching = false;
+    GP_LOG("%s: module %p of context %p patched: %s", why, (void *)module, (void *)ctx, ok ? "ok" : "FAILED");
+}
+
+/* A module launched before it was patched (its load was missed, or came
+ * during patching) is patched now, before this launch runs. */
+void ensure_patched(Tool &t, CUcontext ctx, CUmodule module) {
+    if (!module) return;
+    {
+        std::lock_guard<std::recursive_mutex> g(t.patch_mu);
+        if (t.patched.count(module)) return;
+    }
+    load_patches(t, ctx, module, "first launch of an unpatched module");
 }
 
 void on_alloc(Tool &t, int type, uint64_t addr, uint64_t size, uint32_t kind, CUcontext ctx, CUstream stream) {
@@ -185,20 +233,20 @@ void on_alloc(Tool &t, int type, uint64_t addr, uint64_t size, uint32_t kind, CU
 }
 
 uint32_t alloc_kind(uint32_t cbid, uint32_t flags) {
-    if (cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC) return 3;
-    if (cbid == SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC) return 2;
-    if (flags & SANITIZER_MEMORY_FLAG_MANAGED) return 1;
-    if (flags & (SANITIZER_MEMORY_FLAG_HOST_PINNED | SANITIZER_MEMORY_FLAG_HOST_MAPPED)) return 2;
-    return 0;
+    if (cbid == SANITIZER_CBID_RESOURCE_MEMORY_ALLOC_ASYNC) return GP_ALLOC_ASYNC;
+    if (cbid == SANITIZER_CBID_RESOURCE_HOST_MEMORY_ALLOC) return GP_ALLOC_HOST;
+    if (flags & SANITIZER_MEMORY_FLAG_MANAGED) return GP_ALLOC_MANAGED;
+    if (flags & (SANITIZER_MEMORY_FLAG_HOST_PINNED | SANITIZER_MEMORY_FLAG_HOST_MAPPED)) return GP_ALLOC_HOST;
+    return GP_ALLOC_DEVICE;
 }
 
 /* A slot sized for the current allocation table, with its image reset and
  * pointing at its device memory.  Called with t.mu held. */
 DeviceSlot *take_slot(Tool &t, CUcontext ctx) {
     if (t.table_version != t.alloc_version) {
-        std::vector<std::pair<uint64_t, uint64_t>> v;
+        std::vector<gp::Range> v;
         v.reserve(t.live.size());
-        for (const auto &kv : t.live) v.push_back({kv.first, kv.second.size});
+        for (const auto &kv : t.live) v.push_back({kv.first, kv.second.size, kv.second.kind == GP_ALLOC_VIRTUAL});
         t.table = gp::AllocTable::build(std::move(v), t.cfg.page_shift);
         t.table_version = t.alloc_version;
     }
@@ -231,6 +279,7 @@ DeviceSlot *take_slot(Tool &t, CUcontext ctx) {
 }
 
 void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
+    ensure_patched(t, d->context, d->module);
     const uint64_t now = gp::mono_ns();
     const uint64_t id = t.next_launch.fetch_add(1);
     DeviceSlot *slot;
@@ -263,6 +312,9 @@ void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
     r.device = (uint32_t)d->device;
     r.name_id = intern(t, d->functionName, id);
     r.tid = (uint32_t)gettid();
+    GP_LOG("launch %llu begins: %s, grid %u, slot %p (%zu B, %u allocations in its table)", (unsigned long long)id,
+           d->functionName ? d->functionName : "?", d->gridDim_x, slot->dev, slot->img->layout().total,
+           slot->img->header()->n_allocs);
     std::lock_guard<std::mutex> g(t.mu);
     t.inflight[d->hLaunch] = f;
 }
@@ -286,6 +338,9 @@ void on_launch_end(Tool &t, const Sanitizer_LaunchData *d) {
         t.free_slots[f.ctx].push_back(f.slot);
     }
     t.writer->submit(gp::Rec(GP_REC_LAUNCH, f.launch_id).put(f.rec));
+    GP_LOG("launch %llu ended: copied back %s, blocks entered %llu, global loads %llu",
+           (unsigned long long)f.launch_id, ok ? "ok" : "FAILED", (unsigned long long)img.header()->sum.blocks_in,
+           (unsigned long long)img.header()->sum.gld);
     if (!ok) return;
     /* The kernel ran between the launch call and the end of the sync: a loose
      * but honest clock bracket around its first %globaltimer reading. */
@@ -304,6 +359,7 @@ void on_context_destroy(Tool &t, CUcontext ctx) {
     }
     t.all_slots.erase(ctx);
     t.free_slots.erase(ctx);
+    std::lock_guard<std::recursive_mutex> p(t.patch_mu);
     t.patches_loaded.erase(ctx);
 }
 
@@ -318,13 +374,24 @@ void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbi
     switch (cbid) {
     case SANITIZER_CBID_RESOURCE_MODULE_LOADED: {
         const auto *m = static_cast<const Sanitizer_ResourceModuleData *>(cbdata);
-        load_patches(t, m->context, m->module);
+        load_patches(t, m->context, m->module, "module loaded");
         break;
     }
     case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED: {
         /* Lazy loading brings functions in after MODULE_LOADED: patch them too. */
         const auto *m = static_cast<const Sanitizer_ResourceFunctionsLazyLoadedData *>(cbdata);
-        load_patches(t, m->context, m->module);
+        load_patches(t, m->context, m->module, "functions lazy-loaded");
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_PATCHED: {
+        const auto *m = static_cast<const Sanitizer_ResourceFunctionsLazyLoadedData *>(cbdata);
+        GP_LOG("%u lazily loaded functions of module %p patched", m->numFunctions, (void *)m->module);
+        break;
+    }
+    case SANITIZER_CBID_RESOURCE_MODULE_UNLOAD_STARTING: {
+        const auto *m = static_cast<const Sanitizer_ResourceModuleData *>(cbdata);
+        std::lock_guard<std::recursive_mutex> g(t.patch_mu);
+        t.patched.erase(m->module); /* the handle may be reused by a later load */
         break;
     }
     case SANITIZER_CBID_RESOURCE_CONTEXT_DESTROY_STARTING:
@@ -346,7 +413,7 @@ void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbi
     }
     case SANITIZER_CBID_RESOURCE_VIRTUAL_RESERVE: {
         const auto *v = static_cast<const Sanitizer_ResourceVirtualRange *>(cbdata);
-        on_alloc(t, GP_REC_ALLOC, v->address, v->size, 4, nullptr, nullptr);
+        on_alloc(t, GP_REC_ALLOC, v->address, v->size, GP_ALLOC_VIRTUAL, nullptr, nullptr);
         break;
     }
     case SANITIZER_CBID_RESOURCE_VIRTUAL_RELEASE: {
@@ -362,7 +429,16 @@ void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbi
 void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid,
                            const void *cbdata) {
     Tool &t = *static_cast<Tool *>(userdata);
-    if (in_tool || (uint64_t)getpid() != t.pid) return;
+    if ((uint64_t)getpid() != t.pid) return;
+    /* Inside our own work, callbacks are ours (our allocations, copies), except
+     * code loaded meanwhile: a module or functions loaded must be patched. */
+    const bool load = domain == SANITIZER_CB_DOMAIN_RESOURCE && (cbid == SANITIZER_CBID_RESOURCE_MODULE_LOADED ||
+                                                                 cbid == SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED);
+    if (in_tool && !load) return;
+    if (in_tool) {
+        dispatch(t, domain, cbid, cbdata);
+        return;
+    }
     in_tool = true;
     dispatch(t, domain, cbid, cbdata);
     in_tool = false;
@@ -375,6 +451,8 @@ void finish() {
 }
 
 int init() {
+    const char *v = std::getenv("GPU_PROBES_VERBOSE");
+    g_verbose = v && *v && std::strcmp(v, "0") != 0;
     Tool *t = new Tool();
     t->pid = (uint64_t)getpid();
     t->cfg = config_from_env();
@@ -396,6 +474,7 @@ int init() {
     }
     sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_RESOURCE);
     sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_LAUNCH);
+    GP_LOG("subscribed (%s)", std::getenv("CUDA_INJECTION64_PATH") ? "CUDA_INJECTION64_PATH set" : "preloaded");
     g_tool = t;
     std::atexit(finish);
     return 0;
