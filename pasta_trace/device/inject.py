@@ -114,13 +114,16 @@ class DeviceSession:
             lib = _artefact_path(artefacts, "nvbit")
             if lib is None:
                 raise PastaError("NVBit tool not built: set NVBIT_HOME and run scripts/build_gpu_probes.sh")
-            preload = os.environ.get("LD_PRELOAD")
-            env = {"LD_PRELOAD": f"{lib}:{preload}" if preload else str(lib)}
         else:
             lib = _artefact_path(artefacts, "sanitizer")
             if lib is None:
                 raise PastaError("Sanitizer backend not built: run scripts/build_gpu_probes.sh")
-            env = {"CUDA_INJECTION64_PATH": str(lib)}
+        # Both tools start from a constructor under LD_PRELOAD.  The Sanitizer tool also has
+        # CUDA_INJECTION64_PATH's entry point, but loaded that way it died with SIGSEGV before
+        # its first callback on an H200 with driver 580.159.04 (scripts/gpu_check, 2026-12-04),
+        # where LD_PRELOAD ran; docs/performance.md, "GPU check".
+        preload = os.environ.get("LD_PRELOAD")
+        env = {"LD_PRELOAD": f"{lib}:{preload}" if preload else str(lib)}
         env.update({k: str(v) for k, v in self._options.items() if v is not None})
         return env
 

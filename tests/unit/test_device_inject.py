@@ -34,10 +34,11 @@ def built(tmp_path):
     return m
 
 
-def test_sanitizer_env(tmp_path, built):
+def test_sanitizer_env(tmp_path, built, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
     s = DeviceSession("sanitizer", _out(tmp_path / "cap"), page_shift=12, sample="warp:32", hash_slots=8192, manifest=built)
     assert s.env() == {
-        "CUDA_INJECTION64_PATH": str(built.parent / "libgpu_probes_sanitizer.so"),
+        "LD_PRELOAD": str(built.parent / "libgpu_probes_sanitizer.so"),
         "GPU_PROBES_DIR": str(s.staging),
         "GPU_PROBES_PAGE_SHIFT": "12",
         "GPU_PROBES_SAMPLE": "warp:32",
@@ -47,9 +48,10 @@ def test_sanitizer_env(tmp_path, built):
     assert s.staging.is_dir() and s.staging.parent == tmp_path and s.staging.name.startswith(".cap.device-")
 
 
-def test_options_left_out_are_not_set(tmp_path, built):
+def test_options_left_out_are_not_set(tmp_path, built, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
     s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
-    assert set(s.env()) == {"CUDA_INJECTION64_PATH", "GPU_PROBES_DIR"}
+    assert set(s.env()) == {"LD_PRELOAD", "GPU_PROBES_DIR"}
 
 
 def test_the_real_build_manifest(tmp_path):
@@ -59,7 +61,7 @@ def test_the_real_build_manifest(tmp_path):
     arts = json.loads(DEFAULT_MANIFEST.read_text())["artifacts"]
     if arts.get("sanitizer"):
         env = DeviceSession("sanitizer", _out(tmp_path / "s")).env()
-        assert env["CUDA_INJECTION64_PATH"] == arts["sanitizer"] and os.path.isabs(arts["sanitizer"])
+        assert env["LD_PRELOAD"].split(":")[0] == arts["sanitizer"] and os.path.isabs(arts["sanitizer"])
     if arts.get("nvbit"):
         assert DeviceSession("nvbit", _out(tmp_path / "n")).env()["LD_PRELOAD"].split(":")[0] == arts["nvbit"]
     else:
