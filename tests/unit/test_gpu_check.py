@@ -1,7 +1,10 @@
 """scripts/gpu_check: without a GPU it stops at once with one clear line and
 exit 3; its vecadd verdict passes exact counts and fails loudly on a wrong one
 (checked on a synthetic device file, read both through pasta_trace.device and
-through the script's stdlib fallback that parses record.h)."""
+through the script's stdlib fallback that parses record.h).  The device files
+that gpu_probes wrote on a real GPU (tests/fixtures/h200/README.md) are read
+exactly, and the verdict on them is the one the H200 run printed, except where
+that run's check itself was wrong."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from pasta_trace import schema
+from pasta_trace.device import read_device_files
 from pasta_trace.device.writer import DeviceFileWriter, entries
 from pasta_trace.schema import DeviceBackend
 from pasta_trace.schema import DeviceRecordType as RT
@@ -216,3 +221,59 @@ def test_attach_names_step_says_why_it_cannot_run_before_545(tmp_path: Path) -> 
     gc.attach_names_probes(tab, "535.261.03", None, tmp_path)
     assert tab.rows == [("kernel names on attach", "-", "driver 535.261.03 < 545: no cuFuncGetName to compare with",
                          "skip")]
+
+
+# --------------------------------------------------------------------------- files written on an H200
+
+H200 = ROOT / "tests/fixtures/h200"
+N = 1 << 22
+VECADD = "_Z6vecaddPKfS0_Pfi"
+#: a, b and c of that run (its own stdout); the driver put each inside a reservation of its own
+A, B, C = 139701839200256, 139701293940736, 139701310717952
+
+
+def test_cupti_file_of_vecadd() -> None:
+    d = read_device_files([H200 / "vecadd.cupti.bin"])
+    assert d.problems == []
+    k = d.frames["cupti_kernels"]
+    assert k.select("name", "grid_x", "grid_y", "block_x", "block_y").rows() == [(VECADD, N // 256, 1, 256, 1)]
+    assert (k["end"] > k["start"]).all()
+    m = d.frames["cupti_memcpy"].sort("start")
+    # two host-to-device copies, then the result back, each of 4n bytes, one after another on one stream
+    assert m.select("bytes", "copy_kind").rows() == [(4 * N, 1), (4 * N, 1), (4 * N, 2)]
+    assert m["stream_id"].n_unique() == 1 and (m["start"].shift(-1) >= m["end"]).drop_nulls().all()
+    # the kernel runs between the copies in, and the copy out
+    assert m["end"][1] <= k["start"][0] and k["end"][0] <= m["start"][2]
+
+
+def test_sanitizer_file_of_vecadd_under_ld_preload() -> None:
+    d = read_device_files([H200 / "vecadd.sanitizer-preload.bin"])
+    assert d.problems == []
+    launch = d.frames["launches"]
+    assert launch.select("name", "grid_x", "block_x").rows() == [(VECADD, N // 256, 256)]
+    allocs = d.frames["allocs"]
+    device = allocs.filter(pl.col("kind") == 0).filter(pl.col("size") == 4 * N)
+    assert sorted(device["address"].to_list()) == sorted([A, B, C])
+    virtual = allocs.filter(pl.col("kind") == 4)
+    assert virtual.height == 6
+    # every array lies inside a reservation the driver reported before it
+    for base in (A, B, C):
+        inside = virtual.filter((pl.col("address") <= base) & (pl.col("address") + pl.col("size") >= base + 4 * N))
+        assert inside.height == 1
+        assert inside["host_mono"][0] < device.filter(pl.col("address") == base)["host_mono"][0]
+    assert sorted(d.frames["frees"]["address"].to_list()) == sorted([A, B, C])
+
+
+def test_gpu_check_verdict_on_the_h200_sanitizer_file() -> None:
+    """The allocation row passes (the reservations are not counted as arrays, as the H200 run's
+    check wrongly did); the counter rows fail as they did there: no patch function ran."""
+    gc = gpu_check_module()
+    for d in (gc.read_fallback([H200 / "vecadd.sanitizer-preload.bin"]),
+              gc.read_device([H200 / "vecadd.sanitizer-preload.bin"], sys.executable)[0]):
+        tab = gc.Table()
+        assert not gc.check_vecadd(tab, d, N, [A, B, C], "h200")
+        rows = {r[0]: r[1:] for r in tab.rows}
+        assert rows["[h200] ALLOC records of a, b, c"] == (f"3 x {4 * N} B", f"3 x {4 * N} B", "ok")
+        assert rows["[h200] vecadd launches recorded"] == ("1", "1", "ok")
+        assert rows["[h200] thread-level global loads"] == (str(2 * N), "0", "FAIL")
+        assert rows["[h200] blocks entered / exited"] == (f"{N // 256} / {N // 256}", "0 / 0", "FAIL")
