@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from . import protowire as pw
-from .trace_model import API_ARGS, TraceModel, aligned
+from .trace_model import API_ARGS, TraceModel
 
 CHUNK_ROWS = 200_000
 #: threads encoding windows at once (each holds a window's matrices, ~100 MB)
@@ -131,8 +131,7 @@ def _dressed(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame, co
     Tracks and stack texts are joined on the key columns alone and put beside
     the rows: a join of the frames themselves would copy their widest columns."""
     def beside(frame: pl.DataFrame, table: pl.DataFrame, on: list[str], col: str) -> pl.Series:
-        return aligned(frame, frame.select(on).join(table.select(*on, col), on=on, how="left",
-                                                    maintain_order="left")[col])
+        return frame.select(on).join(table.select(*on, col), on=on, how="left", maintain_order="left")[col]
 
     api = model.api.with_columns(beside(model.api, threads, ["pid", "tid"], "track")).with_columns(
         name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
@@ -178,7 +177,7 @@ def _coded(frame: pl.DataFrame, strings: dict[str, list[str]]) -> pl.DataFrame:
     `layout`: what the fields a begin event carries depend on (its type,
     category and kind), one number per row."""
     text = {"name": "names", "cat": "categories", **{c: "values" for c in _STR_ARGS}}
-    frame = frame.with_columns(aligned(frame, _iids(frame[c], strings[t])) for c, t in text.items() if c in frame.columns)
+    frame = frame.with_columns(_iids(frame[c], strings[t]) for c, t in text.items() if c in frame.columns)
     if "dur_ns" not in frame.columns:
         return frame
     layout = pl.lit(0, dtype=pl.UInt64)
@@ -397,8 +396,9 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
         slices[1] = slices[1].with_columns(cat=pl.lit(strings["categories"].index(_KERNEL) + 1, dtype=pl.UInt32))
     if stacks is not None:  # the stack's id beside each call: its text on every call would be a string per call
         ids = _coded(stacks, strings)
-        slices[0] = slices[0].with_columns(aligned(slices[0], slices[0].select("pid", "stack_id").join(
-            ids, on=["pid", "stack_id"], how="left", maintain_order="left")["stack"]))
+        slices[0] = slices[0].with_columns(
+            slices[0].select("pid", "stack_id").join(ids, on=["pid", "stack_id"], how="left",
+                                                     maintain_order="left")["stack"])
     order = _Order(slices, counts)
     parts = []
     for f in slices:

@@ -100,18 +100,6 @@ def _api_calls(cap: Capture) -> pl.DataFrame:
     return sorted_by(calls, "ts_ns", "pid", "tid")
 
 
-def aligned(frame: pl.DataFrame, s: pl.Series) -> pl.Series:
-    """`s`, a column made for `frame` (one value per row), cut into `frame`'s
-    chunks (zero-copy slices).  A frame read from Parquet comes in one chunk
-    per row group; a column of another chunking makes the next `with_columns`
-    copy every column of the frame into one chunk (1-2 s for 10^7 calls)."""
-    lengths = frame.get_columns()[0].chunk_lengths() if frame.width else []
-    if len(lengths) <= 1 or s.chunk_lengths() == lengths:
-        return s
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return pl.concat([s.slice(int(o), int(n)) for o, n in zip(starts, lengths)], rechunk=False)
-
-
 def sorted_by(frame: pl.DataFrame, *keys: str, nulls_last: bool = False) -> pl.DataFrame:
     """`frame` sorted by `keys` (stable).  The order is found on the keys
     alone and the rows gathered only when it moves one: a capture's calls
@@ -202,7 +190,7 @@ def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.Data
     has = np.zeros(api.height, dtype=bool)
     corr[corr_of_row["_row"].to_numpy()] = corr_of_row["corr"].to_numpy()
     has[corr_of_row["_row"].to_numpy()] = True
-    api = api.with_columns(aligned(api, pl.Series("corr", corr, dtype=ex.schema["corr"]).set(pl.Series(~has), None)))
+    api = api.with_columns(pl.Series("corr", corr, dtype=ex.schema["corr"]).set(pl.Series(~has), None))
     has_gpu = pl.col("gpu_start_ns").is_not_null() & pl.col("gpu_end_ns").is_not_null()
     kernels = ex.with_columns(label=hex_series(ex["stream"], "GPU stream ")).select(
         "pid",
@@ -241,7 +229,7 @@ def _host_kernels(cap: Capture, api: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
     corr[rows] = np.arange(1, len(rows) + 1, dtype=np.uint32)
     has = np.zeros(api.height, dtype=bool)
     has[rows] = True
-    api = api.with_columns(aligned(api, pl.Series("corr", corr, dtype=pl.UInt32).set(pl.Series(~has), None)))
+    api = api.with_columns(pl.Series("corr", corr, dtype=pl.UInt32).set(pl.Series(~has), None))
     none = {c: pl.lit(None, dtype=KERNEL_SCHEMA[k]) for c, k in (("cupti_correlation", "correlation_id"),
                                                                  ("device", "device"))}
     kernels = launches.select(
@@ -378,7 +366,7 @@ def build(cap: Capture) -> TraceModel:
     collectives = _collective_flows(cap)
     if collectives.height:
         flows = api.select(key).join(collectives, on=key, how="left", maintain_order="left")
-        api = api.with_columns(aligned(api, flows["coll_in"]), aligned(api, flows["coll_out"]))
+        api = api.with_columns(flows["coll_in"], flows["coll_out"])
     else:  # no collective: no join of every call's keys to find none
         api = api.with_columns(pl.lit(None, dtype=collectives.schema[c]).alias(c) for c in ("coll_in", "coll_out"))
     kernels = serialized(kernels)
