@@ -97,7 +97,7 @@ def _launch_summaries(d: dict[str, pl.LazyFrame]) -> pl.DataFrame:
     # rows already pair up, where a full join of millions of rows hashes both sides
     if (launches.height == summaries.height and _strictly_increasing(launches["pid"], launches["launch_id"])
             and launches["pid"].equals(summaries["pid"]) and launches["launch_id"].equals(summaries["launch_id"])):
-        return launches.hstack(summaries.drop("pid", "launch_id").get_columns())
+        return launches.hstack(summaries.drop("pid", "launch_id").get_columns()).rechunk()
     return launches.lazy().join(summaries.lazy(), on=["pid", "launch_id"], how="full", coalesce=True).collect()
 
 
@@ -141,8 +141,11 @@ def _device_executions_raw(cap: Capture) -> pl.DataFrame:
 
 def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     # one row per kernel execution, materialised once (the clock maps read it too);
-    # its row numbers (_dev_row) name the executions below
-    raw = _device_executions_raw(cap)
+    # its row numbers (_dev_row) name the executions below.  In one chunk: its columns
+    # come from several reads (launches, summaries, CUPTI), each chunked its own way,
+    # and every select of columns chunked unlike each other re-cuts them (0.6 s a
+    # select at 10^7, where one rechunk of all of them takes 0.2 s)
+    raw = _device_executions_raw(cap).rechunk()
     maps = _clock_maps(cap, raw.lazy())
     # the clock maps (a row per process and GPU) joined onto the time columns only,
     # in row order, and the host times put beside the executions: not a copy of them
@@ -154,6 +157,7 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
             pl.coalesce("cupti_end", clock.to_host_expr(pl.col("gpu_t_last"))).alias("gpu_end_ns"),
         )
         .collect()
+        .rechunk()  # chunked as `raw` is (one chunk): see above
     )
     execs = raw.with_columns(times["gpu_start_ns"], times["gpu_end_ns"])
     # without executions to match, the launches need not even be numbered
@@ -167,7 +171,7 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     if _strictly_increasing(matched["pid"], matched["launch_seq"]):
         # already in the output's order (every execution matched, in launch_id order),
         # and no launch claimed twice: no sort, no copy of the rows
-        return wide.with_columns(matched["launch_seq"], matched["match"])
+        return wide.with_columns(matched["launch_seq"].rechunk(), matched["match"].rechunk())
     if _strictly_increasing(matched["pid"], matched["launch_id"]):
         seqs = _claimed_once_in_order(matched)
     else:

@@ -73,7 +73,9 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
     by_time = np.empty(order.height, dtype=np.int64)
     by_time[time_rank(order).to_numpy()] = np.arange(order.height)
     rows = order["_row"].to_numpy()[by_time]
-    scan = launch_events(cap).select(_EVENT_COLUMNS).collect()
+    # in one chunk, as the columns put beside it are: a frame of mixed chunkings is re-cut
+    # into one chunk by every later select or with_columns (seconds at 10^7 over a report)
+    scan = launch_events(cap).select(_EVENT_COLUMNS).collect().rechunk()
     if np.any(rows != np.arange(rows.size)):
         # launches stored out of time order: reordered (a gather of every row), before the
         # device columns join, which keeps this order
