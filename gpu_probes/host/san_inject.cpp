@@ -447,7 +447,9 @@ void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sani
 void finish() {
     if (!g_tool || (uint64_t)getpid() != g_tool->pid) return;
     if (g_tool->sub) sanitizerUnsubscribe(g_tool->sub);
-    g_tool->writer->close();
+    /* Under LD_PRELOAD every process the command starts loads the library: one
+     * that never reached CUDA leaves no header-only file behind. */
+    g_tool->writer->close(/*remove_if_empty=*/true);
 }
 
 int init() {

@@ -140,6 +140,7 @@ Writer::~Writer() { close(); }
 bool Writer::submit(Rec &rec) { return submit(rec.finish()); }
 
 bool Writer::submit(std::vector<uint8_t> &&rec) {
+    submitted_.fetch_add(1, std::memory_order_relaxed);
     auto *r = new std::vector<uint8_t>(std::move(rec));
     if (q_.push(r)) return true;
     delete r;
@@ -184,13 +185,14 @@ void Writer::run() {
     }
 }
 
-void Writer::close() {
+void Writer::close(bool remove_if_empty) {
     if (closed_) return;
     closed_ = true;
     stop_.store(true, std::memory_order_release);
     if (thread_.joinable()) thread_.join();
     drain();
     ::close(fd_);
+    if (remove_if_empty && submitted_.load(std::memory_order_relaxed) == 0) ::unlink(path_.c_str());
 }
 
 std::string default_path(uint64_t pid, const char *backend_name) {

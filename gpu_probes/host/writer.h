@@ -80,8 +80,9 @@ class Writer {
     bool submit(Rec &rec); /* consumes rec */
     bool submit(std::vector<uint8_t> &&rec);
 
-    /* Drains the queue, writes a final DROPPED record if anything was lost, closes the file. */
-    void close();
+    /* Drains the queue, writes a final DROPPED record if anything was lost, closes the file;
+     * with remove_if_empty, a file that never got a record (its header only) is removed. */
+    void close(bool remove_if_empty = false);
 
     uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
     const std::string &path() const { return path_; }
@@ -98,6 +99,7 @@ class Writer {
     std::string path_;
     RecordQueue q_;
     std::atomic<uint64_t> dropped_{0};
+    std::atomic<uint64_t> submitted_{0}; /* records offered, kept or dropped */
     uint64_t dropped_written_ = 0;
     std::atomic<bool> stop_{false};
     std::thread thread_;

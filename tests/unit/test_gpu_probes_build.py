@@ -126,35 +126,42 @@ def test_injection_library_exports_initialize_and_needs_no_driver_symbol(manifes
     assert "sanitizerSubscribe" in undefined
 
 
-def _header(path: Path) -> dict:
-    raw = path.read_bytes()
+def _alive_header_then_gone(tmp_path: Path, r: subprocess.CompletedProcess) -> dict:
+    """The header a process printed of its own file while it ran; the file must be gone once it exited."""
+    assert r.returncode == 0, r.stderr
+    *_, pid, header = r.stdout.split()
+    raw = bytes.fromhex(header)
     rec = np.frombuffer(raw[:schema.DEV_FILE_HEADER.size], dtype=schema.DEV_FILE_HEADER.dtype)[0]
-    return {name: int(rec[name]) for name in rec.dtype.names} | {"size": len(raw)}
+    # it reached no CUDA, so it recorded nothing: its header-only file was removed at exit
+    assert list(tmp_path.iterdir()) == []
+    return {name: int(rec[name]) for name in rec.dtype.names} | {"size": len(raw), "self": int(pid)}
+
+
+# Prints the caller's pid and the hex of its own device file, as it stands while the process runs.
+_SHOW_OWN_FILE = ("import os, pathlib\n"
+                  "f = pathlib.Path(os.environ['GPU_PROBES_DIR']) / f'gpu_probes.{os.getpid()}.sanitizer.bin'\n"
+                  "print(os.getpid(), f.read_bytes().hex())\n")
 
 
 def test_no_gpu_dlopen_and_initialize_returns_cleanly(manifest: dict, tmp_path: Path) -> None:
     code = ("import ctypes, os, sys\n"
             f"lib = ctypes.CDLL({manifest['artifacts']['sanitizer']!r})\n"
-            "print(lib.InitializeInjection(), lib.InitializeInjection(), os.getpid())\n")
+            "print(lib.InitializeInjection(), lib.InitializeInjection())\n" + _SHOW_OWN_FILE)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=os.environ | {"GPU_PROBES_DIR": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    rc1, rc2, pid = map(int, r.stdout.split())
-    assert (rc1, rc2) == (0, 0)
-    h = _header(tmp_path / f"gpu_probes.{pid}.sanitizer.bin")
+    h = _alive_header_then_gone(tmp_path, r)
+    assert r.stdout.split()[:2] == ["0", "0"]
     assert (h["magic"], h["ver_major"], h["header_size"], h["pid"], h["backend"], h["page_shift"], h["size"]) == (
-        schema.DEVICE_MAGIC, schema.DEVICE_FORMAT_VERSION[0], 64, pid, schema.DeviceBackend.sanitizer, 16, 64)
+        schema.DEVICE_MAGIC, schema.DEVICE_FORMAT_VERSION[0], 64, h["self"], schema.DeviceBackend.sanitizer, 16, 64)
     assert h["mono_open"] <= h["mono_after"]
 
 
 def test_ld_preload_initialises_from_the_constructor(manifest: dict, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _SHOW_OWN_FILE], capture_output=True, text=True,
                        timeout=60, env=os.environ | {"GPU_PROBES_DIR": str(tmp_path), "GPU_PROBES_PAGE_SHIFT": "21",
                                                      "LD_PRELOAD": manifest["artifacts"]["sanitizer"]})
-    assert r.returncode == 0, r.stderr
-    pid = int(r.stdout)
-    h = _header(tmp_path / f"gpu_probes.{pid}.sanitizer.bin")
-    assert (h["pid"], h["page_shift"], h["size"]) == (pid, 21, 64)
+    h = _alive_header_then_gone(tmp_path, r)
+    assert (h["pid"], h["page_shift"], h["size"]) == (h["self"], 21, 64)
 
 
 def test_unwritable_output_dir_is_one_line_and_the_program_runs_on(manifest: dict, tmp_path: Path) -> None:
@@ -225,12 +232,14 @@ def test_a_forked_child_leaves_the_parents_file_alone(manifest: dict, tmp_path: 
             "pid = os.fork()\n"
             "if pid == 0:\n"
             "    sys.exit(0)\n"
-            "print(os.getpid(), pid, os.waitpid(pid, 0)[1])\n")
+            "print(pid, os.waitpid(pid, 0)[1], sorted(os.listdir(os.environ['GPU_PROBES_DIR'])))\n"
+            + _SHOW_OWN_FILE)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        env=os.environ | {"GPU_PROBES_DIR": str(tmp_path),
                                          "LD_PRELOAD": manifest["artifacts"]["sanitizer"]})
-    assert r.returncode == 0, r.stderr
-    parent, child, status = map(int, r.stdout.split())
-    assert status == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"gpu_probes.{parent}.sanitizer.bin"]
-    assert _header(tmp_path / f"gpu_probes.{parent}.sanitizer.bin")["size"] == 64
+    h = _alive_header_then_gone(tmp_path, r)
+    child, status, listing = r.stdout.split("\n")[0].split(" ", 2)
+    assert int(status) == 0 and int(child) != h["self"]
+    # after the child's exit, the parent's file was still there, whole, and the child had made none
+    assert listing == repr([f"gpu_probes.{h['self']}.sanitizer.bin"])
+    assert h["size"] == 64
