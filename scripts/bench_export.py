@@ -44,6 +44,7 @@ TARGET_S, TARGET_BYTES = 10.0, 4 << 30
 #: verb name -> pasta-trace arguments after PATH ({out}: a file in the work directory)
 VERBS = {
     "report": ["report", "{path}"],
+    "json": ["report", "{path}", "--json"],
     "perfetto": ["export", "{path}", "--format", "perfetto", "-o", "{out}", "--force"],
     "chrome": ["export", "{path}", "--format", "chrome", "-o", "{out}", "--force"],
 }

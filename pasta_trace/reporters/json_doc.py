@@ -4,7 +4,10 @@ full table (columns and rows), for scripts."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import TextIO
+
+import polars as pl
 
 from ..tools.run import incomplete_banner
 from .results import Results
@@ -16,6 +19,10 @@ def _default(v: object) -> object:
 
 class JsonReporter:
     def document(self, results: Results) -> dict:
+        """The whole document as Python objects (rows as dicts)."""
+        return self._document(results, lambda frame: frame.to_dicts())
+
+    def _document(self, results: Results, rows) -> dict:
         return {
             "capture": results.facts,
             "incomplete": incomplete_banner(results.facts),
@@ -28,11 +35,28 @@ class JsonReporter:
                     "needs_device": r.tool.needs_device,
                     "note": r.note,
                     "columns": r.frame.columns,
-                    "rows": r.frame.to_dicts(),
+                    "rows": rows(r.frame),
                 }
                 for r in results.tools
             },
         }
 
     def render(self, results: Results, out: TextIO) -> None:
-        out.write(json.dumps(self.document(results), indent=1, default=_default, allow_nan=False) + "\n")
+        """The document, each table's rows written by Polars (row objects, a
+        float that is not a number as null): Python's encoder took 11 s for
+        the 770,000 rows of a 10^7-event capture's memory table."""
+        mark = f"pasta-trace-rows-{uuid.uuid4().hex}-"
+        frames: list[pl.DataFrame] = []
+
+        def placeholder(frame: pl.DataFrame) -> str:
+            frames.append(frame)
+            return f"{mark}{len(frames) - 1}"
+
+        text = json.dumps(self._document(results, placeholder), indent=1, default=_default, allow_nan=False)
+        pieces = text.split(f'"{mark}')
+        out.write(pieces[0])
+        for piece in pieces[1:]:
+            i, rest = piece.split('"', 1)
+            out.write(frames[int(i)].write_json())
+            out.write(rest)
+        out.write("\n")
