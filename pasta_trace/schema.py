@@ -1160,6 +1160,13 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "caller_fp": pl.UInt64,  # runtime launches: return address one frame up, through the frame pointer
 }
 
+#: Columns of events*.parquet (and communicators.parquet) stored DELTA_BINARY_PACKED:
+#: times, which rise within a file (a dictionary of 10^5 distinct values is
+#: only tried and dropped).  Every other column is dictionary-encoded.  Either
+#: way a reader sees the same values; this is how the events writer keeps its
+#: Parquet encoding cheap (docs/performance.md, "a cheaper Parquet encoding").
+DELTA_ENCODED_COLUMNS: tuple[str, ...] = ("ts_ns", "outer_ts_ns", "end_ts_ns")
+
 #: communicators.parquet (format 1.3): one row per NCCL communicator a traced
 #: process created, keyed across captures by comm_id (rank r of nranks).
 COMMUNICATORS_SCHEMA: dict[str, pl.DataType] = {

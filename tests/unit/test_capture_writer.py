@@ -71,6 +71,35 @@ def test_events_frame_of_several_arrays_is_that_of_their_concatenation_and_no_re
         assert events_frame(none, APIS).equals(schema.empty_frame(schema.EVENTS_SCHEMA))
 
 
+def test_comms_that_differ_past_their_first_eight_bytes_stay_apart():
+    a, b, c = _launch(10, 0xA), _launch(20, 0xB), _launch(30, 0xC)
+    a["comm"], b["comm"], c["comm"] = b"python3.11-work", b"python3.11-othe", b"python3.11-work"
+    assert events_frame(np.concatenate([a, b, c]), APIS)["comm"].to_list() == [
+        "python3.11-work", "python3.11-othe", "python3.11-work"]
+    same = np.concatenate([a, c])
+    assert events_frame(same, APIS)["comm"].to_list() == ["python3.11-work"] * 2
+
+
+def test_events_files_store_times_delta_encoded_the_rest_as_dictionaries_and_read_back_equal(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pasta_trace.capture.event_writer import write_atomic
+
+    recs = np.concatenate([_launch(10 + i, 0xA + i % 3) for i in range(1000)] + [_alloc(5000, 0x7000, 4096)])
+    recs["outer_ts"][:10] = np.arange(1, 11)
+    df = events_frame(recs, APIS)
+    write_atomic(OutputDir.claim(tmp_path / "cap", force=False), "events-00000.parquet", df)
+    path = tmp_path / "cap/events-00000.parquet"
+    back = pl.read_parquet(path)
+    assert back.schema == df.schema and back.equals(df)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    for time_col in schema.DELTA_ENCODED_COLUMNS[:2]:
+        assert "DELTA_BINARY_PACKED" in encodings[time_col]
+    assert {"RLE_DICTIONARY"} <= encodings["func"] and {"RLE_DICTIONARY"} <= encodings["api"]
+    assert not any("DELTA_BINARY_PACKED" in e for c, e in encodings.items() if c not in schema.DELTA_ENCODED_COLUMNS)
+
+
 def test_each_event_says_its_layer():
     recs = np.concatenate([_launch(10, 0xABC), _alloc(20, 0x7000, 4096), _event(2, schema.Kind.other)])
     df = events_frame(recs, ["cuLaunchKernel", "hipMalloc", "notInTheCatalog"])
