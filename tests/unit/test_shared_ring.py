@@ -73,12 +73,14 @@ def test_the_default_size_is_an_eighth_of_the_memory_available(tmp_path, avail_k
     assert ring_bytes(str(tmp_path / "missing")) == MIN_BYTES
 
 
-def test_prefault_makes_the_pages_ahead_resident_without_changing_them():
+@pytest.mark.parametrize("populate", [True, False], ids=["madvise", "read each page"])
+def test_prefault_makes_the_pages_ahead_resident_without_changing_them(populate):
     from pasta_trace.capture import shared_ring
 
     size = REC.itemsize
     tracer = SharedRing.create(4 * shared_ring.PREFAULT_AHEAD_BYTES)
     writer = SharedRing(os.dup(tracer.fd))
+    writer._populate = populate  # False: as on a kernel without MADV_POPULATE_WRITE
     n, parts = tracer.put(_recs(0, 100))
     before = _shmem_resident()
     writer.prefault(0)
@@ -88,6 +90,9 @@ def test_prefault_makes_the_pages_ahead_resident_without_changing_them():
     assert _ts(writer, parts) == list(range(100))  # read, not overwritten
     writer.prefault(3 * shared_ring.PREFAULT_AHEAD_BYTES + size)  # past the end: the pages from the start again
     assert writer._ready == 4 * shared_ring.PREFAULT_AHEAD_BYTES + size
+    kernel = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    assert writer._populate is (populate and kernel >= (5, 14))  # 5.14+: the one madvise call did it
+    assert _ts(writer, parts) == list(range(100))
 
 
 def _shmem_resident() -> int:
