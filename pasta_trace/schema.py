@@ -1164,7 +1164,7 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
 #: times, which rise within a file (a dictionary of 10^5 distinct values is
 #: only tried and dropped).  Every other column is dictionary-encoded.  Either
 #: way a reader sees the same values; this is how the events writer keeps its
-#: Parquet encoding cheap (docs/performance.md, "a cheaper Parquet encoding").
+#: Parquet encoding cheap (docs/performance.md, "the events file encoded by Arrow").
 DELTA_ENCODED_COLUMNS: tuple[str, ...] = ("ts_ns", "outer_ts_ns", "end_ts_ns")
 
 #: communicators.parquet (format 1.3): one row per NCCL communicator a traced

@@ -140,7 +140,6 @@ Writer::~Writer() { close(); }
 bool Writer::submit(Rec &rec) { return submit(rec.finish()); }
 
 bool Writer::submit(std::vector<uint8_t> &&rec) {
-    submitted_.fetch_add(1, std::memory_order_relaxed);
     auto *r = new std::vector<uint8_t>(std::move(rec));
     if (q_.push(r)) return true;
     delete r;
@@ -158,6 +157,7 @@ size_t Writer::drain() {
     }
     append_dropped_delta(out);
     if (!out.empty()) write_all(fd_, out.data(), out.size());
+    body_bytes_ += out.size();
     return n;
 }
 
@@ -192,7 +192,7 @@ void Writer::close(bool remove_if_empty) {
     if (thread_.joinable()) thread_.join();
     drain();
     ::close(fd_);
-    if (remove_if_empty && submitted_.load(std::memory_order_relaxed) == 0) ::unlink(path_.c_str());
+    if (remove_if_empty && body_bytes_ == 0) ::unlink(path_.c_str());
 }
 
 std::string default_path(uint64_t pid, const char *backend_name) {

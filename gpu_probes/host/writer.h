@@ -99,8 +99,10 @@ class Writer {
     std::string path_;
     RecordQueue q_;
     std::atomic<uint64_t> dropped_{0};
-    std::atomic<uint64_t> submitted_{0}; /* records offered, kept or dropped */
     uint64_t dropped_written_ = 0;
+    /* bytes after the header (records, DROPPED included): the writer thread's,
+     * then close()'s once it has joined that thread */
+    uint64_t body_bytes_ = 0;
     std::atomic<bool> stop_{false};
     std::thread thread_;
     bool closed_ = false;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TextIO
+from typing import Callable, TextIO
 
 import polars as pl
 
@@ -18,11 +18,9 @@ def _default(v: object) -> object:
 
 
 class JsonReporter:
-    def document(self, results: Results) -> dict:
-        """The whole document as Python objects (rows as dicts)."""
-        return self._document(results, lambda frame: frame.to_dicts())
-
-    def _document(self, results: Results, rows) -> dict:
+    @staticmethod
+    def _document(results: Results, rows: Callable[[pl.DataFrame], str]) -> dict:
+        """The document, each table's rows as ``rows`` of its frame."""
         return {
             "capture": results.facts,
             "incomplete": incomplete_banner(results.facts),
