@@ -150,16 +150,19 @@ def test_attach_deep(tmp_path, cuda_stub, tracer):
 
 def test_system_wide(tmp_path, cuda_stub, tracer):
     """-a: the interpreters start after the tracer; other processes on the machine do not disturb ours
-    (the tracer drains them too, so the workloads linger longer: see LINGER_S)."""
+    (the tracer drains them too, so the workloads linger longer: see LINGER_S).  Each opens a library
+    already known, which stops nobody: like test_launch's, each settles first (SETTLE_S)."""
     out = tmp_path / "cap"
     t = tracer(["-a", "-o", str(out), "--buffer-pages", "16384"])
     t.wait_ready(timeout=120)
     reports = []
     for i, py in enumerate(ALL):
         reports.append(tmp_path / f"w{i}.json")
-        assert subprocess.run(workload(py, reports[-1], cuda_stub, "--linger", "1"), timeout=120).returncode == 0
+        assert subprocess.run(workload(py, reports[-1], cuda_stub, "--linger", "1", "--settle", SETTLE_S),
+                              timeout=120).returncode == 0
     assert t.stop() == 0, t.stderr()
     check(out, reports)
+    assert open_capture(out).manifest["counts"]["stacks"]["unregistered_python"] == 0
 
 
 def test_truncated_and_off(tmp_path, cuda_stub):
