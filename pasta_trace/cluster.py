@@ -17,13 +17,16 @@ distributed):
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import TYPE_CHECKING, Callable
 
 import polars as pl
 
 from . import merge
-from .errors import UsageError
+from .errors import PastaError, UsageError
+from .parquet_scan import first_line
 from .tools import collectives as coll
 from .tools import stragglers as strag
 from .tools.span import bounds
@@ -38,6 +41,12 @@ TOOLS = ("stragglers", "straggler_ranks", "hangs", "collectives")
 #: every rank's entry carries its communicator rank from communicators.parquet).
 _COLUMNS = ["ts_ns", "dur_ns", "pid", "tid", "api", "kind", "ret", "communicator", "comm_id", "seq", "size",
             "nranks", "comm_rank"]
+#: the schemes of a Dask scheduler another process serves (inproc:// is this process's own)
+SCHEMES = ("tcp", "tls")
+EXAMPLE = "tcp://scheduler:8786"
+CONNECT_S = 10
+#: how long a scheduler may take to have its first worker
+WORKER_WAIT_S = 30.0
 INSTALL_HINT = "pip install 'pasta-trace[cluster]' (dask[dataframe] and distributed)"
 
 
@@ -50,15 +59,43 @@ def _dask():
     return dd
 
 
+def address(text: str) -> str:
+    """A scheduler address as --cluster takes it (an argparse type):
+    tcp:// or tls://, a host (an IPv6 one in brackets) and a port.  Anything
+    else is refused here, before Dask parses it into an error of its own
+    (inproc:// would even start a scheduler inside this process)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as e:  # an unclosed [, a port out of range
+        raise argparse.ArgumentTypeError(f"{text!r} is not a scheduler address ({e}): try {EXAMPLE}") from None
+    if parts.scheme not in SCHEMES or not parts.hostname or port is None or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a scheduler address: try {EXAMPLE}")
+    return text
+
+
 def connect(address: str) -> "Client":
-    """A client of the Dask scheduler at `address` (tcp://host:8786)."""
+    """A client of the Dask scheduler at `address` (tcp://host:8786) that has
+    a worker.  UsageError when nothing answers there or what answers is not
+    Dask; PastaError when no worker joins it within WORKER_WAIT_S (the
+    analyses would wait for one for ever)."""
     _dask()
     from distributed import Client
 
     try:
-        return Client(address, timeout="10s")
+        client = Client(address, timeout=f"{CONNECT_S}s")
     except (OSError, TimeoutError) as e:
-        raise UsageError(f"cannot reach the Dask scheduler at {address}: {e}") from None
+        raise UsageError(f"cannot reach the Dask scheduler at {address}: {first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001  what another server sends fails Dask's decoder in any way
+        raise UsageError(f"{address} is not a Dask scheduler (its answer: {type(e).__name__}: {first_line(e)})",
+                         hint=f"give the address `dask scheduler` prints, e.g. {EXAMPLE}") from None
+    try:
+        client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+    except (OSError, TimeoutError):
+        client.close()
+        raise PastaError(f"the Dask scheduler at {address} has no worker (none joined in {WORKER_WAIT_S:g} s)",
+                         hint=f"start one with: dask worker {address}") from None
+    return client
 
 
 def _polars(pdf) -> pl.LazyFrame:

@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from .. import merge
+from ..arg_types import microseconds
 from ..damage import left_out, reading
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
@@ -42,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="OUT", type=Path, required=True,
                    help="timeline directory to write (e.g. timeline.parquet)")
     p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier timeline or a file")
-    p.add_argument("--tolerance-us", type=float, default=merge.TOLERANCE_NS / 1000, metavar="US",
+    p.add_argument("--tolerance-us", type=microseconds, default=merge.TOLERANCE_NS / 1000, metavar="US",
                    help="host/device launch time tolerance for matching by time (default %(default)g)")
-    p.add_argument("--clock-sync-us", type=float, default=CLOCK_SYNC_US, metavar="US",
+    p.add_argument("--clock-sync-us", type=microseconds, default=CLOCK_SYNC_US, metavar="US",
                    help="several captures: how far apart the hosts' CLOCK_REALTIME may be (NTP: ~1000, PTP: ~1); "
                         "collective entry times refine the alignment within it (default %(default)g)")
 
@@ -103,10 +104,6 @@ def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.tolerance_us < 0:
-        raise UsageError("--tolerance-us must be >= 0")
-    if args.clock_sync_us < 0:
-        raise UsageError("--clock-sync-us must be >= 0")
     missing = [p for p in args.inputs if not p.exists()]
     if missing:
         what = "device record file" if missing[0].suffix == ".bin" else "file or directory"

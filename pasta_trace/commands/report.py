@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from .. import merge
+from ..cluster import address as scheduler_address
 from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"only this tool (repeatable): {', '.join(REGISTRY)}",
     )
     p.add_argument("--limit", type=int, default=20, metavar="N", help="rows per terminal table (default 20)")
-    p.add_argument("--cluster", metavar="SCHEDULER_ADDR",
+    p.add_argument("--cluster", metavar="SCHEDULER_ADDR", type=scheduler_address,
                    help="run the cross-rank tools (stragglers, straggler_ranks, hangs, collectives) of a cluster "
                         "timeline on this Dask scheduler (tcp://host:8786); PATH must be readable by its workers; "
                         "needs pasta-trace[cluster]")
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> None:
-    if args.cluster:
+    if args.cluster is not None:
         results = _on_cluster(args, cap)
     else:
         names = args.tool or list(REGISTRY)

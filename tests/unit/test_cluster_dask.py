@@ -30,7 +30,9 @@ def timeline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=None) as lc, \
+    # on TCP: --cluster takes only the address of a scheduler another process could reach
+    with distributed.LocalCluster(n_workers=2, processes=False, threads_per_worker=1, dashboard_address=None,
+                                  protocol="tcp", host="127.0.0.1") as lc, \
             distributed.Client(lc) as c:
         yield c
 

@@ -1,0 +1,112 @@
+"""Bad values given to the verbs, through the real CLI: a flag value that is
+no usable number or no scheduler address is a usage error (exit 2) of one
+line; a server that is not a Dask scheduler, or one with no worker, is one
+line too, in bounded time."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pasta_trace import cli
+from pasta_trace.errors import EXIT_RUNTIME, EXIT_USAGE
+
+import merge_fixtures as fx
+
+TRY = "try tcp://scheduler:8786"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, list[str]]:
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err.splitlines()
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--tolerance-us", "nan"), ("--tolerance-us", "-1"), ("--tolerance-us", "inf"), ("--tolerance-us", "1e300"),
+    ("--clock-sync-us", "inf"), ("--clock-sync-us", "nan"), ("--clock-sync-us", "-inf"),
+])
+def test_merge_refuses_a_microsecond_value_that_is_no_finite_span(tmp_path: Path, capsys, flag, value) -> None:
+    cap = fx.write(tmp_path / "c")
+    rc, out, err = run(capsys, "merge", str(cap), str(cap), "-o", str(tmp_path / "tl"), f"{flag}={value}")
+    assert (rc, out) == (EXIT_USAGE, "")
+    assert err == [f"pasta-trace: error: argument {flag}: {value} is not a number of microseconds in "
+                   "0..86400000000: try 1000"]
+    assert not (tmp_path / "tl").exists()
+
+
+def test_merge_refuses_a_word_for_microseconds(tmp_path: Path, capsys) -> None:
+    cap = fx.write(tmp_path / "c")
+    rc, _, err = run(capsys, "merge", str(cap), "-o", str(tmp_path / "tl"), "--tolerance-us", "soon")
+    assert rc == EXIT_USAGE
+    assert err == ["pasta-trace: error: argument --tolerance-us: not a number of microseconds: 'soon': try 1000"]
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("bogus", ""), ("inproc://x", ""), ("", ""), ("tcp://h", ""), ("tcp://h:1/x", ""), ("udp://h:1", ""),
+    ("tcp://[::1", " (Invalid IPv6 URL)"), ("tcp://h:99999", " (Port out of range 0-65535)"),
+])
+def test_report_refuses_a_cluster_value_that_is_no_scheduler_address(tmp_path: Path, capsys, value, why) -> None:
+    cap = fx.write(tmp_path / "c")
+    rc, out, err = run(capsys, "report", str(cap), "--cluster", value)
+    assert (rc, out) == (EXIT_USAGE, "")
+    assert err == [f"pasta-trace: error: argument --cluster: {value!r} is not a scheduler address{why}: {TRY}"]
+
+
+def _junk_server(answer: bytes) -> tuple[socket.socket, int]:
+    """A TCP server on loopback that answers every connection with `answer`."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return  # closed by the test
+            with c:
+                c.sendall(answer)
+                time.sleep(0.2)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return s, s.getsockname()[1]
+
+
+@pytest.mark.parametrize("answer", [b"\xff" * 64, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" * 4,
+                                    bytes(range(256)) * 4])
+def test_report_on_a_server_that_is_not_dask(tmp_path: Path, capsys, answer) -> None:
+    pytest.importorskip("distributed")
+    cap = fx.write(tmp_path / "c")
+    server, port = _junk_server(answer)
+    try:
+        t = time.monotonic()
+        rc, out, err = run(capsys, "report", str(cap), "--cluster", f"tcp://127.0.0.1:{port}")
+        took = time.monotonic() - t
+    finally:
+        server.close()
+    assert (rc, out, len(err)) == (EXIT_USAGE, "", 1)
+    assert err[0].startswith(f"pasta-trace: error: tcp://127.0.0.1:{port} is not a Dask scheduler (its answer: ")
+    assert err[0].endswith(" (give the address `dask scheduler` prints, e.g. tcp://scheduler:8786)")
+    assert took < 15
+
+
+def test_report_on_a_scheduler_without_workers(tmp_path: Path, capsys, monkeypatch) -> None:
+    distributed = pytest.importorskip("distributed")
+    from pasta_trace import cluster
+
+    monkeypatch.setattr(cluster, "WORKER_WAIT_S", 2.0)
+    cap = fx.write(tmp_path / "c")
+    with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
+                                  dashboard_address=None) as lc:
+        t = time.monotonic()
+        rc, out, err = run(capsys, "report", str(cap), "--cluster", lc.scheduler_address)
+        took = time.monotonic() - t
+    assert (rc, out) == (EXIT_RUNTIME, "")
+    assert err == [f"pasta-trace: error: the Dask scheduler at {lc.scheduler_address} has no worker (none joined "
+                   f"in 2 s) (start one with: dask worker {lc.scheduler_address})"]
+    assert took < 12
