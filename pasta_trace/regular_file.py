@@ -64,3 +64,44 @@ def read_limited(path: Path, limit: int, what: str) -> bytes:
         raise FormatError(f"{path}: {max(size, len(data))} bytes, more than a {what} can hold "
                           f"({limit >> 20} MiB); not a pasta-trace {what}")
     return data
+
+
+class NotRegularFile(OSError):
+    """A file a traced process can name (a library, an executable, a debug
+    file) that is no regular file: an OSError, so that every reader that
+    already copes with an unreadable file copes with this one too."""
+
+
+def open_library(path: str | os.PathLike):
+    """A binary file object of the regular file at `path`, links followed
+    (library paths are links: libcuda.so.1, /proc/PID/fd/N, map_files).
+
+    Any process can put a FIFO, a device or a link to one where a library
+    name is expected.  The path is resolved first with O_PATH, which opens
+    nothing (no FIFO waits for a writer, no device driver's open runs: a
+    watchdog or a tape would act on it), and only when that descriptor is a
+    regular file is the same inode opened for reading, through
+    /proc/self/fd, with O_NONBLOCK: a rename in between cannot swap in
+    another file.  NotRegularFile (an OSError) says what it was."""
+    try:
+        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise NotRegularFile(e.errno, f"cannot open ({e.strerror})", str(path)) from None
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, _not_regular(st.st_mode), str(path))
+        fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except NotRegularFile:
+        raise
+    except OSError as e:
+        raise NotRegularFile(e.errno, f"cannot open ({e.strerror})", str(path)) from None
+    finally:
+        os.close(pfd)
+    return os.fdopen(fd, "rb")
+
+
+def allocated_bytes(st: os.stat_result) -> int:
+    """The bytes the file system holds for a file (a sparse file's holes hold
+    none): what a table read from it can really be made of."""
+    return st.st_blocks * 512

@@ -1,10 +1,19 @@
-"""Functions and build-id of a library or executable, read with pyelftools."""
+"""Functions and build-id of a library or executable.
+
+Read with pasta_trace.elf_tables (numpy, bounded), not pyelftools: any
+process can open a file under a traced library's name, and these tables are
+read while it waits for its probes; the file is opened only when it is a
+regular file (regular_file.open_library).  A file that is not one, or holds
+a damaged or oversized table, raises OSError or ELFError naming it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elftools.elf.elffile import ELFFile
+import numpy as np
+
+from ..elf_tables import ElfImage
+from ..regular_file import open_library
 
 
 @dataclass(frozen=True)
@@ -14,62 +23,52 @@ class Sym:
     size: int
 
 
-def _vaddr_to_offset(elf: ELFFile, vaddr: int) -> int | None:
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-            return vaddr - seg["p_vaddr"] + seg["p_offset"]
-    return None
-
-
-def _functions(path: str, section: str, keep) -> dict[str, Sym]:
-    """Defined FUNC symbols of ``section`` for which ``keep(symbol)`` holds,
-    by name (the first of a name wins)."""
+def _functions(path: str, section: str, names: set[str] | None, *, exported: bool) -> dict[str, Sym]:
+    """Defined FUNC symbols of ``section`` (among ``names``, None: all; global
+    or weak ones with ``exported``), by name (the first of a name wins)."""
     out: dict[str, Sym] = {}
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        table = elf.get_section_by_name(section)
+    with open_library(path) as f:
+        img = ElfImage(f, path)
+        table = img.symbols(section)
         if table is None:
             return out
-        for s in table.iter_symbols():
-            # an IFUNC's address is its resolver, not the function: not probed
-            if s["st_info"]["type"] != "STT_FUNC" or s["st_shndx"] == "SHN_UNDEF" or not s.name or not keep(s):
-                continue
-            off = _vaddr_to_offset(elf, s["st_value"])
-            if off is not None:
-                out.setdefault(s.name, Sym(s["st_value"], off, s["st_size"]))
+        # an IFUNC's address is its resolver, not the function: not probed
+        picks = table.functions(exported=exported)
+        if names is not None:
+            picks = picks[np.isin(picks, table.named(names))]
+        t = table.table
+        for i in picks.tolist():
+            name = table.name(i)
+            value = int(t["value"][i])
+            off = img.file_offset(value)
+            if name and off is not None:
+                out.setdefault(name, Sym(value, off, int(t["size"][i])))
     return out
 
 
 def exported_symbols(path: str) -> dict[str, Sym]:
     """Defined FUNC symbols of .dynsym by name (version suffixes dropped, the
     default version wins over hidden ones)."""
-    return _functions(path, ".dynsym", lambda s: s["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK"))
+    return _functions(path, ".dynsym", None, exported=True)
 
 
 def local_functions(path: str, names: set[str]) -> dict[str, Sym]:
     """Defined FUNC symbols of .symtab among ``names``, of any binding: a
     library linked statically into an executable (libcudart_static) keeps its
     functions there, as local symbols, where the executable keeps .symtab."""
-    return _functions(path, ".symtab", lambda s: s.name in names)
+    return _functions(path, ".symtab", names, exported=False)
 
 
 def probe_symbols(path: str, names: set[str]) -> dict[str, Sym]:
     """Where each of ``names`` is defined in ``path``: its export, else its
     .symtab entry (an executable with the library linked in)."""
-    found = {n: s for n, s in exported_symbols(path).items() if n in names}
+    found = _functions(path, ".dynsym", names, exported=True)
     if len(found) < len(names):
-        found |= {n: s for n, s in local_functions(path, names - found.keys()).items()}
+        found |= local_functions(path, names - found.keys())
     return found
 
 
 def build_id(path: str) -> str | None:
     """GNU build-id as lowercase hex, or None if the file has none."""
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        for sec in elf.iter_sections():
-            if sec["sh_type"] != "SHT_NOTE":
-                continue
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return note["n_desc"]
-    return None
+    with open_library(path) as f:
+        return ElfImage(f, path).build_id()
