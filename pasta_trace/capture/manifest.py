@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import platform
 import socket
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -112,6 +113,44 @@ class Manifest:
 
     def write(self, out: OutputDir, *, complete: bool) -> None:
         out.write_bytes(NAME, (json.dumps(self.to_json(complete), indent=2) + "\n").encode())
+
+
+class FileProblems:
+    """Files a traced process made the tracer read (a library, an executable,
+    a fatbin, unwind or line tables) that were skipped: not a regular file,
+    damaged, or past a bound.  Path -> why, the first reason kept; filled
+    from the drain's workers and the end's naming, shown as the manifest's
+    notes.  One capture runs per tracer process, so one instance serves it."""
+
+    MAX = 1000  # files named; past it, counted
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._why: dict[str, str] = {}
+        self._more = 0
+
+    def add(self, path: str, why: str) -> None:
+        with self._lock:
+            if path in self._why:
+                return
+            if len(self._why) >= self.MAX:
+                self._more += 1
+                return
+            self._why[path] = why.removeprefix(f"{path}: ")
+
+    def take(self) -> list[str]:
+        """The notes, and forget them (the next capture starts empty)."""
+        with self._lock:
+            out = [f"{path}: skipped: {why}" for path, why in self._why.items()]
+            if self._more:
+                out.append(f"{self._more} more files skipped")
+            self._why.clear()
+            self._more = 0
+            return out
+
+
+#: the files skipped during this process's capture
+FILE_PROBLEMS = FileProblems()
 
 
 def counts(

@@ -25,10 +25,12 @@ import re
 
 import polars as pl
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from .. import schema
+from ..elf_tables import ElfImage
 from ..probes.fatbin import FatbinError, kernel_names
+from ..regular_file import open_library
+from .manifest import FILE_PROBLEMS
 
 RESULT_SCHEMA: dict[str, pl.DataType] = {
     "handle": pl.UInt64,
@@ -58,19 +60,25 @@ def parse_maps(text: str) -> pl.DataFrame:
 
 @lru_cache(maxsize=64)
 def _elf_tables(path: str) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]]:
-    """(PT_LOAD segments, function symbols, fatbin kernels) of one file."""
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        loads = [(s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+    """(PT_LOAD segments, function symbols, fatbin kernels) of one file:
+    read bounded (elf_tables), from a regular file only (any process can map
+    or name one); a bad fatbin leaves the file without kernels, and a note."""
+    with open_library(path) as f:
+        img = ElfImage(f, path)
+        loads = [(int(s["offset"]), int(s["filesz"]), int(s["vaddr"])) for s in img.loads]
         syms: dict[int, tuple[int, str]] = {}
         for name in (".symtab", ".dynsym"):  # .symtab first: it also has the local (static) stubs
-            sec = elf.get_section_by_name(name)
-            for s in sec.iter_symbols() if sec is not None else ():
-                if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s.name:
-                    syms.setdefault(s["st_value"], (max(s["st_size"], 1), s.name))
+            table = img.symbols(name)
+            if table is None:
+                continue
+            t = table.table
+            for i in table.functions().tolist():
+                if t["value"][i]:
+                    syms.setdefault(int(t["value"][i]), (max(int(t["size"][i]), 1), table.name(i)))
     try:
         kernels = frozenset(kernel_names(path))
-    except (FatbinError, ELFError, ValueError):
+    except (FatbinError, ELFError, ValueError, OSError) as e:
+        FILE_PROBLEMS.add(path, f"its CUDA fatbin: {e}")
         kernels = frozenset()
     segs = pl.DataFrame(loads, schema={"p_offset": pl.UInt64, "p_filesz": pl.UInt64, "p_vaddr": pl.UInt64},
                         orient="row").sort("p_offset")
@@ -116,6 +124,7 @@ def _resolve_file(hits: pl.DataFrame, path: str, root: str) -> pl.DataFrame:
     try:
         segs, syms, kernels = _elf_tables(full)
     except (OSError, ELFError) as e:
+        FILE_PROBLEMS.add(path, str(e))
         return hits.select("handle", name=_unknown(pl.col("handle")),
                            source=pl.lit("unknown"), reason=pl.lit(f"cannot read {path}: {e}"))
     located = (

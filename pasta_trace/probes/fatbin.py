@@ -8,10 +8,18 @@ u32 padded payload size; ...; u64 flags; ...; u64 uncompressed size).
 Compressed payloads are zstd (nvcc 13) or LZ4 block (older toolkits), told
 apart by magic.  In a cubin, kernels are STT_FUNC symbols whose section is
 `.text.<name>`.
+
+Any process can map a file with a `.nv_fatbin` section, and the tracer reads
+it: a 128 KB zstd payload once decompressed to 4.4 GiB.  So each section is
+read bounded (elf_tables: no more than the file holds), each cubin is
+decompressed streamed up to MAX_CUBIN, and all of one file's cubins up to a
+budget that grows with its sections' size (a real fatbin compresses a few
+times, a bomb thousands of times); past either, FatbinError names the entry.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +27,9 @@ from pathlib import Path
 import lz4.block
 import zstandard
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
+
+from ..elf_tables import ElfImage
+from ..regular_file import open_library
 
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
@@ -34,21 +44,69 @@ _SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, s
 SHT_SYMTAB, STT_FUNC = 2, 2
 _ENTRY = struct.Struct("<HHIIIIIIIIIQQQ")  # the fields up to uncompressed_size (64 B)
 
+#: the largest cubin decompressed (NCCL 2.32's largest is a few MB)
+MAX_CUBIN = 256 << 20
+#: all of one file's cubins decompress to at most this many times its fatbin
+#: sections' bytes (NCCL 2.32: 1.7 GiB from a few hundred MB), and at least MIN_BUDGET
+RATIO = 64
+MIN_BUDGET = 256 << 20
+#: the largest fatbin section read (cuBLASLt's is about 500 MB)
+MAX_SECTION = 1 << 30
+_CHUNK = 1 << 20
+
 
 class FatbinError(ValueError):
     """A damaged fatbin (the message says where)."""
 
 
-def _payload(raw: bytes, compressed_size: int, uncompressed_size: int) -> bytes:
+class Budget:
+    """Bytes the cubins of one file may still decompress to."""
+
+    def __init__(self, left: int):
+        self.left = left
+
+    def take(self, n: int, where: str) -> None:
+        if n > self.left:
+            raise FatbinError(f"{where} decompresses past the bound of this file's fatbins "
+                              "(a decompression bomb?)")
+        self.left -= n
+
+
+def _zstd(body: bytes, cap: int, where: str) -> bytes:
+    """``body`` decompressed, streamed: never more than ``cap`` bytes held."""
+    out = bytearray()
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True) as r:
+            while chunk := r.read(_CHUNK):
+                out += chunk
+                if len(out) > cap:
+                    raise FatbinError(f"{where} decompresses to more than {cap >> 20} MiB")
+    except zstandard.ZstdError as e:
+        raise FatbinError(f"{where}: {e}") from None
+    return bytes(out)
+
+
+def _payload(raw: bytes, compressed_size: int, uncompressed_size: int, budget: Budget | None = None,
+             where: str = "an entry") -> bytes:
     """The entry's bytes, decompressed when they are not a plain ELF."""
     if raw.startswith(ELF_MAGIC):
         return raw
     body = raw[:compressed_size] if compressed_size else raw
+    cap = min(MAX_CUBIN, budget.left if budget is not None else MAX_CUBIN)
     if body.startswith(ZSTD_MAGIC):
-        return zstandard.ZstdDecompressor().decompress(body, max_output_size=uncompressed_size or 1 << 30)
-    if uncompressed_size:
-        return lz4.block.decompress(body, uncompressed_size=uncompressed_size)
-    return raw
+        data = _zstd(body, cap, where)
+    elif uncompressed_size:
+        if uncompressed_size > cap:
+            raise FatbinError(f"{where} claims {uncompressed_size} bytes decompressed, more than {cap >> 20} MiB")
+        try:
+            data = lz4.block.decompress(body, uncompressed_size=uncompressed_size)
+        except lz4.block.LZ4BlockError as e:
+            raise FatbinError(f"{where}: {e}") from None
+    else:
+        return raw
+    if budget is not None:
+        budget.take(len(data), where)
+    return data
 
 
 def cubins(blob: bytes) -> list[bytes]:
@@ -56,9 +114,12 @@ def cubins(blob: bytes) -> list[bytes]:
     return list(iter_cubins(blob))
 
 
-def iter_cubins(blob: bytes) -> Iterator[bytes]:
+def iter_cubins(blob: bytes, budget: Budget | None = None) -> Iterator[bytes]:
     """cubins(), one decompressed image at a time: a large library's fatbins
-    decompress to gigabytes (NCCL 2.32's: 1,315 cubins, 1.7 GiB)."""
+    decompress to gigabytes (NCCL 2.32's: 1,315 cubins, 1.7 GiB).
+    ``budget``: what all of them may decompress to (None: RATIO x the blob)."""
+    if budget is None:
+        budget = Budget(max(MIN_BUDGET, RATIO * len(blob)))
     pos = blob.find(struct.pack("<I", FATBIN_MAGIC))
     while pos != -1 and pos + _CONTAINER.size <= len(blob):
         magic, _version, header_size, payload_size = _CONTAINER.unpack_from(blob, pos)
@@ -74,7 +135,7 @@ def iter_cubins(blob: bytes) -> Iterator[bytes]:
                 raise FatbinError(f"entry at {entry:#x} has a bad size")
             if kind == KIND_CUBIN:
                 raw = blob[entry + ehdr_size: entry + ehdr_size + padded_size]
-                yield _payload(raw, compressed_size, uncompressed_size)
+                yield _payload(raw, compressed_size, uncompressed_size, budget, f"the cubin at {entry:#x}")
             entry += ehdr_size + padded_size
         pos = blob.find(struct.pack("<I", FATBIN_MAGIC), end)
 
@@ -118,18 +179,31 @@ def fatbin_sections(path: str | Path) -> list[bytes]:
     return list(_iter_fatbin_sections(path))
 
 
-def _iter_fatbin_sections(path: str | Path) -> Iterator[bytes]:
-    """fatbin_sections(), one in memory at a time."""
-    with open(path, "rb") as f:
+def _iter_fatbin_sections(path: str | Path, sizes: list[int] | None = None) -> Iterator[bytes]:
+    """fatbin_sections(), one in memory at a time, each bounded (elf_tables);
+    ``sizes`` gets every one's size before the first is read."""
+    with open_library(path) as f:
         try:
-            elf = ELFFile(f)
-            found = [s for s in elf.iter_sections() if s.name in FATBIN_SECTIONS and s["sh_type"] != "SHT_NOBITS"]
+            img = ElfImage(f, path)
         except ELFError:
-            return
-        for s in found:
-            yield s.data()
+            return  # not an ELF64 file: no fatbin
+        found = [i for i, name in enumerate(img.section_names) if name in FATBIN_SECTIONS]
+        if sizes is not None:
+            sizes += [int(img.sections[i]["size"]) for i in found]
+        for i in found:
+            yield img.section_data(i, MAX_SECTION)
 
 
 def kernel_names(path: str | Path) -> set[str]:
-    """Every kernel (mangled name) in the fatbins of the ELF file at `path`."""
-    return {k for blob in _iter_fatbin_sections(path) for c in iter_cubins(blob) for k in cubin_kernels(c)}
+    """Every kernel (mangled name) in the fatbins of the ELF file at `path`;
+    FatbinError (naming the file) past the bounds of the module text."""
+    sizes: list[int] = []
+    sections = _iter_fatbin_sections(path, sizes)
+    first = next(sections, None)
+    if first is None:
+        return set()
+    budget = Budget(max(MIN_BUDGET, RATIO * sum(sizes)))
+    try:
+        return {k for blob in itertools.chain((first,), sections) for c in iter_cubins(blob, budget) for k in cubin_kernels(c)}
+    except FatbinError as e:
+        raise FatbinError(f"{path}: {e}") from None
