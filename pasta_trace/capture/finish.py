@@ -95,7 +95,8 @@ class Finisher:
         detach()  # its failure is a note (ProbeSet.detach): the capture stays complete
         write_error = writer.write_error or next(iter(writer.failed.values()), None)
         manifest.notes = [*self._probes.notes, *(f"{name} not written: {why} (its last version is kept)"
-                                                  for name, why in writer.failed.items())]
+                                                  for name, why in writer.failed.items()),
+                          *mf.FILE_PROBLEMS.take()]
         if writer.held_peak_bytes * 4 >= writer.ring_bytes:
             manifest.notes.append(f"the events writer fell behind: up to {writer.held_peak_bytes / 2**20:.0f} MiB of "
                                   f"events waited in its {writer.ring_bytes / 2**20:.0f} MiB ring, and were written "

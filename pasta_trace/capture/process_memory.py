@@ -16,6 +16,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 
 from ..probes.fatbin import FatbinError, kernel_names
+from .manifest import FILE_PROBLEMS
 
 
 class ProcessGone(OSError):
@@ -85,7 +86,8 @@ class FatbinNames:
         if key not in self._by_file:
             try:
                 self._by_file[key] = frozenset(kernel_names(path))
-            except (OSError, ELFError, FatbinError, ValueError):
+            except (OSError, ELFError, FatbinError, ValueError) as e:
+                FILE_PROBLEMS.add(path, f"its CUDA fatbin: {e}")
                 self._by_file[key] = frozenset()
         return self._by_file[key]
 
