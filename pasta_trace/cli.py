@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import shlex
 import sys
 import traceback
@@ -14,7 +15,8 @@ from polars.exceptions import PanicException
 from . import __version__
 from .capture import own_process
 from .commands import VERBS
-from .errors import EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
+from .errors import EXIT_NOPERM, EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
+from .privilege import drop_to_user
 
 DESCRIPTION = """\
 pasta-trace: see what a GPU program does (CUDA driver and HIP API calls via eBPF
@@ -39,8 +41,20 @@ examples:
 
 sudo does not search a virtual environment: there, run `sudo .venv/bin/pasta-trace ...`
 
-exit codes: 0 ok, 1 runtime error, 2 usage error, 77 missing privileges
+exit codes: 0 ok, 1 runtime error, 2 usage error, 77 missing privileges, 130 interrupted (Ctrl-C;
+record ends on Ctrl-C with 0)
+
+under sudo, only record and top keep root, and only for the probes; report, merge, export and doctor's
+reading run as the user who ran sudo (docs/security.md)
 """
+
+#: 128 + SIGINT, as a shell reports a command Ctrl-C ended
+EXIT_INTERRUPTED = 130
+#: verbs that need no privilege: under sudo they become the user before
+#: reading anything (doctor does, after the checks that need root)
+AS_USER = ("report", "merge", "export")
+#: verbs for which Ctrl-C is how they end, not an interruption
+ENDED_BY_CTRL_C = ("record", "top")
 
 
 def _load(verb: str):
@@ -108,14 +122,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pasta-trace: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
     try:
+        if args.verb in AS_USER:
+            drop_to_user()
         return int(args._run(args) or 0)
+    except PermissionError as e:
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
+        print(f"pasta-trace: error: {_denied(str(e), args)}", file=sys.stderr)
+        return EXIT_NOPERM
     except PastaError as e:
         if getattr(args, "verbose", False):
             traceback.print_exc()
+        if isinstance(e.__context__, PermissionError) and e.exit_code == EXIT_RUNTIME:
+            # an input the user may not read (the reader said which, `from None`)
+            print(f"pasta-trace: error: {_denied(e.one_line(), args)}", file=sys.stderr)
+            return EXIT_NOPERM
         print(f"pasta-trace: error: {e.one_line()}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        return 0
+        return 0 if args.verb in ENDED_BY_CTRL_C else EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
     except (Exception, PanicException) as e:  # a bug (a Polars panic is no Exception): still one line unless -v
@@ -124,6 +149,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pasta-trace: internal error: {type(e).__name__}: {e} (run with -v for the traceback)",
               file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def _denied(what: str, args: argparse.Namespace) -> str:
+    """`what` was refused for lack of permission: one line, with what to do (py-spy style)."""
+    if os.geteuid() != 0 and os.environ.get("SUDO_UID", "0") != "0":  # dropped to the user who ran sudo
+        user = os.environ.get("SUDO_USER") or str(os.getuid())
+        given = getattr(args, "path", None) or next(iter(getattr(args, "inputs", None) or []), "CAPTURE")
+        return (f"{what} (under sudo pasta-trace reads as {user}, not as root; to read a capture of root's, "
+                f"give it to {user} first: `sudo chown -R {user} {shlex.quote(str(given))}`)")
+    return f"{what} (run it as a user who may read it)"
 
 
 if __name__ == "__main__":

@@ -11,13 +11,16 @@ files.  So, when running as root:
   ``O_DIRECTORY|O_NOFOLLOW``); temporaries are created
   ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a random name and renamed into place,
   and a rename replaces a planted link instead of writing through it;
-- a capture directory belongs to root (0700) while it is written and is
-  handed to the invoking user at the end, by ``fchown`` on the files that
-  were written (0600), each opened without following links.
+- under sudo (privilege.invoking_user), every directory and file of an
+  output is made, renamed and removed with the user's filesystem credentials
+  (privilege.as_user): it can only go where the user could write, it is the
+  user's from the moment it exists, and nothing is ever chowned;
+- run by root itself, a capture directory that existed belongs to root (0700)
+  while it is written and gets its owner and mode back at the end.
 
-For every verb an existing output is a usage error (exit 2) unless --force,
-and files written under sudo belong to ``SUDO_UID``.  Without root the
-ownership rules are left to the kernel: nothing can be gained through them.
+The offline verbs become the user before they open anything (cli, privilege.
+drop_to_user): for them the kernel enforces all of it.  For every verb an
+existing output is a usage error (exit 2) unless --force.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
 
 from .errors import UsageError
+from .privilege import as_user, invoking_user
+
+__all__ = ["OutputDir", "OutputFile", "StagedDir", "invoking_user", "open_adoptable"]
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -43,14 +49,6 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: how a file we wrote is reopened to be handed over: never through a link,
 #: never blocking on a FIFO put in its place
 _HANDOVER = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def invoking_user() -> tuple[int, int] | None:
-    """(uid, gid) of the user who ran sudo, when we run as root under sudo."""
-    uid, gid = os.environ.get("SUDO_UID"), os.environ.get("SUDO_GID")
-    if os.geteuid() == 0 and uid and gid and uid != "0":
-        return int(uid), int(gid)
-    return None
 
 
 def _guarded() -> bool:
@@ -137,8 +135,6 @@ def _walk(path: Path, *, make_parents: bool) -> _Found:
             owner = os.fstat(fd).st_uid
             if _guarded() and not _trusted_owner(owner):
                 raise UsageError(f"refusing {given}: {here} belongs to uid {owner}, neither root nor you")
-            if st is None and (user := invoking_user()) is not None:
-                os.fchown(fd, *user)  # a parent we made, like `mkdir -p` run by the user
         raise UsageError(f"{given} cannot be an output")
     finally:
         for fd in held:
@@ -162,11 +158,18 @@ def _shared(st: os.stat_result) -> bool:
 
 class OutputDir:
     """A directory held open by fd; every file in it is written relative to
-    that fd and remembered, so it can be handed over at the end."""
+    that fd and remembered, so it can be handed over at the end.
+
+    Under sudo every entry is made, renamed and removed as the user who ran
+    it (privilege.as_user), by whichever process holds the directory (the
+    events writer process too, which inherits SUDO_UID): the user's from the
+    start, so there is nothing to hand over."""
 
     def __init__(self, fd: int, path: Path, *, parent_fd: int | None = None, made: bool = False) -> None:
         self.fd = fd
         self.path = Path(path)
+        #: whose filesystem credentials make the entries (None: this process's own)
+        self.user = invoking_user()
         #: the directory holding this one, when we opened it by its path (claim)
         self._parent_fd = parent_fd
         self._made = made
@@ -182,7 +185,12 @@ class OutputDir:
     def claim(cls, path: Path, *, force: bool, clean: Iterable[str] = (), reuse_empty: bool = True) -> "OutputDir":
         """Create `path`, or take an existing directory: an empty one (unless
         not `reuse_empty`), or with `force` one whose entries matching `clean`
-        are removed first."""
+        are removed first.  Under sudo all of it is done as the user."""
+        with as_user():
+            return cls._claim(path, force=force, clean=clean, reuse_empty=reuse_empty)
+
+    @classmethod
+    def _claim(cls, path: Path, *, force: bool, clean: Iterable[str], reuse_empty: bool) -> "OutputDir":
         found = _walk(Path(path), make_parents=True)
         try:
             if found.stat is None:
@@ -190,7 +198,7 @@ class OutputDir:
                     os.mkdir(found.name, DIR_MODE, dir_fd=found.parent_fd)
                 except FileExistsError:  # made by someone else meanwhile: walk again
                     os.close(found.parent_fd)
-                    return cls.claim(path, force=force, clean=clean, reuse_empty=reuse_empty)
+                    return cls._claim(path, force=force, clean=clean, reuse_empty=reuse_empty)
                 except OSError as e:
                     raise UsageError(f"cannot create the output directory {path}: {e.strerror}",
                                      hint="choose another output") from None
@@ -226,9 +234,10 @@ class OutputDir:
         entries = os.listdir(self.fd)
         if (entries or not reuse_empty) and not force:
             raise UsageError(f"output directory {self.path} already exists", hint="use --force to overwrite it")
-        # before changing anything: a read-only mount fails here, with nothing to undo
+        # before changing anything: a read-only mount (or, under sudo, a directory
+        # the user cannot write in) fails here, with nothing to undo
         _check_writable(self.fd, str(self.path))
-        if _guarded():
+        if _guarded() and self.user is None:
             # nobody but root may add or swap entries while we write
             restore = (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
             try:
@@ -265,11 +274,12 @@ class OutputDir:
     def subdir(self, name: str) -> "OutputDir":
         """A directory of ours inside this one (made 0700 on first use)."""
         if name not in self._subdirs:
-            try:
-                os.mkdir(name, DIR_MODE, dir_fd=self.fd)
-            except FileExistsError:
-                pass
-            sub = OutputDir(os.open(name, _DIR_FLAGS, dir_fd=self.fd), self.path / name)
+            with as_user(self.user):
+                try:
+                    os.mkdir(name, DIR_MODE, dir_fd=self.fd)
+                except FileExistsError:
+                    pass
+                sub = OutputDir(os.open(name, _DIR_FLAGS, dir_fd=self.fd), self.path / name)
             self._subdirs[name] = sub
             self.created.add(name)
         return self._subdirs[name]
@@ -281,21 +291,26 @@ class OutputDir:
         while True:
             name = f".{final}.{secrets.token_hex(6)}.tmp"
             try:
-                return name, os.open(name, _NEW_FILE, FILE_MODE, dir_fd=self.fd)
+                with as_user(self.user):
+                    return name, os.open(name, _NEW_FILE, FILE_MODE, dir_fd=self.fd)
             except FileExistsError:
                 continue
 
     def write_atomic(self, final: str, write: Callable[[str], object]) -> None:
         """`write(path)` fills a new temporary file, which is then renamed to
         `final`: a reader never sees half a file.  `path` names the open file
-        itself (/proc/self/fd/N), for writers that only take paths."""
+        itself (/proc/self/fd/N), for writers that only take paths.  `write`
+        runs with this thread's own credentials: a thread it starts (Polars'
+        pool) must not inherit the user's for good."""
         name, fd = self.new_temp(final)
         try:
             write(f"/proc/self/fd/{fd}")
-            os.rename(name, final, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            with as_user(self.user):
+                os.rename(name, final, src_dir_fd=self.fd, dst_dir_fd=self.fd)
         except BaseException:
             try:
-                os.unlink(name, dir_fd=self.fd)
+                with as_user(self.user):
+                    os.unlink(name, dir_fd=self.fd)
             except OSError:
                 pass
             raise
@@ -351,7 +366,12 @@ class OutputDir:
 
     def hand_over(self, owner: tuple[int, int] | None, also: Iterable[str] = ()) -> None:
         """Give the files written here (and `also`, written by another process
-        through this directory) to `owner`, then the directory itself."""
+        through this directory) to `owner`, then the directory itself.  Under
+        sudo they are the user's already, and root chowns nothing in a
+        directory the user controls: a file of root's moved in there would be
+        given away."""
+        if self.user is not None:
+            return
         if owner is not None:
             for sub in self._subdirs.values():
                 sub.hand_over(owner)
@@ -369,7 +389,8 @@ class OutputDir:
         still empty, and close it."""
         if self._made and self._parent_fd is not None and not os.listdir(self.fd):
             try:
-                os.rmdir(self.path.name, dir_fd=self._parent_fd)
+                with as_user(self.user):
+                    os.rmdir(self.path.name, dir_fd=self._parent_fd)
             except OSError:
                 pass
         elif self._restore is not None:
@@ -378,6 +399,27 @@ class OutputDir:
             except OSError:  # cleanup after a failure: that failure is what the user must see
                 pass
         self.close()
+
+    def discard(self) -> None:
+        """A failed or interrupted output: remove what we wrote here (never
+        what was there before), then the directory itself if we made it, and
+        close it: nothing is left to block the rerun."""
+        with as_user(self.user):
+            for sub in self._subdirs.values():
+                sub.discard()
+            for name in self.created - set(self._subdirs):
+                try:
+                    os.unlink(name, dir_fd=self.fd)
+                except OSError:
+                    pass
+            for name in self._subdirs:
+                try:
+                    os.rmdir(name, dir_fd=self.fd)
+                except OSError:
+                    pass
+        self._subdirs.clear()
+        self.created.clear()
+        self.abandon()
 
     def close(self) -> None:
         self.release_space()
@@ -395,19 +437,21 @@ class OutputDir:
         while True:
             name = f".{self.path.name}.device-{secrets.token_hex(6)}"
             try:
-                os.mkdir(name, DIR_MODE, dir_fd=self._parent_fd)
+                with as_user(self.user):
+                    os.mkdir(name, DIR_MODE, dir_fd=self._parent_fd)
                 break
             except FileExistsError:
                 continue
         fd = os.open(name, _DIR_FLAGS, dir_fd=self._parent_fd)
-        if owner is not None:
+        if owner is not None and self.user is None:
             os.fchown(fd, *owner)
         return self.path.parent / name, fd
 
     def remove_staging(self, name: str) -> bool:
         """rmdir a staging directory made by staging(); False when it is not empty."""
         try:
-            os.rmdir(name, dir_fd=self._parent_fd)
+            with as_user(self.user):
+                os.rmdir(name, dir_fd=self._parent_fd)
         except OSError:
             return False
         return True
@@ -450,7 +494,14 @@ class OutputFile:
 
     def __init__(self, path: Path, *, force: bool, example: str = "out") -> None:
         self.path = Path(path)
-        found = _walk(self.path, make_parents=False)
+        with as_user():
+            found = _walk(self.path, make_parents=False)
+            self._check(found, force, example)
+        self.name = found.name
+        self._dir = OutputDir(found.parent_fd, Path(found.parent))
+
+    def _check(self, found: _Found, force: bool, example: str) -> None:
+        path = self.path
         try:
             if found.stat is not None:
                 if stat.S_ISDIR(found.stat.st_mode):
@@ -463,25 +514,28 @@ class OutputFile:
         except BaseException:
             os.close(found.parent_fd)
             raise
-        self.name = found.name
-        self._dir = OutputDir(found.parent_fd, Path(found.parent))
 
     def write(self, write: Callable[[str], object]) -> None:
-        """Write through `write(path)` (see OutputDir.write_atomic), and give
-        the file to the user who ran sudo."""
-        self._dir.write_atomic(self.name, write)
-        if (user := invoking_user()) is not None:
-            _fchown_ours(self._dir.fd, self.name, user)
+        """Write through `write(path)` (see OutputDir.write_atomic)."""
+        self._dir.write_atomic(self.name, write)  # made as the user under sudo: already theirs
         self._dir.close()
 
 
 class StagedDir:
     """A directory output written whole under a hidden name beside its final
     name, and renamed into place by commit() (merge's timeline): a failed
-    write leaves no half output and never touches the old one."""
+    write leaves no half output and never touches the old one.
+
+    Libraries write into it by path, with the credentials of their threads:
+    under sudo it is used after privilege.drop_to_user, like every offline
+    verb's output."""
 
     def __init__(self, path: Path, *, force: bool, replaceable: Callable[[Path], bool], kind: str) -> None:
-        self.path = Path(path)
+        with as_user():
+            self._open(Path(path), force, replaceable, kind)
+
+    def _open(self, path: Path, force: bool, replaceable: Callable[[Path], bool], kind: str) -> None:
+        self.path = path
         found = _walk(self.path, make_parents=False)
         self._parent_fd, self.name = found.parent_fd, found.name
         try:
@@ -508,16 +562,18 @@ class StagedDir:
         to the user who ran sudo."""
         _adopt_tree(self.dir)
         self.dir.hand_over(invoking_user())
-        st = _lstat(self._parent_fd, self.name, str(self.path))
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(self.name, dir_fd=self._parent_fd)
-        elif st is not None:
-            os.unlink(self.name, dir_fd=self._parent_fd)
-        os.rename(self._tmp, self.name, src_dir_fd=self._parent_fd, dst_dir_fd=self._parent_fd)
+        with as_user():
+            st = _lstat(self._parent_fd, self.name, str(self.path))
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(self.name, dir_fd=self._parent_fd)
+            elif st is not None:
+                os.unlink(self.name, dir_fd=self._parent_fd)
+            os.rename(self._tmp, self.name, src_dir_fd=self._parent_fd, dst_dir_fd=self._parent_fd)
         self._close()
 
     def discard(self) -> None:
-        shutil.rmtree(self._tmp, dir_fd=self._parent_fd, ignore_errors=True)
+        with as_user():
+            shutil.rmtree(self._tmp, dir_fd=self._parent_fd, ignore_errors=True)
         self._close()
 
     def _close(self) -> None:

@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..privilege import drop_to_user
+
 HELP = "check the kernel, BPF, BCC, headers and GPU libraries (and PyTorch's), and say what to fix"
 
 EXAMPLES = """\
@@ -186,12 +188,18 @@ def _library_checks(verbose: bool) -> list[Check]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # what needs root reads only the system's own files; the library checks
+    # read other processes' maps and start the Python interpreters of the
+    # user's environment: under sudo they run as the user (privilege)
     results = _kernel_checks()
     results.append(_privilege_check())
     bcc_results, bcc = _bcc_checks()
     results += bcc_results
     results.append(_header_check())
     results.append(_bpf_load_check(bcc))
+    if (user := drop_to_user()) is not None:
+        results.append(Check(True, f"the checks below ran as uid {user[0]}, who ran sudo: they see only what "
+                                   "that user may read"))
     results += _library_checks(args.verbose)
     for c in results:
         print(c.line())

@@ -61,7 +61,7 @@ def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
 
     results = Results(cap, run_tools(cap))
     CsvReporter().render(results, out)
-    out.hand_over(invoking_user())
+    out.hand_over(invoking_user())  # root's own use: a directory taken over gets its owner and mode back
     out.close()
     return f"events.csv and {len(results.tools)} tool tables", csv.notes(results.tools)
 
@@ -86,12 +86,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown format {args.format!r}; choose one of: {', '.join(FORMATS)}")
     out = output_path(args.path, args.format, args.output)
     target = _target(out, args.format, args.force)
-    with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
-        for problem in cap.problems:
-            if problem not in cap.damaged:  # those end the run, as its error
-                print(f"pasta-trace: warning: {problem}", file=sys.stderr)
-        t0 = time.perf_counter()
-        what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
+    try:
+        with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
+            for problem in cap.problems:
+                if problem not in cap.damaged:  # those end the run, as its error
+                    print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+            t0 = time.perf_counter()
+            what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
+    except BaseException:
+        if isinstance(target, OutputDir) and target.fd >= 0:
+            # a directory made for the tables (or tables half written into one of
+            # the user's) would block the rerun, or pass for a whole export
+            target.discard()
+        raise
     print(f"Wrote {out} ({what}, {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     for line in hints:
         print(line, file=sys.stderr)

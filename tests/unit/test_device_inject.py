@@ -179,11 +179,22 @@ def test_finish_takes_plain_files_only_never_a_link(tmp_path, built):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 def test_staging_belongs_to_the_sudo_user(tmp_path, built, monkeypatch):
-    monkeypatch.setenv("SUDO_UID", "65534")
-    monkeypatch.setenv("SUDO_GID", "65534")
-    s = DeviceSession("sanitizer", _out(tmp_path / "cap"), manifest=built)
-    st = s.staging.stat()
-    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    """Under sudo the capture goes where the user may write (here a directory
+    of theirs that they can reach), and the staging beside it is made by them."""
+    import shutil
+    import tempfile
+
+    theirs = tempfile.mkdtemp(prefix="pasta-staging-")
+    try:
+        os.chmod(theirs, 0o755)
+        os.chown(theirs, 65534, 65534)
+        monkeypatch.setenv("SUDO_UID", "65534")
+        monkeypatch.setenv("SUDO_GID", "65534")
+        s = DeviceSession("sanitizer", _out(os.path.join(theirs, "cap")), manifest=built)
+        st = s.staging.stat()
+        assert (st.st_uid, st.st_gid) == (65534, 65534)
+    finally:
+        shutil.rmtree(theirs)
 
 
 def test_cupti_without_cupti_python(tmp_path, monkeypatch):
