@@ -58,12 +58,28 @@ def _svarint(data: bytes, i: int) -> tuple[int, int]:
     return (-(v >> 1) if v & 1 else v >> 1), i
 
 
+def _entry_end(table: bytes, i: int) -> int:
+    """Where the entry starting at ``i`` ends (past the table's end when it is cut)."""
+    code = (table[i] >> 3) & 15
+    i += 1
+    varints = {14: 4, 13: 1}.get(code, 0)
+    for _ in range(varints):
+        while i < len(table) and table[i] & 64:
+            i += 1
+        i += 1
+    return i + (2 if code in (10, 11, 12) else 0 if code in (13, 14, 15) else 1)
+
+
 def parse_locations(table: bytes, firstlineno: int) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
-    """(first code unit, line) of each entry of a 3.11+ location table."""
+    """(first code unit, line) of each entry of a 3.11+ location table.  A
+    table cut short (the process's own bytes: anything) ends at its last
+    whole entry."""
     starts: list[int] = []
     lines: list[int | None] = []
     unit, line, i = 0, firstlineno, 0
     while i < len(table):
+        if _entry_end(table, i) > len(table):
+            break
         first = table[i]
         code, length = (first >> 3) & 15, (first & 7) + 1
         i += 1
@@ -145,7 +161,10 @@ def read_code(mem: ProcessMemory, layout: PyLayout, addr: int, code_type: int = 
     if code_type and _u64(raw, layout.ob_type) != code_type:
         raise Unreadable(f"0x{addr:x}: not a code object")
     firstlineno = struct.unpack_from("<i", raw, layout.code_firstlineno)[0]
-    starts, lines = parse_locations(read_bytes(mem, layout, _u64(raw, layout.code_linetable)), firstlineno)
+    try:
+        starts, lines = parse_locations(read_bytes(mem, layout, _u64(raw, layout.code_linetable)), firstlineno)
+    except (IndexError, ValueError, struct.error) as e:  # the process's bytes: a table parse_locations missed
+        raise Unreadable(f"0x{addr:x}: a damaged location table ({e})") from None
     return Code(
         qualname=read_string(mem, layout, _u64(raw, layout.code_qualname)),
         filename=read_string(mem, layout, _u64(raw, layout.code_filename)),
