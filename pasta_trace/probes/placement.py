@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import capstone
 
 from pasta_trace.probes.elf import Sym
+from pasta_trace.regular_file import open_library
 
 #: Instructions that write nothing but flags (or nothing at all): probing
 #: after them sees the same registers and stack as at the symbol.
@@ -94,7 +95,7 @@ def forward_target(code: bytes, address: int = 0) -> int | None:
 
 def read_code(path: str, sym: Sym) -> bytes:
     """The first bytes of ``sym`` (at most WINDOW)."""
-    with open(path, "rb") as f:
+    with open_library(path) as f:  # a regular file only: a FIFO put in its place would block
         f.seek(sym.file_offset)
         return f.read(min(sym.size or WINDOW, WINDOW))
 
