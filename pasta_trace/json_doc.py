@@ -25,8 +25,18 @@ _NAMES = {dict: "an object", list: "an array", str: "a string", bool: "true or f
           float: "a number", type(None): "null"}
 
 
+#: the integers a document may hold where its shape says int (int64)
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _what(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
+        return "an integer beyond 64 bits"
     return _NAMES.get(type(value), type(value).__name__)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _expected(shape: object) -> str:
@@ -42,8 +52,11 @@ def _matches(value: object, shape: object) -> bool:
         return isinstance(value, dict)
     if isinstance(shape, list):
         return isinstance(value, list)
-    # bool is an int to Python, never to a reader of counts
-    return isinstance(value, shape) and (shape is bool or not isinstance(value, bool))  # type: ignore[arg-type]
+    if shape is int:
+        # bool is an int to Python, never to a reader of counts; an integer is
+        # a count or a nanosecond time, which Polars and the tools hold in 64 bits
+        return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
+    return isinstance(value, shape)  # type: ignore[arg-type]
 
 
 def shape_problem(value: object, shape: object, where: str) -> str | None:
@@ -70,7 +83,8 @@ def load_json(path: Path, what: str) -> dict:
     too deeply, or not an object."""
     data = read_limited(path, MAX_BYTES, what)
     try:
-        doc = json.loads(data.decode("utf-8"))
+        # NaN and Infinity are Python's extensions, never in what pasta-trace writes
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: damaged {what} (not UTF-8 at byte {e.start})") from None
     except json.JSONDecodeError as e:

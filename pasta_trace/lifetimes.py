@@ -49,10 +49,27 @@ def memory(kind: pl.Expr = pl.col("kind")) -> pl.Expr:
         pl.lit("device")).cast(pl.Enum(MEMORY_NAMES))
 
 
+#: Every address a process or its GPUs use lies below this: x86-64 and
+#: aarch64 user space (47-48 bits, 4-level paging) and CUDA's unified address
+#: space within it; merge.attribution keys an address as pid << 48 | address.
+ADDRESS_BITS = 48
+
+
+def in_address_space(base: pl.Expr, size: pl.Expr) -> pl.Expr:
+    """Whether [base, base + size) lies in the address space: a range beyond
+    it (2^64 - 1 as a pointer or a size) is no allocation any driver made, and
+    its end would wrap around 2^64."""
+    limit = 1 << ADDRESS_BITS
+    return (base < limit) & (size <= pl.lit(limit, pl.UInt64) - base)
+
+
 def host_allocs(events: pl.LazyFrame) -> pl.LazyFrame:
-    """Successful allocations: pid, tid, base, size, api, kind, alloc_ts_ns."""
+    """Successful allocations: pid, tid, base, size, api, kind, alloc_ts_ns.
+    An allocation outside the address space (damaged data) is left out: its
+    free finds nothing and is counted with the frees of unknown memory."""
     return events.filter(
         (pl.col("kind") == "alloc") & done() & pl.col("ptr").is_not_null() & (pl.col("ptr") != 0)
+        & in_address_space(pl.col("ptr"), pl.col("size").fill_null(0))
     ).select(
         "pid", "tid", pl.col("ptr").alias("base"), pl.col("size").fill_null(0), "api",
         kind_from_api(pl.col("api")).alias("kind"), pl.col("ts_ns").alias("alloc_ts_ns"),

@@ -37,7 +37,7 @@ import polars as pl
 from . import schema
 from .errors import FormatError
 from .json_doc import check_shape, load_json
-from .parquet_scan import Scanner
+from .parquet_scan import Scanner, column_ranges
 
 
 @dataclass
@@ -197,7 +197,7 @@ def open_capture(path: str | Path) -> Capture:
     cap = Capture(
         path=p,
         manifest=manifest,
-        events=scan.frames(events, schema.EVENTS_SCHEMA),
+        events=timed(scan.frames(events, schema.EVENTS_SCHEMA), [f for f in events if f in scan.files], problems),
         names=scan.one(p / "names.parquet", schema.NAMES_SCHEMA),
         processes=scan.one(p / "processes.parquet", schema.PROCESSES_SCHEMA),
         libraries=scan.one(p / "libraries.parquet", schema.LIBRARIES_SCHEMA),
@@ -208,6 +208,20 @@ def open_capture(path: str | Path) -> Capture:
         problems=problems,
     )
     return with_scan(cap, scan)
+
+
+def timed(events: pl.LazyFrame, paths: list[Path], problems: list[str]) -> pl.LazyFrame:
+    """`events` without the rows that have no ts_ns (no tracer writes one:
+    damage), said in `problems`.  The files' footers tell how many there are
+    without reading the data; only where they cannot tell (no statistics)
+    does every read pay for the filter."""
+    known = column_ranges(paths, ["ts_ns"]) if paths else (0, {})
+    nulls = None if known is None else known[1].get("ts_ns", (0, 0, 0))[2]
+    if nulls == 0:
+        return events
+    if nulls:
+        problems.append(f"{nulls:,} event{'' if nulls == 1 else 's'} without a time (ts_ns null) left out")
+    return events.filter(pl.col("ts_ns").is_not_null())
 
 
 def with_scan(cap: Capture, scan: Scanner) -> Capture:

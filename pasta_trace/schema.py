@@ -728,6 +728,13 @@ LOSSES: tuple[Loss, ...] = (
     # reached the events writer process but could not be written (a full disk)
     Loss("lost_unwritten", "", -1, "events", "they could not be written: the disk was full",
          "free space or choose another -o"),
+    Loss("untraced_children", "discover_lost", 2, "untraced child processes",
+         "the table of traced processes was full when they started",
+         "no option changes it; trace fewer processes at once"),
+    # counted by the tracer (capture.stack_collector): py_procs was full when they were registered
+    Loss("unregistered_python_processes", "", -1, "Python processes without stacks",
+         "more Python processes ran at once than the table of interpreters holds",
+         "no option changes it; their events are kept, without a stack", section="stacks"),
 )
 
 LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}
@@ -1451,7 +1458,9 @@ MANIFEST_SHAPE: dict = {
     "mode": str,
     "host": str,
     "kernel_release": str,
-    "clock": {"start_ns": int, "end_ns": int, "start_sample": {"realtime_ns": int}},
+    "clock": {"start_ns": int, "end_ns": int,
+              "start_sample": {"realtime_ns": int, "mono_before_ns": int, "mono_after_ns": int},
+              "end_sample": {"realtime_ns": int, "mono_before_ns": int, "mono_after_ns": int}},
     "counts": {"lost_events": int, "lost_names": int},
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from .. import schema
-from ..lifetimes import host_allocs, host_frees, pair
+from ..lifetimes import host_allocs, host_frees, in_address_space, pair
 from ..read import Capture
 
 _SCHEMA = schema.TIMELINE_FRAMES["allocations"]
@@ -20,7 +20,8 @@ _DEVICE_KIND = {int(k): k.name.rstrip("_") for k in schema.DeviceAllocKind}
 def _device_allocs(cap: Capture, host_pids: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
     """Device-module ALLOC/FREE records, for processes the host probes did not see allocate."""
     kind = pl.col("kind").replace_strict(_DEVICE_KIND, default="other", return_dtype=pl.String)
-    allocs = cap.device["allocs"].join(host_pids, on="pid", how="anti").select(
+    allocs = cap.device["allocs"].join(host_pids, on="pid", how="anti").filter(
+        in_address_space(pl.col("address"), pl.col("size").fill_null(0))).select(
         "pid", pl.lit(None, pl.UInt32).alias("tid"), pl.col("address").alias("base"), "size",
         pl.format("device:{}", kind).cast(pl.Categorical).alias("api"),
         kind.cast(pl.Enum(schema.ALLOC_KIND_NAMES)).alias("kind"),

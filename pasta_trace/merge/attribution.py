@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from ..lifetimes import ADDRESS_BITS
 
-ADDRESS_BITS = 48
 #: a morsel is split across threads only above this many rows per part
 SPLIT_ROWS = 32_768
 

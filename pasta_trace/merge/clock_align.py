@@ -40,7 +40,9 @@ class RealtimeOffset:
 def realtime_offset(manifest: dict) -> RealtimeOffset | None:
     """From the manifest's clock samples; None when it has none."""
     clock = manifest.get("clock") or {}
-    samples = [s for s in (clock.get("start_sample"), clock.get("end_sample")) if s]
+    # a sample missing one of its clocks (the reader checked the types of those present) tells nothing
+    samples = [s for s in (clock.get("start_sample"), clock.get("end_sample"))
+               if s and all(s.get(k) is not None for k in ("realtime_ns", "mono_before_ns", "mono_after_ns"))]
     if not samples:
         return None
     # integer halves: these are ~1.8e18 ns, beyond float64's exact range

@@ -22,7 +22,7 @@ import polars as pl
 from .. import __version__, schema
 from ..errors import FormatError
 from ..parquet_scan import Scanner
-from ..read import Capture, open_capture, read_json, with_scan
+from ..read import Capture, open_capture, read_json, timed, with_scan
 from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
@@ -65,13 +65,16 @@ def load(path: str | Path) -> Capture:
     manifest["merge_stats"], notes = saved_stats(saved)
     if notes:
         manifest["notes"] = [*(manifest.get("notes") or []), *notes]
+    problems = list(meta.get("problems") or [])
+    host = {k: one(k, v) for k, v in _HOST.items()}
+    host["events"] = timed(host["events"], [f for f in scan.files if f.name == "events.parquet"], problems)
     cap = Capture(
         path=p,
         manifest=manifest,
-        **{k: one(k, v) for k, v in _HOST.items()},
+        **host,
         aggregate=scan.optional(p / "aggregate.parquet", schema.AGGREGATE_SCHEMA),
         device=device,
-        problems=list(meta.get("problems") or []),
+        problems=problems,
         merged={k: one(k, v) for k, v in schema.TIMELINE_FRAMES.items()},
     )
     return with_scan(cap, scan)

@@ -110,3 +110,84 @@ def test_report_on_a_scheduler_without_workers(tmp_path: Path, capsys, monkeypat
     assert err == [f"pasta-trace: error: the Dask scheduler at {lc.scheduler_address} has no worker (none joined "
                    f"in 2 s) (start one with: dask worker {lc.scheduler_address})"]
     assert took < 12
+
+
+U64_MAX = (1 << 64) - 1
+
+
+def test_an_allocation_beyond_the_address_space_is_no_allocation(tmp_path: Path, capsys) -> None:
+    """A pointer and a size of 2^64 - 1 (their end wraps around 2^64): the
+    merge and the report leave that allocation out, and its free is one of
+    unknown memory; every other byte counts as before."""
+    import json
+
+    import polars as pl
+
+    events = fx.EVENTS_10 + [fx.ev(900, 10, 11, "cuMemAlloc_v2", "alloc", ptr=U64_MAX, size=U64_MAX, ret=0),
+                             fx.ev(950, 10, 11, "cuMemFree_v2", "free", ptr=U64_MAX, ret=0),
+                             fx.ev(960, 10, 11, "cuMemAlloc_v2", "alloc", ptr=0x100000, size=U64_MAX, ret=0)]
+    cap = fx.write(tmp_path / "c", events=events)
+    rc, _, err = run(capsys, "merge", str(cap), "-o", str(tmp_path / "tl"))
+    assert rc == 0 and err[-1] == f"You can now run: pasta-trace report {tmp_path / 'tl'}"
+    allocs = pl.read_parquet(tmp_path / "tl" / "allocations.parquet")
+    assert allocs.select("base", "size").rows() == [(0x10000, 0x20000), (0x40000, 0x10000), (0x10000, 0x8000)]
+    for path in (cap, tmp_path / "tl"):
+        rc, out, _ = run(capsys, "report", str(path), "--json", "--tool", "memory")
+        assert rc == 0
+        rows = json.loads(out)["tools"]["memory"]["rows"]
+        assert [(r["ts_ns"], r["live_bytes"]) for r in rows if r["pid"] == 10] == [
+            (100, 0x20000), (150, 0x30000), (300, 0x10000), (400, 0x18000), (700, 0x8000)]
+
+
+def test_an_event_without_a_time_is_left_out_and_said(tmp_path: Path, capsys) -> None:
+    events = fx.EVENTS_10 + [fx.ev(None, 10, 11, "cuMemAlloc_v2", "alloc", ptr=0x5000, size=0x10, ret=0)]
+    cap = fx.write(tmp_path / "c", events=events)
+    html = tmp_path / "r.html"
+    rc, out, err = run(capsys, "report", str(cap), "--html", str(html))
+    assert (rc, out) == (0, "") and html.stat().st_size > 0
+    assert err == [f"Wrote {html}  (open it in a browser; no network needed)",
+                   "pasta-trace: warning: INCOMPLETE: 0 events lost (1 event without a time (ts_ns null) left out)"]
+
+
+@pytest.mark.parametrize(("clock", "why"), [
+    ({"start_ns": 10**40}, "clock.start_ns is an integer beyond 64 bits, expected an integer"),
+    ({"end_ns": -(1 << 63) - 1}, "clock.end_ns is an integer beyond 64 bits, expected an integer"),
+    ({"start_sample": {"realtime_ns": 1, "mono_before_ns": 1 << 64, "mono_after_ns": 2}},
+     "clock.start_sample.mono_before_ns is an integer beyond 64 bits, expected an integer"),
+    ({"end_sample": {"realtime_ns": 1.5}}, "clock.end_sample.realtime_ns is a number, expected an integer"),
+])
+def test_a_manifest_number_beyond_64_bits_is_refused(tmp_path: Path, capsys, clock, why) -> None:
+    import json
+
+    cap = fx.write(tmp_path / "c")
+    m = json.loads((cap / "manifest.json").read_text())
+    (cap / "manifest.json").write_text(json.dumps({**m, "clock": clock}))
+    for argv in (["report", str(cap)], ["merge", str(cap), "-o", str(tmp_path / "tl")],
+                 ["merge", str(cap), str(cap), "-o", str(tmp_path / "tl")]):
+        rc, out, err = run(capsys, *argv)
+        assert (rc, out) == (EXIT_RUNTIME, "")
+        assert err == [f"pasta-trace: error: {cap / 'manifest.json'}: not a pasta-trace manifest ({why})"]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_manifest_with_a_number_json_has_not(tmp_path: Path, capsys, constant) -> None:
+    cap = fx.write(tmp_path / "c")
+    (cap / "manifest.json").write_text('{"format_version": "1.0", "complete": true, "counts": {"lost_events": '
+                                       f'{constant}}}}}')
+    rc, out, err = run(capsys, "report", str(cap), "--json")
+    assert (rc, out) == (EXIT_RUNTIME, "")
+    assert err == [f"pasta-trace: error: {cap / 'manifest.json'}: damaged manifest ({constant} is not JSON)"]
+
+
+def test_a_clock_sample_missing_a_clock_aligns_nothing(tmp_path: Path, capsys) -> None:
+    """A cluster merge of captures whose clock samples lack mono_after_ns: no
+    offset from them (was a KeyError), the merge is made."""
+    import json
+
+    a, b = fx.write(tmp_path / "a"), fx.write(tmp_path / "b")
+    for c in (a, b):
+        m = json.loads((c / "manifest.json").read_text())
+        m["clock"] = {"start_sample": {"realtime_ns": 5, "mono_before_ns": 1}}
+        (c / "manifest.json").write_text(json.dumps(m))
+    rc, _, err = run(capsys, "merge", str(a), str(b), "-o", str(tmp_path / "tl"))
+    assert rc == 0 and err[-1] == f"You can now run: pasta-trace report {tmp_path / 'tl'}"
