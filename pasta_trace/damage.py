@@ -44,11 +44,24 @@ def reading(load: Callable[[], Capture], *, verbose: bool = False) -> Iterator[C
             cap = load()
             yield cap
         except POLARS_ERRORS as e:
-            raise FormatError(_damaged_file(cap, e)) from None
+            raise FormatError(_damaged_file([cap] if cap is not None else [], e)) from None
 
 
-def _damaged_file(cap: Capture | None, err: BaseException) -> str:
-    for f in cap.files if cap is not None else []:
+@contextmanager
+def reading_all(load: Callable[[], list[Capture]], *, verbose: bool = False) -> Iterator[list[Capture]]:
+    """`reading` of several captures (a cluster merge): the error names the
+    damaged file of whichever capture it is in."""
+    with _native_stderr_held(not verbose):
+        caps: list[Capture] = []
+        try:
+            caps = load()
+            yield caps
+        except POLARS_ERRORS as e:
+            raise FormatError(_damaged_file(caps, e)) from None
+
+
+def _damaged_file(caps: list[Capture], err: BaseException) -> str:
+    for f in (f for cap in caps for f in cap.files):
         try:
             # every value decoded (hashed) by the streaming engine, in bounded memory;
             # not collect_batches: it ends quietly, with no batch, when the decoder panics
@@ -58,18 +71,20 @@ def _damaged_file(cap: Capture | None, err: BaseException) -> str:
         except OSError as e:
             return f"{f}: cannot read ({e.strerror})"
     # every file decodes: values the analysis cannot use (or a bug), said as Polars says it
-    return f"{cap.path}: {first_line(err)}" if cap is not None else first_line(err)
+    where = ", ".join(str(cap.path) for cap in caps)
+    return f"{where}: {first_line(err)}" if where else first_line(err)
 
 
-def left_out(cap: Capture) -> None:
+def left_out(*caps: Capture) -> None:
     """After a verb did what it could: FormatError (exit 1) naming each file
-    that was left out, when there is one."""
-    n = len(cap.damaged)
+    of `caps` that was left out, when there is one."""
+    damaged = [d for cap in caps for d in cap.damaged]
+    n = len(damaged)
     if n == 1:
-        raise FormatError(f"{cap.damaged[0]} (left out; the rest was read)")
+        raise FormatError(f"{damaged[0]} (left out; the rest was read)")
     if n > 1:
         more = f"; and {n - 3} more" if n > 3 else ""
-        raise FormatError(f"{n} files left out (the rest was read): {'; '.join(cap.damaged[:3])}{more}")
+        raise FormatError(f"{n} files left out (the rest was read): {'; '.join(damaged[:3])}{more}")
 
 
 def _on_fd2(stream: object) -> bool:

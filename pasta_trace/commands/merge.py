@@ -13,7 +13,7 @@ import polars as pl
 
 from .. import merge
 from ..arg_types import microseconds
-from ..damage import left_out, reading
+from ..damage import left_out, reading, reading_all
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
 
@@ -78,15 +78,20 @@ def _inputs(src: Path, device_files: list[Path], out):
 
 def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
     out = merge.timeline_output(args.output, force=args.force)
-    try:
-        caps = [open_capture(d) for d in dirs]
-    except BaseException:
-        out.discard()
-        raise
-    offsets = merge.write_cluster(caps, out, sync_ns=int(args.clock_sync_us * 1000))
+
+    def load() -> list:
+        try:
+            return [open_capture(d) for d in dirs]
+        except BaseException:
+            out.discard()
+            raise
+
+    with reading_all(load, verbose=args.verbose) as caps:
+        offsets = merge.write_cluster(caps, out, sync_ns=int(args.clock_sync_us * 1000))
     for cap in caps:
         for problem in cap.problems:
-            print(f"pasta-trace: warning: {cap.path}: {problem}", file=sys.stderr)
+            if problem not in cap.damaged:  # those end the run, as its error
+                print(f"pasta-trace: warning: {cap.path}: {problem}", file=sys.stderr)
         if cap.has_device_data:
             print(f"pasta-trace: warning: {cap.path}: its device data is not in the cluster timeline "
                   f"(see its kernels with: pasta-trace merge {cap.path} -o OUT)", file=sys.stderr)
@@ -100,6 +105,7 @@ def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
               "are not aligned (offset 0)", file=sys.stderr)
     print(f"Wrote {args.output}", file=sys.stderr)
     print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    left_out(*caps)  # as one capture's merge: the timeline holds the rest, its problems say what is missing
     return 0
 
 

@@ -210,3 +210,36 @@ def test_damage_in_a_late_row_group_is_found_on_every_thread(tmp_path: Path, mon
     f.write_bytes(bytes(data))
     found, why = parquet_scan.parquet_problem(f, sch)
     assert found is None and why.startswith("damaged Parquet data (")
+
+
+def test_cluster_merge_of_a_damaged_capture_exits_1_and_keeps_the_rest(tmp_path: Path, capsys) -> None:
+    """As one capture's merge: the timeline is written from what could be
+    read, says what is missing, and the run exits 1 naming the damaged file."""
+    a, b = fx.write(tmp_path / "a"), fx.write(tmp_path / "b")
+    names = b / "names.parquet"
+    names.write_bytes(names.read_bytes()[:-1])
+    out = tmp_path / "tl"
+    rc, _, err = run(capsys, "merge", str(a), str(b), "-o", str(out))
+    why = f"{names}: truncated Parquet file (no footer at its end)"
+    assert rc == EXIT_RUNTIME
+    assert err[-1] == f"pasta-trace: error: {why} (left out; the rest was read)"
+    assert not any(why in line for line in err[:-1])  # said once, as the error
+    assert json.loads((out / "timeline.json").read_text())["problems"] == [f"{b}: {why}"]
+    assert pl.read_parquet(out / "names.parquet").height == len(fx.NAMES)  # a's, not b's
+    assert pl.scan_parquet(out / "events" / "**" / "*.parquet").select(pl.len()).collect().item() == 2 * 15
+
+
+def test_cluster_merge_of_captures_damaged_after_open_names_the_file(tmp_path: Path) -> None:
+    from pasta_trace.damage import reading_all
+
+    a, b = fx.write(tmp_path / "a"), fx.write(tmp_path / "b")
+    f = b / "events-00000.parquet"
+    with pytest.raises(FormatError) as e:
+        with reading_all(lambda: [open_capture(a), open_capture(b)]) as caps:
+            _zero_data_pages(f)
+            pl.concat([c.events for c in caps]).collect()
+    assert str(e.value).startswith(f"{f}: damaged Parquet data (")
+    with pytest.raises(FormatError) as e:
+        with reading_all(lambda: [open_capture(a), open_capture(a)]):
+            raise pl.exceptions.ComputeError("conversion from `f64` to `i64` failed\nin column x")
+    assert str(e.value) == f"{a}, {a}: conversion from `f64` to `i64` failed"
