@@ -34,9 +34,10 @@ MAX_SECTIONS = 1 << 16
 MAX_NOTES = 1 << 20
 
 SHT_NOBITS, SHT_NOTE, SHT_SYMTAB, SHT_DYNSYM, SHT_STRTAB = 8, 7, 2, 11, 3
-STT_FUNC, STT_GNU_IFUNC = 2, 10
+STT_FUNC = 2
 STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 PT_LOAD = 1
+SHF_COMPRESSED = 0x800
 ET_DYN = 3
 NT_GNU_BUILD_ID = 3
 _SHT_NAMES = {0: "SHT_NULL", 1: "SHT_PROGBITS", 2: "SHT_SYMTAB", 3: "SHT_STRTAB", 4: "SHT_RELA", 5: "SHT_HASH",
@@ -73,12 +74,12 @@ class Symbols:
         off = int(self.table["name"][i])
         return _cstr(self.strings, off) if off < len(self.strings) else ""
 
-    def functions(self, *, exported: bool = False, ifunc: bool = False) -> np.ndarray:
-        """Indices (table order) of the defined, named FUNC symbols (and
-        GNU_IFUNC with ``ifunc``); ``exported``: global or weak ones only."""
+    def functions(self, *, exported: bool = False) -> np.ndarray:
+        """Indices (table order) of the defined, named FUNC symbols (not
+        GNU_IFUNC: its value is its resolver's address); ``exported``: global
+        or weak ones only."""
         t = self.table
-        kind = t["info"] & 0xF
-        ok = ((kind == STT_FUNC) | ((kind == STT_GNU_IFUNC) if ifunc else False)) & (t["shndx"] != 0) & (t["name"] != 0)
+        ok = ((t["info"] & 0xF) == STT_FUNC) & (t["shndx"] != 0) & (t["name"] != 0)
         if exported:
             bind = t["info"] >> 4
             ok &= (bind == STB_GLOBAL) | (bind == STB_WEAK)
@@ -123,6 +124,14 @@ class ElfImage:
 
     def _read(self, offset: int, size: int, what: str, limit: int = MAX_TABLE_BYTES) -> bytes:
         """``size`` bytes at ``offset``, or BadElf when they cannot be in the file."""
+        self._check(offset, size, what, limit)
+        self._f.seek(offset)
+        data = self._f.read(size)
+        if len(data) != size:
+            raise BadElf(f"{self.path}: {what}: short read")
+        return data
+
+    def _check(self, offset: int, size: int, what: str, limit: int) -> None:
         if size > limit:
             raise BadElf(f"{self.path}: {what} is {size} bytes, more than the {limit >> 20} MiB read of one")
         if offset + size > self.size:
@@ -131,11 +140,6 @@ class ElfImage:
         if size > max(self.allocated, SMALL_TABLE):
             raise BadElf(f"{self.path}: {what} is {size} bytes, more than the {self.allocated} bytes the file "
                          "system holds for the file (a sparse file)")
-        self._f.seek(offset)
-        data = self._f.read(size)
-        if len(data) != size:
-            raise BadElf(f"{self.path}: {what}: short read")
-        return data
 
     def _section_headers(self) -> np.ndarray:
         h = self.header
@@ -189,6 +193,26 @@ class ElfImage:
         if int(s["type"]) == SHT_NOBITS:
             return b""
         return self._read(int(s["offset"]), int(s["size"]), f"section {self.section_names[i]}", limit)
+
+    def check_section(self, i: int, limit: int) -> None:
+        """BadElf unless section ``i`` lies in the file, within ``limit`` bytes
+        (for a reader that reads it itself: pyelftools), and, when compressed
+        (SHF_COMPRESSED, or a .zdebug section), expands to at most ``limit``."""
+        s = self.sections[i]
+        if int(s["type"]) == SHT_NOBITS:
+            return
+        name = self.section_names[i]
+        offset, size = int(s["offset"]), int(s["size"])
+        self._check(offset, size, f"section {name}", limit)
+        expands = None
+        if int(s["flags"]) & SHF_COMPRESSED and size >= 16:
+            expands = int(np.frombuffer(self._read(offset, 16, f"section {name}"), "<u8", 1, 8)[0])
+        elif name.startswith(".zdebug") and size >= 12:
+            head = self._read(offset, 12, f"section {name}")
+            expands = int.from_bytes(head[4:12], "big") if head[:4] == b"ZLIB" else None
+        if expands is not None and expands > limit:
+            raise BadElf(f"{self.path}: section {name} expands to {expands} bytes, more than the "
+                         f"{limit >> 20} MiB read of one")
 
     def symbols(self, name: str) -> Symbols | None:
         """The symbol table called ``name`` (.dynsym, .symtab); None when the

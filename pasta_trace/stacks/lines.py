@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 
+from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from ..elf_tables import ElfImage
+
 #: what pyelftools raises on DWARF it cannot read (it also asserts)
-_DWARF_ERRORS = (ValueError, KeyError, IndexError, AssertionError, OSError, AttributeError, TypeError)
+_DWARF_ERRORS = (ValueError, KeyError, IndexError, AssertionError, OSError, AttributeError, TypeError, ELFError,
+                 struct.error, EOFError, RecursionError)
+
+#: the largest debug section read (libtorch's debug file holds sections of hundreds of MB)
+MAX_SECTION = 1 << 30
 
 
 class LineTable:
@@ -21,6 +29,13 @@ class LineTable:
 
     def __init__(self, f):
         self._f = f
+        # pyelftools reads every debug section whole, and inflates compressed ones: each is
+        # checked first against the file (a sparse file's holes hold nothing) and MAX_SECTION
+        img = ElfImage(f)
+        for i, name in enumerate(img.section_names):
+            if name.startswith((".debug_", ".zdebug_")):
+                img.check_section(i, MAX_SECTION)
+        f.seek(0)
         elf = ELFFile(f)
         self._dwarf = elf.get_dwarf_info() if elf.get_section_by_name(".debug_line") is not None else None
         self._aranges = self._dwarf.get_aranges() if self._dwarf is not None else None

@@ -33,6 +33,7 @@ from typing import Callable, Sequence
 from elftools.common.exceptions import ELFError
 
 from .. import schema
+from ..regular_file import open_library
 from . import unwind_table as ut
 from .interpreter import Mapping, parse_maps
 from .lines import LineTable
@@ -70,8 +71,10 @@ class Frame:
 #: AddressSpace.locate: the file's tables are being built (Unwinder raises Pending)
 PENDING = object()
 
-#: what pyelftools raises on a damaged or unexpected file (it also asserts)
-_ELF_ERRORS = (ELFError, ValueError, OSError, AssertionError, KeyError, IndexError)
+#: what a damaged or unexpected file makes the parsers raise: pyelftools also asserts, indexes
+#: past its lists, and finds attributes missing (a section of another type than its name says)
+_ELF_ERRORS = (ELFError, ValueError, OSError, AssertionError, KeyError, IndexError, AttributeError, TypeError,
+               struct.error, EOFError, RecursionError, MemoryError)
 
 
 class Pending(Exception):
@@ -121,7 +124,7 @@ class ModuleCache:
     def lines(self, opener: Callable[[], object], tables: ut.Tables) -> LineTable | None:
         """The line tables of the debug file the symbols came from, else of the file itself (-g)."""
         try:
-            f = open(tables.debug_file, "rb") if tables.debug_file else opener()
+            f = open_library(tables.debug_file) if tables.debug_file else opener()
         except OSError:
             return None
         st = os.fstat(f.fileno())
@@ -256,7 +259,7 @@ class AddressSpace:
         base = self._proc / str(self.pid)
         for p in (base / "map_files" / f"{m.start:x}-{m.end:x}", base / "root" / m.path.lstrip("/"), Path(m.path)):
             try:
-                return open(p, "rb")
+                return open_library(p)  # a regular file only: a FIFO named like a library would block
             except OSError as e:
                 err = e
         raise err

@@ -27,6 +27,9 @@ from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE
 from elftools.elf.elffile import ELFFile
 
+from ..elf_tables import ElfImage
+from ..regular_file import open_library
+
 #: DWARF register numbers on x86-64
 RBP, RSP, RA = 6, 7, 16
 
@@ -40,6 +43,9 @@ RA_UNDEFINED = 1
 RBP_SAME = 0
 
 CACHE_VERSION = 1
+
+#: the largest .eh_frame parsed (libtorch_cuda's is tens of MB; pyelftools holds it whole)
+MAX_EH_FRAME = 256 << 20
 
 # DW_CFA opcodes (DWARF 5, 6.4.2; the GNU extension 0x2e)
 _ADVANCE, _OFFSET, _RESTORE = 0x40, 0x80, 0xC0
@@ -239,46 +245,48 @@ def _sorted_rows(rows: list[tuple], gaps: list[int]) -> tuple[np.ndarray, ...]:
 # ----------------------------------------------------------------------------- symbols
 
 
-def _symbols(elfs: list[ELFFile]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Function symbols of ``elfs`` (.symtab, then .dynsym); at one address a
-    global name wins over a weak one, a weak one over a local one."""
-    rank = {"STB_GLOBAL": 0, "STB_WEAK": 1}
-    best: dict[int, tuple[int, int, str]] = {}
-    for elf in elfs:
+def _symbols(images: list[ElfImage]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Function symbols of ``images`` (.dynsym, then .symtab); at one address a
+    global name wins over a weak one, a weak one over a local one, then the
+    larger size, then the first seen.  Read bounded (elf_tables): any process
+    can map a file whose tables claim millions of entries."""
+    addrs, sizes, ranks, names = [], [], [], []
+    for img in images:
         for sec_name in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(sec_name)
-            if sec is None or sec["sh_type"] == "SHT_NOBITS":
+            table = img.symbols(sec_name)
+            if table is None:
                 continue
-            for s in sec.iter_symbols():
-                info = s["st_info"]
-                if info["type"] not in ("STT_FUNC", "STT_GNU_IFUNC") or not s["st_value"] or not s.name:
-                    continue
-                if s["st_shndx"] == "SHN_UNDEF":
-                    continue
-                r = rank.get(info["bind"], 2)
-                cur = best.get(s["st_value"])
-                if cur is None or r < cur[0] or (r == cur[0] and s["st_size"] > cur[1]):
-                    best[s["st_value"]] = (r, s["st_size"], s.name)
-    addrs = np.array(sorted(best), dtype=np.uint64)
-    sizes = np.array([best[int(a)][1] for a in addrs], dtype=np.uint64)
-    names = np.array([best[int(a)][2] for a in addrs], dtype=str)
-    return addrs, addrs + sizes, names
+            t = table.table
+            idx = table.functions()  # an IFUNC's value is its resolver's address, named by the resolver's symbol
+            idx = idx[t["value"][idx] != 0]
+            bind = t["info"][idx] >> 4
+            addrs.append(t["value"][idx])
+            sizes.append(t["size"][idx])
+            ranks.append(np.where(bind == 1, 0, np.where(bind == 2, 1, 2)))
+            names.append((table, idx))
+    if not addrs:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), np.zeros(0, dtype=str)
+    addr, size, rank = np.concatenate(addrs), np.concatenate(sizes), np.concatenate(ranks)
+    order = np.lexsort((-size.astype(np.int64), rank, addr))  # stable: the first seen wins a tie
+    first = np.ones(len(order), bool)
+    first[1:] = addr[order][1:] != addr[order][:-1]
+    pick = order[first]
+    where = np.concatenate([np.full(len(idx), k) for k, (_, idx) in enumerate(names)])
+    row = np.concatenate([idx for _, idx in names])
+    out_names = np.array([names[w][0].name(int(r)) for w, r in zip(where[pick].tolist(), row[pick].tolist())],
+                         dtype=str)
+    return addr[pick].astype(np.uint64), (addr[pick] + size[pick]).astype(np.uint64), out_names
 
 
-def _segments(elf: ELFFile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    loads = sorted((s["p_offset"], s["p_vaddr"], s["p_filesz"]) for s in elf.iter_segments()
-                   if s["p_type"] == "PT_LOAD")
-    cols = list(zip(*loads)) if loads else [(), (), ()]
-    return tuple(np.array(c, dtype=np.uint64) for c in cols)  # type: ignore[return-value]
+def _segments(img: ElfImage) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    loads = np.sort(img.loads, order="offset")
+    return (loads["offset"].astype(np.uint64), loads["vaddr"].astype(np.uint64),
+            loads["filesz"].astype(np.uint64))
 
 
-def build_id_of(elf: ELFFile) -> str | None:
-    for sec in elf.iter_sections():
-        if sec["sh_type"] == "SHT_NOTE":
-            for note in sec.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID":
-                    return note["n_desc"]
-    return None
+def build_id_of(f) -> str | None:
+    """The build-id of the open ELF file ``f`` (or of an ELFFile's), read bounded (elf_tables)."""
+    return ElfImage(f.stream if isinstance(f, ELFFile) else f).build_id()
 
 
 def debug_file_for(build_id: str | None, roots: tuple[str, ...] = ("/",)) -> Path | None:
@@ -293,30 +301,36 @@ def debug_file_for(build_id: str | None, roots: tuple[str, ...] = ("/",)) -> Pat
 
 
 def build(f, debug_roots: tuple[str, ...] = ("/",)) -> tuple[str | None, Tables]:
-    """(build-id, tables) of the open ELF file ``f``."""
-    elf = ELFFile(f)
-    bid = build_id_of(elf)
+    """(build-id, tables) of the open ELF file ``f``.  Every table is read
+    bounded (.eh_frame: MAX_EH_FRAME, and no more than the file holds); a
+    file past a bound raises ELFError naming it."""
+    img = ElfImage(f)
+    bid = img.build_id()
     debug = debug_file_for(bid, debug_roots)
-    pcs = unwind_rows(elf)
-    elfs = [elf]
+    eh = img.section(".eh_frame")
+    if eh is not None:
+        img.check_section(eh, MAX_EH_FRAME)
+    f.seek(0)
+    pcs = unwind_rows(ELFFile(f))
+    images = [img]
     dbg_handle = None
     if debug is not None:
         try:
-            dbg_handle = open(debug, "rb")
-            elfs.append(ELFFile(dbg_handle))
+            dbg_handle = open_library(debug)
+            images.append(ElfImage(dbg_handle, debug))
         except (OSError, ELFError):
             debug = None
     try:
-        syms = _symbols(elfs)
+        syms = _symbols(images)
     finally:
         if dbg_handle is not None:
             dbg_handle.close()
-    return bid, Tables(*pcs, *syms, *_segments(elf), debug_file=str(debug) if debug else "")
+    return bid, Tables(*pcs, *syms, *_segments(img), debug_file=str(debug) if debug else "")
 
 
 def cached(f, cache: Path | None = None) -> Tables | None:
     """The tables of the open ELF file ``f`` from the cache (fast), None when not there."""
-    bid = build_id_of(ELFFile(f))
+    bid = build_id_of(f)
     return Tables.load((cache_dir() if cache is None else cache) / f"{bid}.npz") if bid else None
 
 
