@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
+from ..elf_tables import ElfImage
+from ..regular_file import open_library
 from .offsets import DEBUG_GROUPS, PyLayout, Unsupported, debug_offsets_size, layout_for
 
 #: python3.12, python3.12d, libpython3.12.so.1.0, libpython3.12d.so ...
@@ -67,28 +68,29 @@ def _mappings(pid: int, proc: Path) -> list[Mapping]:
 
 
 def _open_mapped(pid: int, proc: Path, path: str, maps: list[Mapping]):
-    """A binary file object of ``path`` as mapped by ``pid``."""
+    """A binary file object of ``path`` as mapped by ``pid`` (a regular file
+    only, opened without blocking: the process chose what the path names)."""
     m = next((m for m in maps if m.path == path), None)
     if m is not None:
         try:
-            return open(proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}", "rb")
+            return open_library(proc / str(pid) / "map_files" / f"{m.start:x}-{m.end:x}")
         except OSError:
             pass
-    return open(proc / str(pid) / "root" / path.lstrip("/"), "rb")
+    return open_library(proc / str(pid) / "root" / path.lstrip("/"))
 
 
-def _symbols(elf: ELFFile, names: set[str]) -> dict[str, int]:
-    """Defined symbols of ``names`` (st_value), from .dynsym then .symtab."""
+def _symbols(img: ElfImage, names: set[str]) -> dict[str, int]:
+    """Defined symbols of ``names`` (st_value), from .dynsym then .symtab (read bounded: elf_tables)."""
     found: dict[str, int] = {}
     for sec_name in (".dynsym", ".symtab"):
-        sec = elf.get_section_by_name(sec_name)
-        if sec is None:
+        table = img.symbols(sec_name)
+        if table is None:
             continue
-        for name in names - found.keys():
-            for sym in sec.get_symbol_by_name(name) or []:
-                if sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
-                    found[name] = sym["st_value"]
-                    break
+        t = table.table
+        for i in table.named(names - found.keys()).tolist():
+            name = table.name(i)
+            if name not in found and t["shndx"][i] != 0 and t["value"][i]:
+                found[name] = int(t["value"][i])
     return found
 
 
@@ -100,11 +102,10 @@ class _ElfFacts:
 
 
 def _elf_facts(f) -> _ElfFacts:
-    elf = ELFFile(f)
-    loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-    seg = min(loads, key=lambda s: s["p_offset"]) if loads else None
-    return _ElfFacts(_symbols(elf, {"_PyRuntime", "PyCode_Type", "Py_Version"}), elf["e_type"] == "ET_DYN",
-                     seg["p_vaddr"] - seg["p_offset"] if seg else 0)
+    img = ElfImage(f)
+    seg = min(img.loads, key=lambda s: int(s["offset"])) if len(img.loads) else None
+    return _ElfFacts(_symbols(img, {"_PyRuntime", "PyCode_Type", "Py_Version"}), img.dynamic,
+                     int(seg["vaddr"]) - int(seg["offset"]) if seg is not None else 0)
 
 
 def _bias(facts: _ElfFacts, maps: list[Mapping], path: str) -> int:
