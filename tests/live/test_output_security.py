@@ -1,7 +1,11 @@
 """Root must not write through anyone else's links.  Each attack on the
 output directory, played by a real unprivileged user made for the test
 against the real CLI running as root: the target file stays unchanged and
-root's, and the attacker gets a one-line refusal (exit 2) or nothing."""
+root's, and the attacker gets a one-line refusal (exit 2) or nothing.
+
+Under sudo everything is made as the user (pasta_trace.privilege): the
+capture is theirs from the start, so the command they launch may spoil its
+own capture, and nothing else (test_sudo_outputs.py has the rest)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -56,11 +61,27 @@ def users_link(user, link: Path, target: Path) -> None:
     os.lchown(link, user.uid, user.gid)
 
 
+def users_dir(user, path: Path, mode: int = 0o755) -> Path:
+    path.mkdir(mode=mode)
+    path.chmod(mode)
+    os.chown(path, user.uid, user.gid)
+    return path
+
+
+@pytest.fixture
+def users_sleeper(user):
+    """A process of the user's to point -p at (under sudo only those may be traced)."""
+    p = subprocess.Popen(["sleep", "60"], user=user.uid, group=user.gid, extra_groups=[])
+    yield p
+    p.kill()
+    p.wait()
+
+
 def test_the_launched_command_cannot_redirect_roots_writes(require_bpf, user, base):
-    """The command runs as the user while root writes the capture: links it
-    plants under the temporary and final names must not be written through
-    or chowned."""
-    out = base / "cap"
+    """The command runs as the user while the capture is written into a
+    directory of theirs: links it plants under the temporary and final names
+    must not be written through or chowned; what it leaves there is its own."""
+    out = users_dir(user, base / "home") / "cap"
     victim = base / "rootonly" / "victim"
     plant = "; ".join(f"ln -s {victim} {out}/{name}" for name in (
         ".manifest.json.tmp", ".names.parquet.tmp", ".processes.parquet.tmp", ".libraries.parquet.tmp",
@@ -69,26 +90,33 @@ def test_the_launched_command_cannot_redirect_roots_writes(require_bpf, user, ba
             env=user.sudo_env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert_victim_untouched(base)
-    assert r.stdout == ""  # the user could not even list the capture while it was written
     m = json.loads((out / "manifest.json").read_text())
     assert m["complete"] is True and m["launched"]["exit_code"] == 0
-    entries = sorted(os.listdir(out))
+    planted = {".manifest.json.tmp", ".names.parquet.tmp", ".processes.parquet.tmp", ".libraries.parquet.tmp",
+               ".events-00000.parquet.tmp", "evil"}
+    entries = set(os.listdir(out))
     # libraries.parquet only where the ld.so cache has a GPU library to attach to at launch
-    assert set(entries) - {"libraries.parquet"} == {"manifest.json", "names.parquet", "processes.parquet", "stacks.parquet"}
-    # handed over at the end: the user's, and only the user's to read
+    assert entries - planted - {"libraries.parquet"} == {"manifest.json", "names.parquet", "processes.parquet",
+                                                         "stacks.parquet"}
+    # the user's from the start, and only the user's to read
     st = out.stat()
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (user.uid, user.gid, 0o700)
-    for name in entries:
+    for name in entries - planted:  # names.parquet's planted link was replaced, not written through
         st = (out / name).lstat()
-        assert (stat.S_ISREG(st.st_mode), st.st_uid, stat.S_IMODE(st.st_mode)) == (True, user.uid, 0o600), name
+        assert (stat.S_ISREG(st.st_mode), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == \
+            (True, user.uid, user.gid, 0o600), name
+    for name in entries & planted:  # the user's own links, left as they are
+        st = (out / name).lstat()
+        assert (stat.S_ISLNK(st.st_mode), st.st_uid) == (True, user.uid), name
 
 
 @pytest.mark.parametrize("force", [False, True])
 @pytest.mark.parametrize("under_sudo", [False, True])
-def test_an_output_that_is_a_users_link_is_refused(user, base, sleeper, force, under_sudo):
+def test_an_output_that_is_a_users_link_is_refused(user, base, sleeper, users_sleeper, force, under_sudo):
     link = base / "x"
     users_link(user, link, base / "rootonly")
-    r = cli("-p", str(sleeper.pid), "-o", str(link), "-d", "1", *(["--force"] if force else []),
+    traced = users_sleeper if under_sudo else sleeper
+    r = cli("-p", str(traced.pid), "-o", str(link), "-d", "1", *(["--force"] if force else []),
             env=user.sudo_env if under_sudo else None)
     assert r.returncode == 2
     assert one_error_line(r) == (
@@ -97,9 +125,9 @@ def test_an_output_that_is_a_users_link_is_refused(user, base, sleeper, force, u
     assert_victim_untouched(base)
 
 
-def test_an_output_through_a_users_link_is_refused(user, base, sleeper):
+def test_an_output_through_a_users_link_is_refused(user, base, users_sleeper):
     users_link(user, base / "x", base / "rootonly")
-    r = cli("-p", str(sleeper.pid), "-o", str(base / "x" / "cap"), "-d", "1", env=user.sudo_env)
+    r = cli("-p", str(users_sleeper.pid), "-o", str(base / "x" / "cap"), "-d", "1", env=user.sudo_env)
     assert r.returncode == 2
     assert f"refusing {base / 'x' / 'cap'}: {base / 'x'} is a symbolic link owned by uid {user.uid}" in \
         one_error_line(r)
@@ -121,22 +149,27 @@ def test_a_directory_of_another_user_is_refused(user, base, sleeper, force):
     assert os.listdir(theirs) == [] and theirs.stat().st_uid == user.uid
 
 
-def test_the_invoking_users_own_directory_is_fine_and_stays_theirs(require_bpf, user, base, sleeper):
-    theirs = base / "theirs"
-    theirs.mkdir(mode=0o750)
-    os.chown(theirs, user.uid, user.gid)
-    r = cli("-p", str(sleeper.pid), "-o", str(theirs), "-d", "1", env=user.sudo_env, timeout=300)
+def test_the_invoking_users_own_directory_is_fine_and_stays_theirs(require_bpf, user, base, users_sleeper):
+    theirs = users_dir(user, base / "theirs", 0o750)
+    r = cli("-p", str(users_sleeper.pid), "-o", str(theirs), "-d", "1", env=user.sudo_env, timeout=300)
     assert r.returncode == 0, r.stderr
     st = theirs.stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (user.uid, 0o750)  # owner and mode given back
-    assert {(p.stat().st_uid, stat.S_IMODE(p.stat().st_mode)) for p in theirs.iterdir()} == {(user.uid, 0o600)}
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (user.uid, 0o750)  # never taken over
+    assert {(p.stat().st_uid, p.stat().st_gid, stat.S_IMODE(p.stat().st_mode)) for p in theirs.iterdir()} == \
+        {(user.uid, user.gid, 0o600)}
 
 
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory):
-    path = tmp_path_factory.mktemp("src") / "cap"
+def capture(user):
+    """A capture the user may read (under sudo the offline verbs read as the user)."""
+    d = Path(tempfile.mkdtemp(prefix="pasta-src-"))
+    d.chmod(0o755)
+    path = d / "cap"
     synthetic.write_capture(path, synthetic.Spec(pids=1, launches=20, allocations=4, accesses=100))
-    return path
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, user.uid, user.gid)
+    yield path
+    shutil.rmtree(d)
 
 
 @pytest.mark.parametrize("verb", [
@@ -146,11 +179,29 @@ def capture(tmp_path_factory):
     ("merge", "{cap}", "-o", "{out}", "--force"),
 ], ids=["report-html", "export-perfetto", "export-chrome", "merge"])
 def test_every_verb_refuses_a_users_link_as_its_output(user, base, capture, verb):
+    """Under sudo these verbs are the user: the link is theirs to follow, and
+    the kernel stops them at the root-only directory."""
     out = base / "out"
     users_link(user, out, base / "rootonly" / "victim")
     r = cli(*(a.format(cap=capture, out=out) for a in verb), env=user.sudo_env)
     assert r.returncode == 2
-    assert one_error_line(r).startswith(f"pasta-trace: error: refusing {out}: {out} is a symbolic link owned by uid")
+    assert one_error_line(r) == f"pasta-trace: error: cannot open {base / 'rootonly'}: Permission denied"
+    assert_victim_untouched(base)
+
+
+@pytest.mark.parametrize("verb", [
+    ("report", "{cap}", "--html", "{out}", "--force"),
+    ("export", "{cap}", "--format", "chrome", "-o", "{out}", "--force"),
+    ("merge", "{cap}", "-o", "{out}", "--force"),
+], ids=["report-html", "export-chrome", "merge"])
+def test_as_root_every_verb_refuses_a_users_link_as_its_output(user, base, capture, verb):
+    """Root's own use: a link of anyone else's is never followed."""
+    out = base / "out"
+    users_link(user, out, base / "rootonly" / "victim")
+    r = cli(*(a.format(cap=capture, out=out) for a in verb))
+    assert r.returncode == 2
+    assert one_error_line(r) == (f"pasta-trace: error: refusing {out}: {out} is a symbolic link owned by uid "
+                                 f"{user.uid} (as root only root's links are followed: give the path it points to)")
     assert_victim_untouched(base)
 
 
