@@ -2,7 +2,9 @@
 
 The child is a tiny Python wrapper that waits on a pipe, then execs CMD: its
 PID is known before CMD runs a single instruction, so the session can put it
-in the BPF pid filter and attach the probes first.  Under sudo the command
+in the BPF pid filter and attach the probes first.  Only the go byte lets it
+exec: the end of the pipe (the set-up failed, or pasta-trace died, before
+release) makes it exit without running CMD, never run it untraced.  Under sudo the command
 runs as the invoking user (SUDO_UID / SUDO_GID).
 """
 
@@ -20,7 +22,8 @@ from ..safe_output import invoking_user
 _WRAPPER = (
     "import os,sys\n"
     "fd=int(sys.argv[1])\n"
-    "os.read(fd,1)\n"
+    "if os.read(fd,1)!=b'g':\n"
+    "    os._exit(125)\n"
     "os.close(fd)\n"
     "try:\n"
     "    os.execvp(sys.argv[2],sys.argv[2:])\n"
@@ -82,9 +85,16 @@ class HeldCommand:
         return self.proc.poll()
 
     def abandon(self) -> None:
-        """The session failed before release: do not leave the wrapper waiting."""
+        """The session failed before release: the command must never run, and
+        the wrapper not be left waiting.  It is killed, not only told by the
+        end of the pipe: it may be stopped (a discover stop nobody resumed yet),
+        and a wait for it would never end."""
         try:
             os.close(self._go)
+        except OSError:
+            pass
+        try:
+            self.proc.kill()
         except OSError:
             pass
         self.proc.wait()
