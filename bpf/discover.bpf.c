@@ -14,10 +14,20 @@
  *   record and sends SIGCONT, so the library's first call is traced.  If the
  *   tracer dies, its guardian (capture/guardian.py), which holds pt_stops and
  *   discover_cfg, disarms and resumes every process still recorded.
- * - pasta-trace's own processes (the tracer's tgid, and every process named
- *   PT_OWN_COMM: other tracers, doctor, --dry-run) are never stopped.
+ * - pasta-trace's own processes (the tracer, its events writer, its guardian:
+ *   their tgids in `pt_own`, added by user space as each starts) are never
+ *   stopped.  By tgid, not by name: a user's program may be named anything,
+ *   `pasta-trace` included, and is traced all the same.
+ * - under sudo only the invoking user's processes are traced (bpf/reach.h):
+ *   another user's process is never stopped and none of its forks, execs or
+ *   exits are reported, so user space never reads its maps or cmdline.
  * - fork: a child of a traced process joins pid_filter in its own context, at
  *   its first return to user space, before it can run any code of its own.
+ *   A child that finds pid_filter (or pending_children) full is counted
+ *   (PT_UNTRACED_CHILDREN), never dropped silently.
+ * - exit: every per-process entry (pid_filter, pt_own, py_procs, the thread's
+ *   open_args, pt_stops and pending_children) is deleted, traced or not, so
+ *   no table fills with the dead over a long capture.
  * - exec and exit of traced processes are reported for processes.parquet; an
  *   exec also forgets the process's Python interpreter (pystack.h, with stacks).
  *   With a pid filter (a launched command, -p), a process that execs is
@@ -53,14 +63,16 @@ BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
 BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
 BPF_HASH(open_args, u32, struct pt_open_args, 16384);
 BPF_HASH(pending_children, u64, u32, 16384); /* child task pointer -> parent tgid */
+BPF_HASH(pt_own, u32, u8, PT_OWN_MAX); /* pasta-trace's own tgids: never stopped */
 BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
 /* [0] the tracer's own tgid: never stop it; [1] 1 while the tracer (or its guardian)
  * is there to resume what it stops: cleared before the tracer stops polling, so a
  * process that opens a library while the probes are being removed is never left stopped */
 BPF_ARRAY(discover_cfg, u32, 2);
 /* [PT_UNPAUSED_OPENS] opens not paused because pt_stops was full;
- * [PT_LOST_NOTIFICATIONS] fork/exec/exit notifications dropped because the ring was full
- * (slots from schema.LOSSES) */
+ * [PT_LOST_NOTIFICATIONS] fork/exec/exit notifications dropped because the ring was full;
+ * [PT_UNTRACED_CHILDREN] children of traced processes that pid_filter or pending_children
+ * could not hold (slots from schema.LOSSES) */
 BPF_PERCPU_ARRAY(discover_lost, u64, PT_DISCOVER_LOST_N);
 
 static __always_inline void pt_dlost(int i)
@@ -70,11 +82,14 @@ static __always_inline void pt_dlost(int i)
         (*n)++;
 }
 
+/* tgid is the current task's */
 static __always_inline int pt_traced(u32 tgid)
 {
     int k = 0;
     u32 *self = discover_cfg.lookup(&k);
     if (self && *self == tgid)
+        return 0;
+    if (pt_foreign())
         return 0;
 #if PT_DISCOVER_FILTER
     return pid_filter.lookup(&tgid) != NULL;
@@ -90,17 +105,9 @@ static __always_inline int pt_armed(void)
     return armed && *armed;
 }
 
-/* comm is inherited by threads and children until exec: every pasta-trace process */
-static __always_inline int pt_own_process(void)
+static __always_inline int pt_own_process(u32 tgid)
 {
-    char comm[16] = {};
-    const char own[] = PT_OWN_COMM;
-    bpf_get_current_comm(comm, sizeof(comm));
-#pragma unroll
-    for (int i = 0; i < sizeof(own); i++)
-        if (comm[i] != own[i])
-            return 0;
-    return 1;
+    return pt_own.lookup(&tgid) != NULL;
 }
 
 static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
@@ -251,7 +258,8 @@ RAW_TRACEPOINT_PROBE(sys_exit)
         pending_children.delete(&task);
 #if PT_DISCOVER_FILTER
         u8 one = 1;
-        pid_filter.update(&tgid, &one);
+        if (pid_filter.update(&tgid, &one))
+            pt_dlost(PT_UNTRACED_CHILDREN); /* its calls go untraced: said, not hidden */
 #endif
         pt_notify(PT_DISCOVER_FORK, tgid, tid, ppid);
     }
@@ -275,7 +283,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     if (pt_fd_file(ret, &f) == 0 && known_files.lookup(&f))
         return 0;
     /* stop only a process that someone is there to resume, and that is not ours */
-    if (!pt_armed() || pt_own_process())
+    if (!pt_armed() || pt_own_process(tgid))
         return 0;
     st->dev = f.dev;
     st->ino = f.ino;
@@ -290,7 +298,8 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     if (!pt_traced(ptgid))
         return 0;
     u64 child = ctx->args[1];
-    pending_children.update(&child, &ptgid);
+    if (pending_children.update(&child, &ptgid))
+        pt_dlost(PT_UNTRACED_CHILDREN);
     return 0;
 }
 
@@ -298,17 +307,18 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
-    if (!pt_traced(tgid))
-        return 0;
 #ifdef PT_PYSTACKS
-    /* the old image's interpreter addresses mean nothing now: until user space
-     * looks at the new one, its events count as not registered (pystack.h) */
+    /* the old image's interpreter addresses mean nothing now, traced or not
+     * (a setuid program may become the user's again): until user space looks
+     * at the new one, its events count as not registered (pystack.h) */
     py_procs.delete(&tgid);
     py_unregistered.delete(&tgid);
 #endif
+    if (!pt_traced(tgid))
+        return 0;
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
 #if PT_DISCOVER_FILTER
-    if (!pt_armed() || pt_own_process())
+    if (!pt_armed() || pt_own_process(tgid))
         return 0;
     struct pt_stop *st = pt_stop_scratch();
     if (!st)
@@ -324,12 +334,22 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     u32 tid = (u32)id, tgid = id >> 32;
     /* a stopped thread that was killed needs no resuming */
     pt_stops.delete(&tid);
+    open_args.delete(&tid);
+    u64 task = bpf_get_current_task();
+    pending_children.delete(&task); /* killed before its first return to user space */
     /* the group leader's exit stands for the process's */
-    if (tid != tgid || !pt_traced(tgid))
+    if (tid != tgid)
         return 0;
-    pt_notify(PT_DISCOVER_EXIT, tgid, tid, 0);
+    /* notified only if traced (a process that became another uid is not any more);
+     * its entries go either way */
+    if (pt_traced(tgid))
+        pt_notify(PT_DISCOVER_EXIT, tgid, tid, 0);
 #if PT_DISCOVER_FILTER
     pid_filter.delete(&tgid);
 #endif
+#ifdef PT_PYSTACKS
+    py_procs.delete(&tgid);
+#endif
+    pt_own.delete(&tgid);
     return 0;
 }

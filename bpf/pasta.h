@@ -112,14 +112,17 @@ static __always_inline void pt_lost(u32 idx)
         (*v)++;
 }
 
+/* Not traced: outside the pid filter (-p, a launched command), or under sudo
+ * not the invoking user's (bpf/reach.h: checked at every call, so a process
+ * that becomes another uid stops being traced at once) */
 static __always_inline int pt_skip(void)
 {
 #ifdef PT_FILTER_PIDS
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    return pid_filter.lookup(&tgid) == 0;
-#else
-    return 0;
+    if (pid_filter.lookup(&tgid) == 0)
+        return 1;
 #endif
+    return pt_foreign();
 }
 
 /* Two loads from the task (BTF pointer, offset from the running kernel's

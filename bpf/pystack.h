@@ -26,7 +26,6 @@
  * branchy filter here made the unrolled program too large for the verifier.
  */
 
-#define PT_PY_PROCS_MAX 4096
 #define PT_PY_TSTATES_MAX 16384
 #define PT_PY_SEEN_MAX 65536
 #define PT_PY_INTERPS 2   /* sub-interpreters walked to find a thread */
@@ -34,13 +33,16 @@
 #define PT_PY_FRAME_READ 80 /* bytes read per frame: every field we use lies below */
 #define PT_PY_FRAME_BUF 128 /* offsets are masked into this buffer for the verifier */
 
+/* PT_PY_PROCS_MAX (program.PY_PROCS_MAX): user space deletes a process's entry when it
+ * exits or execs (so does discover.bpf.c); one it cannot add is counted
+ * (counts.stacks.unregistered_python_processes), never an error */
 BPF_HASH(py_procs, u32, struct pt_py_proc, PT_PY_PROCS_MAX);
 /* Events of each process not in py_procs (yet): they carry no stack.  When
  * user space registers the process as Python (just exec'd or forked, or first
  * seen in the events) it adds its count to counts.stacks.unregistered_python;
  * a process that is no Python leaves its count here.  Reset at exec
  * (discover.bpf.c): the new image starts from 0. */
-BPF_TABLE("lru_hash", u32, u64, py_unregistered, PT_PY_PROCS_MAX);
+BPF_TABLE("lru_hash", u32, u64, py_unregistered, 4096);
 BPF_TABLE("lru_hash", u32, u64, py_tstate, PT_PY_TSTATES_MAX);
 BPF_TABLE("lru_hash", u64, u8, py_seen, PT_PY_SEEN_MAX);
 BPF_RINGBUF_OUTPUT(pystacks, PT_PYSTACK_PAGES);

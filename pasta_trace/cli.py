@@ -107,7 +107,7 @@ def _with_default_verb(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    own_process.mark()  # before any thread starts: no pasta-trace process is ever stopped by a tracer
+    own_process.mark()  # before any thread starts, so every thread shows the name (ps, top)
     given = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not given:

@@ -166,11 +166,18 @@ def all_pids(proc: Path = Path("/proc")) -> list[int]:
     return sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
 
 
-def scan_all(proc: Path = Path("/proc"), skip: set[int] | None = None) -> list[ProcessLibraries]:
-    """Every process that maps a traced library (processes that vanish mid-scan are skipped)."""
+def scan_all(proc: Path = Path("/proc"), skip: set[int] | None = None,
+             uid: int | None = None) -> list[ProcessLibraries]:
+    """Every process that maps a traced library (processes that vanish mid-scan
+    are skipped); with ``uid``, only that user's (capture.reach: nothing of
+    another user's process is read)."""
+    from .reach import may_trace
+
     out = []
     for pid in all_pids(proc):
         if skip and pid in skip:
+            continue
+        if not may_trace(pid, uid, proc):
             continue
         try:
             found = scan_pid(pid, proc)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import schema
 from ..probes import program
-from . import guardian, own_process
+from . import guardian
 from .map_fds import Map, MapsByName, map_info
 from .kernel_offsets import discover_offsets
 from .ringbuf import RingBuffer, open_table
@@ -45,6 +45,8 @@ STOPS_MAX = 16384
 #: tracer attaches to a new library (a second or more), and -a reports every process of the
 #: machine: 16 pages dropped 1,223 notifications of 200 processes started during one attach.
 DISCOVER_PAGES = 256
+#: pasta-trace's own processes of one tracer (the tracer, its writer, its guardian), with room to spare
+OWN_MAX = 64
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -70,7 +72,7 @@ def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max:
         f"#define PT_KNOWN_MAX {known_max}",
         f"#define PT_STOPS_MAX {STOPS_MAX}",
         f"#define PT_DISCOVER_PAGES {DISCOVER_PAGES}",
-        f'#define PT_OWN_COMM "{own_process.OWN_COMM}"',
+        f"#define PT_OWN_MAX {OWN_MAX}",
         schema.loss_c_defines("discover_lost").rstrip("\n"),
         *(f"#define {name} {off}" for name, off in discover_offsets().items()),
         *(f"#define PT_DISCOVER_{t.name} {int(t)}" for t in DiscoverType),
@@ -80,7 +82,9 @@ def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max:
     ]
     if own_pid_filter:
         head.append("BPF_HASH(pid_filter, u32, u8, 65536);")
-    return "\n".join(head) + "\n" + bpf_source_path().read_text()
+    # pt_foreign: the probes program's (which defines the allowed uid under sudo), or none
+    reach = (program.BPF_DIR / program.REACH_SOURCE).read_text()
+    return "\n".join(head) + "\n" + reach + bpf_source_path().read_text()
 
 
 @dataclass
@@ -135,12 +139,20 @@ class LateLoadWatcher:
         self._others = MapsByName(guardian.STOPS_MAP, 4, STOP_RECORD.dtype.itemsize, {map_info(stops_fd)[0]})
         self._cfg = bpf["discover_cfg"]
         self._cfg[self._cfg.Key(0)] = self._cfg.Leaf(os.getpid())
+        self._own = bpf["pt_own"]
+        self.own(os.getpid())
         # armed only once someone outlives us to resume what we stop
         self._guardian = guardian.Guardian(stops_fd, self._cfg.map_fd, STOP_RECORD.dtype.itemsize,
                                            STOP_RECORD.dtype.fields["tgid"][1])
+        self.own(self._guardian.pid)
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0
         self._unremembered: set[tuple[int, int]] = set()  # files with probes the kernel could not remember
+
+    def own(self, pid: int) -> None:
+        """A process of this tracer's (its events writer, say): never stopped.
+        The kernel forgets it when it exits."""
+        self._own[self._own.Key(pid)] = self._own.Leaf(1)
 
     @property
     def guardian_pid(self) -> int:

@@ -1,10 +1,13 @@
-"""How pasta-trace's own processes are told apart from the traced ones.
+"""The name pasta-trace's own processes show.
 
 Every pasta-trace process (a tracer, `doctor`, `--dry-run`, the events
-writer, a guardian) carries the process name OWN_COMM.  The late-load hook
-never stops a process with that name, so tracers never stop each other or
-themselves.  The name is inherited by threads and by forked children until
-they exec, so naming the process at start covers all its threads.
+writer, a guardian) names itself OWN_COMM, so `ps` and `top` say what it is.
+The name is for display only: a user's program may be named `pasta-trace` as
+well, and is traced like any other.  The discover program tells a tracer's
+own processes apart by tgid (its `pt_own` map, filled by
+capture.late_load.LateLoadWatcher.own as each starts).  The name is inherited
+by threads and by forked children until they exec, so naming the process at
+start covers all its threads.
 """
 
 from __future__ import annotations
@@ -21,4 +24,4 @@ def mark() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_NAME, OWN_COMM.encode(), 0, 0, 0)
     except (OSError, AttributeError):
-        pass  # without prctl the tracer is still exempt by tgid; other tracers may pause us briefly
+        pass  # a display name only: nothing depends on it

@@ -12,21 +12,22 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..probes import uprobe_link
-from . import checks, discovery, manifest as mf
+from . import checks, discovery, manifest as mf, reach
 from .late_load import OpenedLibrary, discover_text
 from .options import DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, Options, names_pages
 
 
 def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
                  stack_pages: int = DEFAULT_STACK_PAGES, aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX,
-                 native_stacks: str | None = None, native_pages: int = DEFAULT_NATIVE_PAGES) -> str:
-    """The C text of the probes and discover programs, as loaded."""
+                 native_stacks: str | None = None, native_pages: int = DEFAULT_NATIVE_PAGES,
+                 allowed_uid: int | None = None) -> str:
+    """The C text of the probes and discover programs, as loaded (``allowed_uid``: capture.reach)."""
     from ..probes import program
 
     return program.build_bpf_text(
         ring_pages=buffer_pages, names_pages=names_pages(buffer_pages), aggregate=aggregate,
         aggregate_max=aggregate_max, filter_pids=filter_pids, stack_depth=stack_depth, stack_pages=stack_pages,
-        native_stacks=native_stacks, native_pages=native_pages,
+        native_stacks=native_stacks, native_pages=native_pages, allowed_uid=allowed_uid,
     ) + discover_text(filter_pids=filter_pids)
 
 
@@ -36,7 +37,7 @@ def load_program(opts: Options):
     text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
                         stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
                         aggregate_max=opts.aggregate_max, native_stacks=opts.native_stacks_loaded,
-                        native_pages=opts.native_pages)
+                        native_pages=opts.native_pages, allowed_uid=reach.traced_uid())
     try:
         return bcc.BPF(text=text)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception

@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from .. import schema
+from .reach import may_trace
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -84,8 +85,13 @@ def _boot_offset_ns() -> int:
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC) - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
-def process_row(pid: int, proc: Path = Path("/proc")) -> dict | None:
-    """One processes.parquet row, or None if the process is gone."""
+def process_row(pid: int, proc: Path = Path("/proc"), uid: int | None = None) -> dict | None:
+    """One processes.parquet row, or None if the process is gone or (with
+    ``uid``, under sudo) not that user's, before or after it was read: a
+    process that became another user's meanwhile leaves nothing of its
+    command line here."""
+    if not may_trace(pid, uid, proc):
+        return None
     base = proc / str(pid)
     try:
         stat = (base / "stat").read_text()
@@ -93,6 +99,8 @@ def process_row(pid: int, proc: Path = Path("/proc")) -> dict | None:
         cgroup_lines = (base / "cgroup").read_text().splitlines()
         mnt_ns = os.stat(base / "ns" / "mnt").st_ino
     except OSError:
+        return None
+    if not may_trace(pid, uid, proc):
         return None
     # comm may contain spaces and parentheses: it ends at the last ')'
     comm = stat[stat.index("(") + 1 : stat.rindex(")")]
@@ -120,7 +128,9 @@ def process_row(pid: int, proc: Path = Path("/proc")) -> dict | None:
 class ProcessTable:
     """Processes seen during a capture, with their exit times."""
 
-    def __init__(self) -> None:
+    def __init__(self, uid: int | None = None) -> None:
+        #: under sudo, the only uid whose processes are recorded (capture.reach)
+        self._uid = uid
         self._rows: dict[int, dict] = {}
         #: cgroup ids from exec notifications of processes not in the table yet: one
         #: that is first seen in events after it has exited still gets its cgroup
@@ -134,7 +144,7 @@ class ProcessTable:
         """Record ``pid`` if it is new and alive; True if added."""
         if pid in self._rows:
             return False
-        row = process_row(pid, proc)
+        row = process_row(pid, proc, self._uid)
         if row is None:
             return False
         self._exec_cgroups.pop(pid, None)  # alive: /proc told its cgroup
@@ -158,7 +168,7 @@ class ProcessTable:
             if cgroup_id:
                 self._exec_cgroups[pid] = (cgroup_id, cgroup_root)
             return
-        row = process_row(pid, proc)
+        row = process_row(pid, proc, self._uid)
         if row is not None:
             row["exit_ns"] = self._rows[pid]["exit_ns"]
             self._rows[pid] = row

@@ -182,6 +182,7 @@ class Session:
 
             api_names = list(catalog.API_NAMES)
             writer = CaptureWriter(out, api_names)
+            self._watcher.own(writer.pid)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
                                    aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
                                    aggregate_max=opts.aggregate_max if opts.aggregate else None)

@@ -75,6 +75,10 @@ class StackCollector:
         #: pid -> until when: just exec'd, not (yet) seen as Python: its loader may still be mapping
         #: libpython, so it is looked at again at every drain until then
         self._exec_pending: dict[int, float] = {}
+        #: exited: forgotten after the next drain (stacks of theirs may still wait in the ring)
+        self._exited: set[int] = set()
+        #: Python processes py_procs could not hold (their events carry no stack)
+        self._full = 0
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -116,15 +120,59 @@ class StackCollector:
         except OSError:
             self._count_unregistered(pid)  # gone, but it was Python: its events had no stack
             return
+        if not self._put(pid, interp):
+            mem.close()
+            self._full += 1
+            self.status[pid] = {"python": interp.version_text, "interpreter": interp.path, "stacks": False,
+                                "reason": f"more than {self._procs_map.max_entries} Python processes at once"}
+            if self._full == 1:
+                self.say(f"warning: more than {self._procs_map.max_entries} Python processes at once: "
+                         f"PID {pid} and later ones get no Python stacks (counted); tracing goes on")
+            return
         self._procs[pid] = _Process(interp, mem)
-        key = self._procs_map.Key(pid)
-        self._procs_map[key] = self._procs_map.Leaf.from_buffer_copy(
-            interp.layout.bpf_value(interp.runtime, interp.version))
         self._count_unregistered(pid)  # after the registration: its later events have stacks
         self.status[pid] = {"python": interp.version_text, "interpreter": interp.path, "stacks": True}
         if self.verbose:
             self.say(f"PID {pid}: Python {interp.version_text} ({interp.path}), _PyRuntime at 0x{interp.runtime:x}:"
                      " recording its stacks")
+
+    def _put(self, pid: int, interp: interpreter.Interpreter) -> bool:
+        """Tell the BPF walker about ``pid``; False if py_procs is full even
+        after the processes seen gone are taken out of it."""
+        key = self._procs_map.Key(pid)
+        leaf = self._procs_map.Leaf.from_buffer_copy(interp.layout.bpf_value(interp.runtime, interp.version))
+        for attempt in range(2):
+            try:
+                self._procs_map[key] = leaf
+                return True
+            except Exception:  # noqa: BLE001 - BCC raises a bare Exception (E2BIG: the table is full)
+                if attempt == 0:
+                    self._forget_gone()
+        return False
+
+    def _forget_gone(self) -> None:
+        """Forget the registered processes that have exited (their exit may
+        not have been reported: a notification lost, a process that became
+        another user's)."""
+        for pid in list(self._procs):
+            if not os.path.exists(self.proc / str(pid)):
+                self._forget(pid)
+
+    def exited(self, pid: int) -> None:
+        """``pid`` exited: forgotten once the stacks it left in the ring are drained."""
+        if pid in self._procs:
+            self._exited.add(pid)
+
+    def _forget(self, pid: int) -> None:
+        """Out of py_procs (the kernel deletes it at exit too) and of our table;
+        its stacks and status stay."""
+        p = self._procs.pop(pid, None)
+        if p is not None:
+            p.mem.close()
+        try:
+            del self._procs_map[self._procs_map.Key(pid)]
+        except KeyError:
+            pass
 
     def _count_unregistered(self, pid: int) -> None:
         """Take the count of ``pid``'s events before its registration (bpf/pystack.h)."""
@@ -177,6 +225,10 @@ class StackCollector:
         recs = self._ring.drain()
         if recs.size:
             self._symbolize(recs)
+        if self._exited:
+            for pid in self._exited:
+                self._forget(pid)
+            self._exited.clear()
 
     def _code(self, p: _Process, addr: int) -> Code | None:
         if addr not in p.codes:
@@ -233,6 +285,7 @@ class StackCollector:
         out["stacks"] = len(self._seen)
         out["unsymbolized_frames"] = self._unsymbolized
         out["unregistered_python"] = self._unregistered
+        out["unregistered_python_processes"] = self._full
         return out
 
     def close(self) -> None:

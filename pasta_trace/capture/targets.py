@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import PastaError, PermissionsError, UsageError
-from . import checks, discovery, python_env
+from . import checks, discovery, python_env, reach
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 CAP_SYS_PTRACE = 19
@@ -24,10 +24,17 @@ def alive(pid: int) -> bool:
 
 
 def check_pids(pids: list[int]) -> None:
-    """Each PID is a running user process, or a one-line error that says why not."""
+    """Each PID is a running user process that we may trace (under sudo: one
+    of the invoking user's, capture.reach), or a one-line error that says why
+    not.  Ownership is checked first: nothing else of another user's process
+    is read."""
+    uid = reach.traced_uid()
     for pid in pids:
         if pid <= 0 or not Path(f"/proc/{pid}").is_dir():
             raise no_such_process(pid)
+        refused = reach.refusal(pid, uid)
+        if refused is not None:
+            raise refused
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError as e:

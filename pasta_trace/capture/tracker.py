@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import discovery
+from . import discovery, reach
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
 from .native_collector import NativeCollector
@@ -28,7 +28,9 @@ class ProcessTracker:
         self._mode = mode
         self._pids = list(pids)  # the ones asked for with -p
         self._say = say
-        self.processes = ProcessTable()
+        #: under sudo, the invoking user's uid: only that user's processes are read or recorded (capture.reach)
+        self.uid = reach.traced_uid()
+        self.processes = ProcessTable(uid=self.uid)
         self.traced_pids: set[int] = set(pids)
         #: each traced process's latest /proc/PID/maps: offline naming needs them after it has gone
         self.maps: dict[int, str] = {}
@@ -53,7 +55,7 @@ class ProcessTracker:
 
     def start_system(self) -> None:
         """-a: attach to what every process maps now."""
-        for found in discovery.scan_all(skip={os.getpid()}):
+        for found in discovery.scan_all(skip={os.getpid()}, uid=self.uid):
             for lib in found.traced:
                 self._probes.attach(lib)
             self.processes.add(found.pid)
@@ -119,6 +121,8 @@ class ProcessTracker:
     def on_exit(self, pid: int, ts: int) -> None:
         if pid in self.processes:
             self.processes.exited(pid, ts)
+        if self._stacks is not None:
+            self._stacks.exited(pid)
         if pid in self.traced_pids and self._mode == "pid":
             self._say(f"PID {pid} exited; still tracing the others" if self.alive_pids() else f"PID {pid} exited")
 
@@ -144,6 +148,8 @@ class ProcessTracker:
 
     def save_maps(self, pids: Iterable[int]) -> None:
         for pid in pids:
+            if not reach.may_trace(pid, self.uid):
+                continue  # it became another user's since its last event: nothing more of it is read
             try:
                 text = Path(f"/proc/{pid}/maps").read_text()
             except OSError:
@@ -162,6 +168,8 @@ class ProcessTracker:
             if pid in self._seen_pids or pid == os.getpid():
                 continue
             self._seen_pids.add(pid)
+            if not reach.may_trace(pid, self.uid):
+                continue
             try:
                 found = discovery.scan_pid(pid)
             except OSError:
@@ -176,7 +184,7 @@ class ProcessTracker:
     def _python(self, pid: int) -> None:
         """Record ``pid``'s Python stacks from now on, if it runs CPython: called
         once its libraries are mapped (at attach, or when it opens a traced one)."""
-        if self._stacks is not None:
+        if self._stacks is not None and reach.may_trace(pid, self.uid):
             self._stacks.register(pid)
 
     def write_processes(self, writer) -> None:

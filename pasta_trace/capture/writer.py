@@ -99,6 +99,11 @@ class CaptureWriter:
         self._sender.start()
         self._queue.put(frame(b"A", json.dumps(self.api_names).encode()))
 
+    @property
+    def pid(self) -> int:
+        """The events writer process (one of pasta-trace's own: the discover program never stops it)."""
+        return self._proc.pid
+
     def _send_loop(self) -> None:
         """Blocking pipe writes happen here, with the GIL released."""
         out = self._proc.stdin

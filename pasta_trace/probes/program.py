@@ -4,10 +4,12 @@ kinds and shapes come from one table."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
 from pasta_trace import schema
+from pasta_trace.errors import PastaError
 from pasta_trace.probes import catalog, offsets
 
 
@@ -26,13 +28,18 @@ STACK_SOURCE = "pystack.h"  # after SOURCES: it writes the events pasta.h built
 STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with stacks on
 NATIVE_SOURCE = "nativestack.h"  # after STACK_SOURCE: the Python walker tail-calls it
 NATIVE_PROGRAM = "pt_native_event"
-NATIVE_TAIL_SLOT = 1  # PT_TAIL_NATIVE of bpf/pasta.h; slot 0 when it is the only stack program
+NATIVE_TAIL_SLOT = 1
+REACH_SOURCE = "reach.h"  # before SOURCES (pt_skip uses it); again in the discover program, guarded  # PT_TAIL_NATIVE of bpf/pasta.h; slot 0 when it is the only stack program
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
 DEFAULT_NATIVE_PAGES = 2048  # the nativestacks ring: ~1000 samples of 8 KiB between drains
 PID_FILTER_MAX = 4096
+#: Python processes whose stacks are walked at once (bpf/pystack.h's py_procs); PY_PROCS_MAX_ENV
+#: lowers it, for the tests that fill it
+PY_PROCS_MAX = 4096
+PY_PROCS_MAX_ENV = "PASTA_TRACE_TEST_PY_PROCS_MAX"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
 # Bytes of kind-specific data after each BTF type record, by kind; *vlen
@@ -58,35 +65,67 @@ def role_define(api: catalog.Api) -> str:
     return f"#define PT_ROLE_{catalog.API_ID[api.symbol]} {_ROLES[api.nest_role]}"
 
 
-def task_comm_offset(btf: Path = VMLINUX_BTF) -> int | None:
-    """Byte offset of ``comm`` in the running kernel's ``struct task_struct``
-    (from its BTF), or None without BTF.  The handlers load the comm straight
-    from the task with it: bpf_get_current_comm cost ~50 ns more per event."""
+def struct_member_offsets(wanted: dict[str, tuple[str, ...]], btf: Path = VMLINUX_BTF) -> dict[tuple[str, str], int]:
+    """Byte offsets of direct members of kernel structs in the running kernel
+    (its BTF): {(struct, member): offset} for those found; empty without BTF."""
     try:
         data = btf.read_bytes()
     except OSError:
-        return None
+        return {}
     magic, _, _, hdr_len, type_off, type_len, str_off, _ = struct.unpack_from("<HBBIIIII", data)
     if magic != 0xEB9F:
-        return None
+        return {}
     strings = hdr_len + str_off
 
     def name(off: int) -> bytes:
         return data[strings + off : data.index(b"\0", strings + off)]
 
+    todo = {s.encode(): {m.encode() for m in members} for s, members in wanted.items()}
+    out: dict[tuple[str, str], int] = {}
     pos, end = hdr_len + type_off, hdr_len + type_off + type_len
-    while pos < end:
+    while pos < end and todo:
         name_off, info, _ = struct.unpack_from("<III", data, pos)
         kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
         pos += 12
-        if kind == 4 and name(name_off) == b"task_struct":
+        if kind == 4 and (members := todo.get(name(name_off))) is not None:
+            struct_name = name(name_off)
+            del todo[struct_name]  # the first definition is the kernel's (modules' BTF is elsewhere)
             for m in range(vlen):
                 m_name, _, m_off = struct.unpack_from("<III", data, pos + 12 * m)
-                if name(m_name) == b"comm":
-                    return (m_off & 0xFFFFFF if info >> 31 else m_off) // 8
-            return None
+                if name(m_name) in members:
+                    out[(struct_name.decode(), name(m_name).decode())] = (m_off & 0xFFFFFF if info >> 31 else m_off) // 8
         pos += _BTF_FIXED.get(kind, 0) + _BTF_PER_VLEN.get(kind, 0) * vlen
-    return None
+    return out
+
+
+def task_comm_offset(btf: Path = VMLINUX_BTF) -> int | None:
+    """Byte offset of ``comm`` in the running kernel's ``struct task_struct``
+    (from its BTF), or None without BTF.  The handlers load the comm straight
+    from the task with it: bpf_get_current_comm cost ~50 ns more per event."""
+    return struct_member_offsets({"task_struct": ("comm",)}, btf).get(("task_struct", "comm"))
+
+
+#: the credential members bpf/reach.h compares with the allowed uid
+CRED_MEMBERS = {"task_struct": ("cred",), "cred": ("uid", "euid", "suid", "fsuid")}
+
+
+def reach_text(allowed_uid: int | None, btf: Path = VMLINUX_BTF) -> str:
+    """bpf/reach.h with its configuration: events and stops of processes whose
+    uids are all ``allowed_uid`` only (capture.reach), or of every process
+    (None).  Refuses (PastaError) when the running kernel's BTF does not give
+    the credential offsets: a restricted capture never runs unrestricted."""
+    head = []
+    if allowed_uid is not None:
+        offs = struct_member_offsets(CRED_MEMBERS, btf)
+        need = [(s, m) for s, ms in CRED_MEMBERS.items() for m in ms]
+        missing = [f"{s}.{m}" for s, m in need if (s, m) not in offs]
+        if missing:
+            raise PastaError(f"cannot restrict the capture to the processes of uid {allowed_uid}: the running "
+                             f"kernel's BTF ({btf}) does not give {', '.join(missing)}",
+                             hint="run `pasta-trace doctor`")
+        head = [f"#define PT_ALLOWED_UID {int(allowed_uid)}u",
+                *(f"#define PT_OFF_{s.upper()}_{m.upper()} {offs[(s, m)]}" for s, m in need)]
+    return "\n".join(head) + "\n" + (BPF_DIR / REACH_SOURCE).read_text()
 
 
 def _power_of_two(name: str, n: int) -> None:
@@ -106,6 +145,7 @@ def build_bpf_text(
     stack_pages: int = DEFAULT_STACK_PAGES,
     native_stacks: str | None = None,
     native_pages: int = DEFAULT_NATIVE_PAGES,
+    allowed_uid: int | None = None,
 ) -> str:
     """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
     are compiled (attach only those); their ids stay the catalog's.
@@ -114,7 +154,8 @@ def build_bpf_text(
     rows the --aggregate map holds (calls of further rows count in lost_agg).
     ``native_stacks``: copy the user stack of the events of
     schema.NATIVE_STACK_KINDS and of failed calls ("default"), or of every
-    event ("all"); None: none (bpf/nativestack.h)."""
+    event ("all"); None: none (bpf/nativestack.h).  ``allowed_uid``: events
+    of that user's processes only (capture.reach; None: every process)."""
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
     if aggregate_max < 1:
@@ -135,7 +176,9 @@ def build_bpf_text(
     stacks = stack_depth is not None and not aggregate  # --aggregate keeps no events to carry them
     if stacks:
         _power_of_two("stack_pages", stack_pages)
-        config += ["#define PT_PYSTACKS 1", f"#define PT_PYSTACK_PAGES {stack_pages}"]
+        procs_max = int(os.environ.get(PY_PROCS_MAX_ENV) or PY_PROCS_MAX)
+        config += ["#define PT_PYSTACKS 1", f"#define PT_PYSTACK_PAGES {stack_pages}",
+                   f"#define PT_PY_PROCS_MAX {procs_max}"]
     native = native_stacks is not None and not aggregate
     if native:
         if native_stacks not in ("default", "all"):
@@ -147,6 +190,7 @@ def build_bpf_text(
         parts.append(schema.stacks_c_header(stack_depth))
     if native:
         parts.append(schema.native_stacks_c_header(None if native_stacks == "all" else schema.NATIVE_STACK_KINDS))
+    parts.append(reach_text(allowed_uid))
     parts += [(BPF_DIR / s).read_text() for s in SOURCES]
     if stacks:
         parts.append((BPF_DIR / STACK_SOURCE).read_text())

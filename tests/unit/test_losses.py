@@ -55,7 +55,8 @@ def test_every_bpf_loss_slot_is_generated_and_each_is_counted() -> None:
         "PT_LOST_EVENTS": "0", "PT_LOST_NAMES": "1", "PT_LOST_INFLIGHT": "2", "PT_LOST_AGG": "3", "PT_LOST_N": "4",
         "PT_UNPAUSED_OPENS": "0", "PT_LOST_NOTIFICATIONS": "1",
     }
-    assert "#define PT_DISCOVER_LOST_N 2" in text
+    assert "#define PT_UNTRACED_CHILDREN 2" in text
+    assert "#define PT_DISCOVER_LOST_N 3" in text  # PT_UNTRACED_CHILDREN: 2
     assert f"#define PT_DEPTH {schema.INFLIGHT_DEPTH}" in text
     sources = "".join(src.read_text() for src in BPF_SOURCES)
     used = set(re.findall(r"pt_d?lost\((PT_\w+)\)", sources))
@@ -94,9 +95,10 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
         "events": 5, "names": 2,
         "stacks": {"lost_stacks": 50, "unreadable_stacks": 60, "no_python_thread": 3, "truncated_stacks": 1,
                    "stacks": 9, "lost_native_stacks": 70, "unreadable_native_stacks": 80,
-                   "unresolved_native_stacks": 90},
+                   "unresolved_native_stacks": 90, "unregistered_python_processes": 150},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
         "unpaused_opens": 100, "lost_notifications": 110, "lost_writer_behind": 120, "lost_unwritten": 130,
+        "untraced_children": 140,
         "known_full": 2, "folded_launches": 7, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
@@ -105,7 +107,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
     assert c.losses == lost  # a tally (launches folded on purpose) is not a loss
-    assert c.lost_events == sum(lost.values()) == 910
+    assert c.lost_events == sum(lost.values()) == 1200
 
 
 def test_without_stacks_the_manifest_has_no_stack_losses() -> None:
@@ -142,6 +144,11 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  use --aggregate or trace fewer processes",
         "LOST: 1,012 events: they could not be written: the disk was full",
         "  free space or choose another -o",
+        "LOST: 1,013 untraced child processes: the table of traced processes was full when they started",
+        "  no option changes it; trace fewer processes at once",
+        "LOST: 1,014 Python processes without stacks: more Python processes ran at once than the table of "
+        "interpreters holds",
+        "  no option changes it; their events are kept, without a stack",
     ]
     assert summary.loss_lines({"lost_events": 0}, SETTINGS) == ["lost: 0"]
     assert Options(mode="pid", out_dir=Path("x"), command_line=[], buffer_pages=8, stack_pages=16,
