@@ -7,7 +7,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from . import discovery
+from . import discovery, reach
 from .launch import check_command
 from .options import Options
 from .probe_set import program_text
@@ -19,7 +19,7 @@ def bpf_text(args: argparse.Namespace) -> str:
     return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
                         stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max,
                         native_stacks=None if args.aggregate else args.native_stacks,
-                        native_pages=args.native_stack_buffer_pages)
+                        native_pages=args.native_stack_buffer_pages, allowed_uid=reach.traced_uid())
 
 
 @dataclass
@@ -65,7 +65,7 @@ def plan(opts: Options) -> str:
                              "would wait for one")
         libs = discovery.unique_libraries(found)
     elif opts.mode == "system":
-        libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}))
+        libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}, uid=reach.traced_uid()))
     else:
         check_command(opts.command, dict(os.environ))
         libs = launch_candidates(dict(os.environ), opts.command)
