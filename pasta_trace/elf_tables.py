@@ -74,28 +74,39 @@ class Symbols:
         off = int(self.table["name"][i])
         return _cstr(self.strings, off) if off < len(self.strings) else ""
 
-    def functions(self, *, exported: bool = False) -> np.ndarray:
-        """Indices (table order) of the defined, named FUNC symbols (not
-        GNU_IFUNC: its value is its resolver's address); ``exported``: global
-        or weak ones only."""
-        t = self.table
+    def function_mask(self, *, exported: bool = False, at: np.ndarray | None = None) -> np.ndarray:
+        """Which entries (of those at indices ``at``, None: all) are defined,
+        named FUNC symbols (not GNU_IFUNC: its value is its resolver's
+        address); ``exported``: global or weak ones only."""
+        t = self.table if at is None else self.table[at]
         ok = ((t["info"] & 0xF) == STT_FUNC) & (t["shndx"] != 0) & (t["name"] != 0)
         if exported:
             bind = t["info"] >> 4
             ok &= (bind == STB_GLOBAL) | (bind == STB_WEAK)
-        return np.flatnonzero(ok)
+        return ok
 
-    def named(self, names: set[str]) -> np.ndarray:
-        """Indices (table order) of the entries named one of ``names``: a
+    def functions(self, *, exported: bool = False) -> np.ndarray:
+        """Indices (table order) of function_mask's entries."""
+        return np.flatnonzero(self.function_mask(exported=exported))
+
+    def named(self, names: set[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(indices in table order, the name of each as an index into the
+        third, the names sorted) of the entries named one of ``names``: a
         name is found in the string table, not by decoding every entry's."""
-        offsets = []
-        for name in names:
+        order = sorted(names)
+        offsets, which = [], []
+        for k, name in enumerate(order):
             needle = name.encode() + b"\0"
             at = self.strings.find(needle)
             while at >= 0:
                 offsets.append(at)
+                which.append(k)
                 at = self.strings.find(needle, at + 1)
-        return np.flatnonzero(np.isin(self.table["name"], np.array(offsets, dtype=np.uint32)))
+        offs = np.array(offsets, dtype=np.uint32)
+        by_off = np.argsort(offs, kind="stable")
+        idx = np.flatnonzero(np.isin(self.table["name"], offs))
+        at = by_off[np.searchsorted(offs[by_off], self.table["name"][idx])] if idx.size else by_off[:0]
+        return idx, np.array(which, dtype=np.int64)[at], order
 
 
 class ElfImage:
@@ -233,6 +244,15 @@ class ElfImage:
         strings = self._read(int(self.sections[link]["offset"]), int(self.sections[link]["size"]),
                              f"the strings of {name}")
         return Symbols(np.frombuffer(data, SYM), strings)
+
+    def file_offsets(self, vaddrs: np.ndarray) -> np.ndarray:
+        """file_offset of each of ``vaddrs`` (int64), -1 outside every PT_LOAD."""
+        out = np.full(len(vaddrs), -1, dtype=np.int64)
+        for seg in self.loads[::-1]:  # the first segment that holds an address wins
+            start, size, off = int(seg["vaddr"]), int(seg["filesz"]), int(seg["offset"])
+            inside = (vaddrs >= start) & (vaddrs < start + size)
+            out[inside] = (vaddrs[inside] - np.uint64(start)).astype(np.int64) + off
+        return out
 
     def file_offset(self, vaddr: int) -> int | None:
         """Where the byte at virtual address ``vaddr`` lies in the file."""

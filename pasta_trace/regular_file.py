@@ -98,7 +98,9 @@ def open_library(path: str | os.PathLike):
         raise NotRegularFile(e.errno, f"cannot open ({e.strerror})", str(path)) from None
     finally:
         os.close(pfd)
-    return os.fdopen(fd, "rb")
+    f = os.fdopen(fd, "rb")
+    f.raw.name = os.fspath(path)  # errors name the path, not /proc/self/fd/N
+    return f
 
 
 def allocated_bytes(st: os.stat_result) -> int:

@@ -32,13 +32,17 @@ def _functions(path: str, section: str, names: set[str] | None, *, exported: boo
         table = img.symbols(section)
         if table is None:
             return out
-        # an IFUNC's address is its resolver, not the function: not probed
-        picks = table.functions(exported=exported)
-        if names is not None:
-            picks = picks[np.isin(picks, table.named(names))]
         t = table.table
-        for i in picks.tolist():
-            name = table.name(i)
+        # an IFUNC's address is its resolver, not the function: not probed
+        if names is None:
+            found = [(i, table.name(i)) for i in table.functions(exported=exported).tolist()]
+        else:  # vectorized: a table may name one function millions of times
+            idx, which, order = table.named(names)
+            keep = table.function_mask(exported=exported, at=idx) & (img.file_offsets(t["value"][idx]) >= 0)
+            idx, which = idx[keep], which[keep]
+            _, first = np.unique(which, return_index=True)  # idx is in table order: the first of each name
+            found = sorted(zip(idx[first].tolist(), (order[w] for w in which[first].tolist())))
+        for i, name in found:
             value = int(t["value"][i])
             off = img.file_offset(value)
             if name and off is not None:

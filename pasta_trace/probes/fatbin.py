@@ -63,16 +63,19 @@ class Budget:
     """Bytes the cubins of one file may still decompress to."""
 
     def __init__(self, left: int):
-        self.left = left
+        self.total = self.left = left
 
-    def take(self, n: int, where: str) -> None:
-        if n > self.left:
-            raise FatbinError(f"{where} decompresses past the bound of this file's fatbins "
-                              "(a decompression bomb?)")
+    def cap(self) -> tuple[int, str]:
+        """The most the next cubin may decompress to, and how to say it was passed."""
+        if self.left < MAX_CUBIN:
+            return self.left, f"past the {self.total >> 20} MiB all of this file's cubins may take"
+        return MAX_CUBIN, f"to more than {MAX_CUBIN >> 20} MiB"
+
+    def take(self, n: int) -> None:
         self.left -= n
 
 
-def _zstd(body: bytes, cap: int, where: str) -> bytes:
+def _zstd(body: bytes, cap: int, where: str, past: str) -> bytes:
     """``body`` decompressed, streamed: never more than ``cap`` bytes held."""
     out = bytearray()
     try:
@@ -80,7 +83,7 @@ def _zstd(body: bytes, cap: int, where: str) -> bytes:
             while chunk := r.read(_CHUNK):
                 out += chunk
                 if len(out) > cap:
-                    raise FatbinError(f"{where} decompresses to more than {cap >> 20} MiB")
+                    raise FatbinError(f"{where} decompresses {past}")
     except zstandard.ZstdError as e:
         raise FatbinError(f"{where}: {e}") from None
     return bytes(out)
@@ -92,20 +95,20 @@ def _payload(raw: bytes, compressed_size: int, uncompressed_size: int, budget: B
     if raw.startswith(ELF_MAGIC):
         return raw
     body = raw[:compressed_size] if compressed_size else raw
-    cap = min(MAX_CUBIN, budget.left if budget is not None else MAX_CUBIN)
+    budget = budget if budget is not None else Budget(MAX_CUBIN)
+    cap, past = budget.cap()
     if body.startswith(ZSTD_MAGIC):
-        data = _zstd(body, cap, where)
+        data = _zstd(body, cap, where, past)
     elif uncompressed_size:
         if uncompressed_size > cap:
-            raise FatbinError(f"{where} claims {uncompressed_size} bytes decompressed, more than {cap >> 20} MiB")
+            raise FatbinError(f"{where} claims {uncompressed_size} bytes decompressed, {past}")
         try:
             data = lz4.block.decompress(body, uncompressed_size=uncompressed_size)
         except lz4.block.LZ4BlockError as e:
             raise FatbinError(f"{where}: {e}") from None
     else:
         return raw
-    if budget is not None:
-        budget.take(len(data), where)
+    budget.take(len(data))
     return data
 
 

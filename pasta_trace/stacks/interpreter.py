@@ -87,8 +87,8 @@ def _symbols(img: ElfImage, names: set[str]) -> dict[str, int]:
         if table is None:
             continue
         t = table.table
-        for i in table.named(names - found.keys()).tolist():
-            name = table.name(i)
+        idx, which, order = table.named(names - found.keys())
+        for i, name in zip(idx.tolist(), (order[w] for w in which.tolist())):
             if name not in found and t["shndx"][i] != 0 and t["value"][i]:
                 found[name] = int(t["value"][i])
     return found
