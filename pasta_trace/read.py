@@ -197,7 +197,7 @@ def open_capture(path: str | Path) -> Capture:
     cap = Capture(
         path=p,
         manifest=manifest,
-        events=timed(scan.frames(events, schema.EVENTS_SCHEMA), [f for f in events if f in scan.files], problems),
+        events=scan.frames(events, schema.EVENTS_SCHEMA),
         names=scan.one(p / "names.parquet", schema.NAMES_SCHEMA),
         processes=scan.one(p / "processes.parquet", schema.PROCESSES_SCHEMA),
         libraries=scan.one(p / "libraries.parquet", schema.LIBRARIES_SCHEMA),
@@ -207,21 +207,39 @@ def open_capture(path: str | Path) -> Capture:
         device=device,
         problems=problems,
     )
-    return with_scan(cap, scan)
+    return with_scan(drop_unkeyed(cap, scan.files, scan.device_files), scan)
 
 
-def timed(events: pl.LazyFrame, paths: list[Path], problems: list[str]) -> pl.LazyFrame:
-    """`events` without the rows that have no ts_ns (no tracer writes one:
-    damage), said in `problems`.  The files' footers tell how many there are
-    without reading the data; only where they cannot tell (no statistics)
-    does every read pay for the filter."""
-    known = column_ranges(paths, ["ts_ns"]) if paths else (0, {})
-    nulls = None if known is None else known[1].get("ts_ns", (0, 0, 0))[2]
-    if nulls == 0:
-        return events
-    if nulls:
-        problems.append(f"{nulls:,} event{'' if nulls == 1 else 's'} without a time (ts_ns null) left out")
-    return events.filter(pl.col("ts_ns").is_not_null())
+#: the columns without which a row of a frame means nothing (its time, its process and thread)
+KEYS = {"events": ("ts_ns", "pid", "tid"), "processes": ("pid",), "device": ("pid",)}
+
+
+def keyed(lf: pl.LazyFrame, paths: list[Path], keys: tuple[str, ...], what: str,
+          problems: list[str]) -> pl.LazyFrame:
+    """`lf` without the rows that have a null in one of `keys` (no tracer
+    writes one: damage), said in `problems`.  The files' footers tell how many
+    there are without reading the data; only where they cannot tell (no
+    statistics) does every read pay for the filter."""
+    known = column_ranges(paths, list(keys)) if paths else (0, {})
+    if known is not None and not any(n for _, _, n in known[1].values()):
+        return lf
+    if known is not None:
+        counts = [f"{n:,} without {k}" for k in keys if (n := known[1].get(k, (0, 0, 0))[2])]
+        problems.append(f"{what}: rows left out ({', '.join(counts)})")
+    return lf.filter(pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
+
+
+def drop_unkeyed(cap: Capture, files: list[Path], device_files: dict[str, list[Path]]) -> Capture:
+    """keyed() of the capture's events, processes and device frames (scanned
+    from `files` and `device_files`)."""
+    def of(name: str) -> list[Path]:
+        return [f for f in files if fnmatch.fnmatchcase(f.name, f"{name}*.parquet") and f.parent == cap.path]
+
+    cap.events = keyed(cap.events, of("events"), KEYS["events"], "events", cap.problems)
+    cap.processes = keyed(cap.processes, of("processes"), KEYS["processes"], "processes", cap.problems)
+    for name, paths in device_files.items():
+        cap.device[name] = keyed(cap.device[name], paths, KEYS["device"], f"device {name}", cap.problems)
+    return cap
 
 
 def with_scan(cap: Capture, scan: Scanner) -> Capture:

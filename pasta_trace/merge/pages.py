@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
+from ..lifetimes import ADDRESS_BITS
 from ..read import Capture
 from .allocations import allocations
 from .attribution import Segments, segments
@@ -93,6 +94,11 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
     segs, allocs = _segments(cap)
     times = launch_times(cap, hist if from_hist else samples, tolerance_ns)
     if from_hist:
+        # a page beyond the address space (a page_shift or page no device writes: damaged data)
+        # is nobody's, and its address, page << page_shift, would not fit 64 bits
+        hist = hist.filter((pl.col("page_shift") < ADDRESS_BITS)
+                           & (pl.col("page") < pl.lit(1 << ADDRESS_BITS, pl.UInt64) // pl.lit(
+                               2, pl.UInt64).pow(pl.col("page_shift"))))
         rows = hist.select(
             "pid", "launch_id", "page_shift", "page", "count", pl.lit(None, pl.UInt64).alias("bytes")
         ).with_columns(segs.expr("pid", pl.col("page") * pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))).alias("seg_id"))

@@ -22,7 +22,7 @@ import polars as pl
 from .. import __version__, schema
 from ..errors import FormatError
 from ..parquet_scan import Scanner
-from ..read import Capture, open_capture, read_json, timed, with_scan
+from ..read import Capture, drop_unkeyed, open_capture, read_json, with_scan
 from ..safe_output import StagedDir
 from .allocations import allocations
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
@@ -65,19 +65,16 @@ def load(path: str | Path) -> Capture:
     manifest["merge_stats"], notes = saved_stats(saved)
     if notes:
         manifest["notes"] = [*(manifest.get("notes") or []), *notes]
-    problems = list(meta.get("problems") or [])
-    host = {k: one(k, v) for k, v in _HOST.items()}
-    host["events"] = timed(host["events"], [f for f in scan.files if f.name == "events.parquet"], problems)
     cap = Capture(
         path=p,
         manifest=manifest,
-        **host,
+        **{k: one(k, v) for k, v in _HOST.items()},
         aggregate=scan.optional(p / "aggregate.parquet", schema.AGGREGATE_SCHEMA),
         device=device,
-        problems=problems,
+        problems=list(meta.get("problems") or []),
         merged={k: one(k, v) for k, v in schema.TIMELINE_FRAMES.items()},
     )
-    return with_scan(cap, scan)
+    return with_scan(drop_unkeyed(cap, scan.files, scan.device_files), scan)
 
 
 def timeline_output(out: str | Path, *, force: bool = False) -> StagedDir:

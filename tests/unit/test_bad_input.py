@@ -146,7 +146,7 @@ def test_an_event_without_a_time_is_left_out_and_said(tmp_path: Path, capsys) ->
     rc, out, err = run(capsys, "report", str(cap), "--html", str(html))
     assert (rc, out) == (0, "") and html.stat().st_size > 0
     assert err == [f"Wrote {html}  (open it in a browser; no network needed)",
-                   "pasta-trace: warning: INCOMPLETE: 0 events lost (1 event without a time (ts_ns null) left out)"]
+                   "pasta-trace: warning: INCOMPLETE: 0 events lost (events: rows left out (1 without ts_ns))"]
 
 
 @pytest.mark.parametrize(("clock", "why"), [

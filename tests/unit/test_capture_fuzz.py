@@ -1,7 +1,11 @@
 """Fuzz the capture directory as the verbs read it: truncation at many offsets,
 bit flips, columns of another type, special files in place of every file, and
 bad manifests, run through ``pasta_trace.cli.main`` by `report`, `report
---json`, `export --format chrome` and `merge`.
+--json`, `export --format chrome` and `merge`; extreme values (2^64-1, 2^63,
+-1, the smallest integer, NaN, infinities, 1e308) in every numeric column,
+nulls in every column, and numbers beyond 64 bits in the manifest, run by
+every verb (also `report --html`, `export --format perfetto|csv`, and the
+report of the merged timeline).
 
 The promise under test: exit 0 or 1; a non-zero exit ends with exactly one
 error line (and, where nothing could be read, that line is all of stderr); no
@@ -44,8 +48,15 @@ VERBS = {
     "json": lambda cap, d: ["report", cap, "--json"],
     "chrome": lambda cap, d: ["export", cap, "--format", "chrome", "-o", f"{d}/t.json", "--force"],
     "merge": lambda cap, d: ["merge", cap, "-o", f"{d}/tl", "--force"],
+    # the verbs below run on the extreme values only (test_extreme_values): the damage above reaches
+    # them through the same reader
+    "html": lambda cap, d: ["report", cap, "--html", f"{d}/r.html", "--force"],
+    "perfetto": lambda cap, d: ["export", cap, "--format", "perfetto", "-o", f"{d}/t.pftrace", "--force"],
+    "csv": lambda cap, d: ["export", cap, "--format", "csv", "-o", f"{d}/csv", "--force"],
+    "timeline": lambda cap, d: ["report", f"{d}/tl", "--json"],  # the merged timeline, after "merge"
 }
-ALL = list(VERBS)
+ALL = ["report", "json", "chrome", "merge"]
+EVERY = list(VERBS)
 SPECIAL = {"fifo": "a FIFO, not a regular file", "dir": "a directory, not a regular file",
            "zero": "a symbolic link, not a regular file", "link": "a symbolic link, not a regular file",
            "chardev": "a character device, not a regular file"}
@@ -86,6 +97,61 @@ def _apply(cap: Path, case: dict) -> None:
     elif kind == "sparse":
         with open(f, "r+b") as out:
             out.truncate(case["size"])
+    elif kind in ("extreme", "null"):
+        import polars as pl
+
+        df = pl.read_parquet(f)
+        df.with_columns(_extreme(df, case.get("value"))).write_parquet(f)
+    elif kind == "manifest":
+        m = json.loads(f.read_text())
+        section = m.setdefault(case["section"], {}) if case["section"] else m
+        section[case["key"]] = case["number"]
+        f.write_text(json.dumps(m))
+
+
+#: extreme values by name: what each is for an integer column of `bits` bits (None: not applicable)
+EXTREMES = {
+    "max": lambda signed, bits: (1 << (bits - 1)) - 1 if signed else (1 << bits) - 1,  # 2^64-1 unsigned
+    "top": lambda signed, bits: None if signed else 1 << (bits - 1),  # 2^63: negative where read as signed
+    "min": lambda signed, bits: -(1 << (bits - 1)) if signed else None,
+    "neg1": lambda signed, bits: -1 if signed else None,  # -1 where unsigned is "max"
+}
+FLOATS = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"), "huge": 1e308}
+
+
+#: (integer extreme, float extreme) of each case; None: nulls in every column
+VALUES = [("max", "nan"), ("top", "inf"), ("min", "-inf"), ("neg1", "huge"), None]
+
+
+def _extreme(df, value: list[str] | None) -> list:
+    """Each column with `value` (an integer and a float extreme; None: null)
+    in a quarter of its rows, a different quarter for neighbouring columns;
+    the columns `value` does not apply to are left as they are."""
+    import polars as pl
+
+    out = []
+    for j, (name, dtype) in enumerate(df.schema.items()):
+        rows = (pl.int_range(pl.len()) + j) % 4 == 0
+        if value is None:
+            new = pl.lit(None, dtype)
+        elif dtype.is_integer():
+            v = EXTREMES[value[0]](dtype.is_signed_integer(), _bits(dtype))
+            if v is None:
+                continue
+            new = pl.lit(v, dtype)
+        elif dtype.is_float():
+            new = pl.lit(FLOATS[value[1]], dtype)
+        else:
+            continue
+        out.append(pl.when(rows).then(new).otherwise(pl.col(name)).alias(name))
+    return out
+
+
+def _bits(dtype) -> int:
+    import polars as pl
+
+    return {pl.Int8: 8, pl.UInt8: 8, pl.Int16: 16, pl.UInt16: 16, pl.Int32: 32, pl.UInt32: 32, pl.Int64: 64,
+            pl.UInt64: 64}[dtype.base_type()]
 
 
 def _run_verb(main, argv: list[str], d: Path) -> tuple[int, str, str]:
@@ -273,7 +339,8 @@ def _check(case: dict, r: dict) -> None:
     if case.get("fatal") or not r["stdout"] and not any(line.startswith("Wrote ") for line in lines):
         assert len(lines) == 1, f"{where}: nothing was read, yet more than one line:\n{err}"
     # a damaged file, or (values no file check can see, such as a clock sample near 2**63) the capture
-    assert re.search(r"/cap(/[^:]+)?: ", errors[0]), f"{where}: the error names no file: {errors[0]!r}"
+    # ("timeline" reads what "merge" wrote: when the merge refused, that the timeline is not there)
+    assert re.search(r"/(cap|tl)(/[^:]+)?: ", errors[0]), f"{where}: the error names no file: {errors[0]!r}"
     if case["expect"]:
         assert case["expect"] in errors[0], f"{where}: {case['expect']!r} not in {errors[0]!r}"
     if r["verb"] == "json" and r["stdout"]:
@@ -311,7 +378,39 @@ def test_truncation_at_many_offsets(tmp_path: Path) -> None:
 
 def test_capture_fuzz(tmp_path: Path) -> None:
     base = _base_capture(tmp_path)
-    cases = _cases(base)
+    _run_cases(tmp_path, base, _cases(base))
+
+
+def _extreme_cases(base: Path) -> list[dict]:
+    """Extreme values in every numeric column and nulls in every column, file
+    by file, run by every verb; extreme numbers in the manifest.  The verbs
+    give a result (exit 0) or one line naming the file (exit 1)."""
+    cases: list[dict] = []
+
+    def add(kind: str, file: str, verbs: list[str], **kw) -> None:
+        cases.append({"id": f"{len(cases):03d}-{kind}", "kind": kind, "file": file, "verbs": verbs, "rc": (0, 1),
+                      "expect": None, **kw})
+
+    for name in (n for n in _schemas() if (base / n).exists()):
+        # the device frames reach the terminal report and the Chrome export through the same tables
+        verbs = EVERY if not name.startswith("device/") else ["json", "html", "merge", "perfetto", "timeline"]
+        for value in VALUES:
+            add("null" if value is None else "extreme", name, verbs, value=value)
+    numbers = [(1 << 64) - 1, 1 << 63, (1 << 63) - 1, -1, -(1 << 63), 10**40, 1.5e300]
+    keys = [("clock", "start_ns"), ("clock", "end_ns"), ("counts", "lost_events"), ("counts", "events"),
+            (None, "format_version")]
+    for i, number in enumerate(numbers):  # each number in two places, each place given several numbers
+        for section, key in (keys[i % len(keys)], keys[(i + 2) % len(keys)]):
+            add("manifest", "manifest.json", ["json", "html", "merge"], section=section, key=key, number=number)
+    return cases
+
+
+def test_extreme_values(tmp_path: Path) -> None:
+    base = _base_capture(tmp_path)
+    _run_cases(tmp_path, base, _extreme_cases(base))
+
+
+def _run_cases(tmp_path: Path, base: Path, cases: list[dict]) -> None:
     by_id = {c["id"]: c for c in cases}
     procs = []
     runs_of: dict[Path, int] = {}
