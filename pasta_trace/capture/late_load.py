@@ -3,7 +3,8 @@
 bpf/discover.bpf.c stops (SIGSTOP) a traced process whose open of a
 libcuda.so* / libcudart.so* / libamdhip64.so* / libc10.so* / libnccl.so* file for reading succeeded, before the open
 returns, and records it in the pt_stops map.  The watcher resolves the opened
-file through /proc/PID/fd/<fd>, attaches the probes if its inode is new,
+file through /proc/PID/fd/<fd>, attaches the probes through that same
+descriptor (capture.probe_set, probes.pinned) if its inode is new,
 records the file's (device, inode) as known (so the next open of that file,
 by any path, does not stop anyone) and resumes the process with SIGCONT.  A
 file that got no probe (a library still being written, say) is not made
@@ -105,13 +106,9 @@ def resolve_open(pid: int, fd: int, path: str, proc: Path = Path("/proc")) -> Op
         ns_path = os.readlink(fd_link)
     except OSError:
         return None
-    root_path = f"{proc}/{pid}/root{ns_path}"
-    try:
-        same = os.stat(root_path)
-        attach = root_path if (same.st_dev, same.st_ino) == (st.st_dev, st.st_ino) else str(fd_link)
-    except OSError:
-        attach = str(fd_link)
-    return OpenedLibrary(pid, path, ns_path, attach, st.st_dev, st.st_ino)
+    # attached through the descriptor itself: a path through the process's root can have
+    # another file mounted over it (unshare -Urm) between this look and the attach
+    return OpenedLibrary(pid, path, ns_path, str(fd_link), st.st_dev, st.st_ino)
 
 
 class LateLoadWatcher:
@@ -142,9 +139,12 @@ class LateLoadWatcher:
         self._own = bpf["pt_own"]
         self.own(os.getpid())
         # armed only once someone outlives us to resume what we stop
-        self._guardian = guardian.Guardian(stops_fd, self._cfg.map_fd, STOP_RECORD.dtype.itemsize,
-                                           STOP_RECORD.dtype.fields["tgid"][1])
-        self.own(self._guardian.pid)
+        self._guardian_args = (stops_fd, self._cfg.map_fd, STOP_RECORD.dtype.itemsize,
+                               STOP_RECORD.dtype.fields["tgid"][1])
+        self._guardians = guardian.start(guardian.GUARDIANS, *self._guardian_args)
+        for g in self._guardians:
+            self.own(g.pid)
+        self.guardians_replaced = 0
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0
         self._unremembered: set[tuple[int, int]] = set()  # files with probes the kernel could not remember
@@ -156,7 +156,22 @@ class LateLoadWatcher:
 
     @property
     def guardian_pid(self) -> int:
-        return self._guardian.pid
+        return self._guardians[0].pid
+
+    @property
+    def guardian_pids(self) -> list[int]:
+        return [g.pid for g in self._guardians]
+
+    def _keep_guardians(self) -> None:
+        """Replace each guardian that died (a SIGKILL): while we live, GUARDIANS of them watch us."""
+        dead = [g for g in self._guardians if g.ended()]
+        if not dead:
+            return
+        new = guardian.start(len(dead), *self._guardian_args)
+        for g in new:
+            self.own(g.pid)
+        self._guardians = [g for g in self._guardians if g not in dead] + new
+        self.guardians_replaced += len(dead)
 
     def disarm(self) -> None:
         """Stop stopping processes, then resume any stopped just before.
@@ -198,7 +213,13 @@ class LateLoadWatcher:
 
     def poll(self) -> int:
         """Handle every pending stop and notification; returns how many there were."""
+        self._keep_guardians()
+        # the stops first, then the ring: the program writes a process's exec record
+        # before its stop record, so every exec stop read here has its record in this
+        # drain, and its maps are read (on_exec) before it is resumed below.  The other
+        # order let an exec landing between the two be resumed with its maps unread.
         recs = self._ring.drain()
+        pending = self._pending_stops()
         for rec in recs:  # rare events (forks, exits), not the event stream
             kind = int(rec["type"])
             pid = int(rec["pid"])
@@ -208,16 +229,19 @@ class LateLoadWatcher:
                 self.on_exec(pid, int(rec["cgroup_id"]))
             elif kind == DiscoverType.EXIT:
                 self.on_exit(pid, int(rec["ts_ns"]))
-        return int(recs.size) + self._handle_stops()
+        return int(recs.size) + self._handle_stops(pending)
 
-    def _handle_stops(self) -> int:
-        """Attach for every stopped process, then resume them all: a process
-        with two threads stopped at two libraries resumes once both have probes."""
+    def _pending_stops(self) -> list[tuple[bytes, np.void]]:
         pending = []
         for key in self._stops.keys():
             val = self._stops.lookup(key)
             if val is not None:
                 pending.append((key, np.frombuffer(val, STOP_RECORD.dtype)[0]))
+        return pending
+
+    def _handle_stops(self, pending: list[tuple[bytes, np.void]]) -> int:
+        """Attach for every stopped process, then resume them all: a process
+        with two threads stopped at two libraries resumes once both have probes."""
         if not pending:
             return 0
         self.stops += sum(int(st["fd"]) >= 0 for _, st in pending)  # opens paused (not execs)
@@ -227,8 +251,11 @@ class LateLoadWatcher:
                     continue  # stopped at its exec: its maps were read when the ring's exec record was (on_exec)
                 path = bytes(st["path"]).split(b"\0", 1)[0].decode("utf-8", "replace")
                 lib = resolve_open(int(st["tgid"]), int(st["fd"]), path)
-                if lib is not None and self.on_library(lib):
-                    # the key the kernel computed (ProbeSet made stat's known): an overlay's may differ
+                if lib is not None and self.on_library(lib) and lib.inode == int(st["ino"]):
+                    # the key the kernel computed (ProbeSet made stat's known): an overlay's device
+                    # may differ.  Only for the inode probed: a process sharing the stopped one's
+                    # descriptors can put another file at its fd before we look, and the file it
+                    # opened must then stay unknown (its next open stops again)
                     self._add_known_key(int(st["dev"]), int(st["ino"]))
         finally:
             # never leave a process stopped, whatever happened above
@@ -244,4 +271,4 @@ class LateLoadWatcher:
         finally:
             self._ring.close()
             self._ring = None
-            self._guardian.close()
+            guardian.close_all(self._guardians)

@@ -3,15 +3,17 @@ library file once, and removing it at the end."""
 
 from __future__ import annotations
 
+import errno
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+import subprocess
+import sys
+from typing import Callable, Iterator
 
 import polars as pl
 
 from .. import schema
 from ..errors import PastaError
-from ..probes import uprobe_link
+from ..probes import pinned, uprobe_link
 from . import checks, discovery, manifest as mf, reach
 from .late_load import OpenedLibrary, discover_text
 from .options import DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, Options, names_pages
@@ -62,6 +64,7 @@ class ProbeSet:
         self.library_rows: list[dict] = []
         self.notes: list[str] = []
         self._written_libs = 0
+        self._pins: list[pinned.PinnedFile] = []  # the files probed, open until detach
 
     @property
     def functions(self) -> int:
@@ -91,20 +94,33 @@ class ProbeSet:
             return None
         path = getattr(lib, "ns_path", None) or lib.path
         try:
-            res = probe_attach.attach_library(self.bpf, lib.attach_path, fam)
-        except Exception as e:  # noqa: BLE001 - any per-library failure stays with that library
-            res = probe_attach.AttachResult(lib.attach_path, errors=[f"{type(e).__name__}: {e}"])
-        if not res.attached and not os.path.exists(lib.attach_path):
-            # the process exited (or the file went) between the scan and the attach
-            self.notes.append(f"{path}: gone before its probes were attached "
-                              f"({'; '.join(res.errors[:1]) or 'no file'})")
+            pin = pinned.pin(lib.dev, lib.inode, candidates(lib))
+        except pinned.IdentityError as e:
+            if e.errno == errno.ENOENT:  # the process exited (or the file went) between the scan and the attach
+                self.notes.append(f"{path}: gone before its probes were attached ({e.strerror})")
+                return None
+            # another file answers at its path now (a mount over it, a rename): attaching
+            # there would probe that file under this one's name
+            self.notes.append(f"{path}: not attached: {e.strerror}")
+            self._say(f"warning: {self.notes[-1]}")
             return None
         try:
-            bid = elf.build_id(lib.attach_path)
+            res = probe_attach.attach_library(self.bpf, pin.path, fam)
+        except Exception as e:  # noqa: BLE001 - any per-library failure stays with that library
+            res = probe_attach.AttachResult(pin.path, errors=[f"{type(e).__name__}: {e}"])
+        res.path = lib.attach_path
+        try:
+            bid = elf.build_id(pin.path)  # read from the probed inode, not from whatever has its path now
         except Exception:  # noqa: BLE001 - a damaged or vanished ELF: no build-id, still traced
             bid = None
+        if res.attached:
+            # held until the probes are removed: a descriptor number used again for another
+            # file would give BCC's perf-event uprobes the name of one already made
+            self._pins.append(pin)
+        else:
+            pin.close()
         entry = mf.LibraryEntry(
-            path=path, attach_path=lib.attach_path, dev=lib.dev, inode=lib.inode, build_id=bid, family=fam,
+            path=path, attach_path=lib.attach_path, dev=pin.dev, inode=pin.inode, build_id=bid, family=fam,
             symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,
             errors=res.errors, aliases=res.aliases,
         )
@@ -160,39 +176,55 @@ class ProbeSet:
             self.bpf.cleanup()
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
             self.notes.append(f"removing the probes: {type(e).__name__}: {e}")
+        finally:
+            for pin in self._pins:
+                pin.close()
+            self._pins.clear()
+
+
+def candidates(lib: discovery.Library | OpenedLibrary) -> Iterator[str]:
+    """Paths that may reach the file ``lib`` names, best first; pinned.pin
+    keeps the first that is that very file.  After the path the scan or the
+    stop gave, the process's own mappings of it (/proc/PID/map_files), which
+    no mount or rename can redirect."""
+    yield lib.attach_path
+    if lib.pid > 0:
+        yield from pinned.mapped_files(lib.pid, lib.dev, lib.inode)
+
+
+#: the removal helper: a fresh, single-threaded interpreter (a fork of the
+#: tracer, which runs threads, could inherit a lock held by one of them).  Its
+#: child goes on alone (no zombie for the tracer, no terminal), waits until
+#: the tracer's copies are closed, then closes the probes' last copies.
+_CLOSER = (
+    "import os,sys\n"
+    "from concurrent.futures import ThreadPoolExecutor\n"
+    "done=int(sys.argv[1])\n"
+    "fds=[int(a) for a in sys.argv[2:]]\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "while os.read(done,1):\n"
+    "    pass\n"
+    "with ThreadPoolExecutor(max_workers=16) as pool:\n"
+    "    list(pool.map(os.close,fds))\n"
+)
 
 
 def close_in_background(fds: list[int]) -> None:
-    """Close ``fds`` in a detached process (double fork: no zombie, no
-    terminal), after this process has dropped its own copies: the last close
-    of a probe is the one that waits for the kernel, and it must not be ours."""
+    """Close ``fds`` in a detached process, after this process has dropped
+    its own copies: the last close of a probe is the one that waits for the
+    kernel, and it must not be ours.  The helper inherits the uprobes and
+    nothing else: an inherited copy of anything else (the discover
+    tracepoints, the rings, the maps) would stay attached for as long as the
+    removal takes."""
     done_r, done_w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            if os.fork() == 0:
-                os.setsid()
-                # keep only the uprobes: an inherited copy of anything else (the
-                # discover tracepoints, the rings, the maps) would stay attached
-                # for as long as the removal takes
-                keep = {*fds, done_r}
-                for name in os.listdir("/proc/self/fd"):
-                    if int(name) not in keep and int(name) > 2:
-                        try:
-                            os.close(int(name))
-                        except OSError:
-                            pass
-                devnull = os.open(os.devnull, os.O_RDWR)
-                for std in (0, 1, 2):
-                    os.dup2(devnull, std)
-                while os.read(done_r, 1):  # end of file: the tracer's copies are closed
-                    pass
-                with ThreadPoolExecutor(max_workers=16) as pool:
-                    list(pool.map(os.close, fds))
-        finally:
-            os._exit(0)
-    os.close(done_r)
-    os.waitpid(child, 0)
-    for fd in fds:
-        os.close(fd)
-    os.close(done_w)
+    try:
+        helper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _CLOSER, str(done_r), *map(str, fds)],
+                                  pass_fds=(done_r, *fds), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True, env={})
+        helper.wait()
+    finally:
+        os.close(done_r)
+        for fd in fds:
+            os.close(fd)
+        os.close(done_w)
