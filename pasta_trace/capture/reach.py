@@ -17,7 +17,6 @@ import pwd
 from pathlib import Path
 
 from ..errors import PermissionsError
-
 from ..privilege import invoking_user
 
 
