@@ -10,6 +10,16 @@ the tracer.  When the tracer dies, or closes the guardian's stdin, it disarms
 the hook (no new stops), then deletes every record and sends SIGCONT, unless
 another tracer holds the same thread stopped (that tracer resumes it).
 
+"Dies" is the start of its exit, not its end: a SIGKILLed tracer's last thread
+spends seconds in the kernel releasing the uprobe links (13 s measured with a
+few hundred probes) before its pidfd becomes readable.  PF_EXITING, set in the
+flags of /proc/PID/stat at the very start of do_exit, is polled alongside the
+pidfd, EXIT_POLL_S apart.
+
+The tracer and its guardians watch each other: the tracer keeps GUARDIANS of
+them and replaces one that died (LateLoadWatcher), so that a SIGKILL of the
+tracer and a guardian together still leaves one to resume what was stopped.
+
     python -m pasta_trace.capture.guardian TRACER_PID PIDFD STOPS_FD CFG_FD VALUE_SIZE TGID_OFFSET
 
 (the STOP_RECORD layout comes as sizes: importing the schema would cost the
@@ -35,6 +45,34 @@ ARMED_KEY = (1).to_bytes(4, "little")
 SETTLE_S = 0.02
 SETTLE_ROUNDS = 5
 READY = b"ready\n"
+#: how often the tracer's exit is looked for in /proc/PID/stat (the pidfd wakes us at once anyway)
+EXIT_POLL_S = 0.025
+#: the flag of a task that has begun to exit (include/linux/sched.h)
+PF_EXITING = 0x4
+#: guardians per tracer: any one of them resumes everything; two survive a kill of the tracer with one
+GUARDIANS = 2
+
+
+def exiting(pid: int) -> bool:
+    """Whether ``pid`` has begun to exit (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return bool(int(fields[6]) & PF_EXITING)
+
+
+def wait_for_end(pid: int, pidfd: int, stdin: int | None = 0) -> None:
+    """Until ``pid`` begins to exit, or ``stdin`` reaches its end (the tracer's close).
+    /proc/PID/stat is read before the pidfd is asked: a PID reused after our
+    tracer's end is then never mistaken for it."""
+    fds = [pidfd] if stdin is None else [pidfd, stdin]
+    while True:
+        leaving = exiting(pid)
+        if select.select(fds, [], [], 0)[0] or leaving:
+            return
+        select.select(fds, [], [], EXIT_POLL_S)
 
 
 def release(stops: Map, others: MapsByName, key: bytes, tgid: int) -> bool:
@@ -72,7 +110,7 @@ def main(argv: list[str]) -> int:
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
     os.close(1)
-    select.select([pidfd, 0], [], [])
+    wait_for_end(tracer, pidfd)
     cfg.update(ARMED_KEY, (0).to_bytes(4, "little"))
     resumed = 0
     for _ in range(SETTLE_ROUNDS):
@@ -84,10 +122,32 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def start(n: int, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int) -> list["Guardian"]:
+    """``n`` guardians, started together, each ready (its descriptors held) on return."""
+    started: list[Guardian] = []
+    try:
+        for _ in range(n):
+            started.append(Guardian(stops_fd, cfg_fd, value_size, tgid_offset, wait=False))
+        for g in started:
+            g.wait_ready()
+    except BaseException:
+        close_all(started)
+        raise
+    return started
+
+
+def close_all(guardians: list["Guardian"]) -> None:
+    """Tell every guardian we are done (each resumes anything left), then reap them."""
+    for g in guardians:
+        g.tell_done()
+    for g in guardians:
+        g.close()
+
+
 class Guardian:
     """The tracer's handle on its guardian process."""
 
-    def __init__(self, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int):
+    def __init__(self, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int, *, wait: bool = True):
         pidfd = os.pidfd_open(os.getpid())
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
@@ -100,6 +160,13 @@ class Guardian:
             )
         finally:
             os.close(pidfd)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Until it holds its descriptors (it says so once)."""
+        if self._proc.stdout.closed:
+            return
         if self._proc.stdout.readline() != READY:
             self._proc.wait()
             raise RuntimeError(f"the late-load guardian did not start (exit {self._proc.returncode})")
@@ -109,10 +176,21 @@ class Guardian:
     def pid(self) -> int:
         return self._proc.pid
 
+    def ended(self) -> bool:
+        """Whether the guardian has ended (reaped here)."""
+        return self._proc.poll() is not None
+
+    def tell_done(self) -> None:
+        """Close its stdin: it resumes anything left and exits."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass  # it died already
+
     def close(self) -> None:
         """Tell the guardian we are done (it resumes anything left) and reap it."""
-        if self._proc.stdin is not None and not self._proc.stdin.closed:
-            self._proc.stdin.close()
+        self.tell_done()
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -218,8 +218,8 @@ class LateLoadWatcher:
         # before its stop record, so every exec stop read here has its record in this
         # drain, and its maps are read (on_exec) before it is resumed below.  The other
         # order let an exec landing between the two be resumed with its maps unread.
-        recs = self._ring.drain()
         pending = self._pending_stops()
+        recs = self._ring.drain()
         for rec in recs:  # rare events (forks, exits), not the event stream
             kind = int(rec["type"])
             pid = int(rec["pid"])
