@@ -4,9 +4,14 @@ function symbols (``.symtab`` and ``.dynsym``, and those of its debug file
 under ``/usr/lib/debug/.build-id/``) and its PT_LOAD segments.
 
 Parsing a large library's ``.eh_frame`` takes seconds, so the arrays are kept
-on disk per build-id (``~/.cache/pasta-trace/unwind/<build-id>.npz``;
-``$PASTA_TRACE_CACHE`` replaces ``~/.cache/pasta-trace``) and parsed once per
-machine.
+on disk, per user and by content: ``~/.cache/pasta-trace/unwind/uid-<uid>/
+<sha256 of the file>.npz`` (``$PASTA_TRACE_CACHE`` replaces
+``~/.cache/pasta-trace``).  Under sudo the directory is root's own (root's
+home, whatever the environment says) and one per invoking user, never
+writable by that user; the key is the hash of the very bytes read through the
+descriptor the tables are parsed from.  A build-id is no key: anyone can copy
+one into a binary of theirs, and tables kept under it would give every later
+capture of the real file that binary's frames.
 
 Unwind rows keep only what an x86-64 unwinder of return addresses needs: the
 CFA (a register, rsp or rbp, plus an offset), where the return address and
@@ -17,7 +22,10 @@ then tries the frame pointer.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pwd
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +36,7 @@ from elftools.dwarf.callframe import FDE
 from elftools.elf.elffile import ELFFile
 
 from ..elf_tables import ElfImage
+from ..privilege import invoking_user
 from ..regular_file import open_library
 
 #: DWARF register numbers on x86-64
@@ -58,9 +67,41 @@ _VAL_OFFSET, _VAL_OFFSET_SF, _VAL_EXPRESSION = 0x14, 0x15, 0x16
 
 
 def cache_dir() -> Path:
+    """This user's directory of tables.  Under sudo: in root's home, one per
+    invoking user; the environment (HOME, XDG_CACHE_HOME, PASTA_TRACE_CACHE,
+    which sudo may pass on) is the user's and is not followed."""
+    user = invoking_user()
+    if user is not None:
+        return Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".cache/pasta-trace/unwind" / f"uid-{user[0]}"
     env = os.environ.get("PASTA_TRACE_CACHE")
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pasta-trace"
-    return base / "unwind"
+    return base / "unwind" / f"uid-{os.geteuid()}"
+
+
+def trusted_dir(d: Path) -> bool:
+    """Whether ``d`` (made here if missing, mode 0700) and every directory
+    above it can be changed by no one but us and root: a directory someone
+    else may write (a sticky one excepted, like /tmp) lets them swap in an
+    entry of theirs, a link anywhere could lead the tables elsewhere."""
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for part in (d, *d.parents):
+            st = os.lstat(part)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, os.geteuid()):
+                return False
+            if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and part != d):
+                return False
+        return True
+    except OSError:
+        return False
+
+
+def content_key(f) -> str:
+    """sha256 of the whole file ``f`` is open on, read through that descriptor."""
+    f.seek(0)
+    key = hashlib.file_digest(f, "sha256").hexdigest()
+    f.seek(0)
+    return key
 
 
 @dataclass
@@ -328,19 +369,30 @@ def build(f, debug_roots: tuple[str, ...] = ("/",)) -> tuple[str | None, Tables]
     return bid, Tables(*pcs, *syms, *_segments(img), debug_file=str(debug) if debug else "")
 
 
+def _entry(f, cache: Path | None) -> Path | None:
+    """Where the tables of the file ``f`` are kept, None where no directory is safe to keep them in."""
+    d = cache_dir() if cache is None else cache
+    return d / f"{content_key(f)}.npz" if trusted_dir(d) else None
+
+
 def cached(f, cache: Path | None = None) -> Tables | None:
-    """The tables of the open ELF file ``f`` from the cache (fast), None when not there."""
-    bid = build_id_of(f)
-    return Tables.load((cache_dir() if cache is None else cache) / f"{bid}.npz") if bid else None
+    """The tables of the open ELF file ``f`` from the cache (hashing the file:
+    about 1 s a GiB), None when not there."""
+    entry = _entry(f, cache)
+    return Tables.load(entry) if entry is not None else None
 
 
 def build_and_save(f, *, debug_roots: tuple[str, ...] = ("/",), cache: Path | None = None) -> Tables:
-    """Parse the open ELF file ``f`` (seconds for a large library) and keep the tables in the cache."""
+    """Parse the open ELF file ``f`` (seconds for a large library) and keep the
+    tables in the cache, when the file held the same bytes before and after
+    the parse (a file rewritten meanwhile would keep one content's tables under
+    another's key)."""
+    entry = _entry(f, cache)
     f.seek(0)
-    bid, tables = build(f, debug_roots)
-    if bid:
+    _, tables = build(f, debug_roots)
+    if entry is not None and content_key(f) == entry.stem:
         try:
-            tables.save((cache_dir() if cache is None else cache) / f"{bid}.npz")
+            tables.save(entry)
         except OSError:
             pass  # a read-only home: parse again next time
     return tables
