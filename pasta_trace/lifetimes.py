@@ -26,6 +26,16 @@ from .call_result import done
 
 #: allocations.kind values that are not device memory
 HOST_KINDS = ("host",)
+#: allocations.kind of VMM physical memory: `base` is its handle, no address
+HANDLE_KINDS = ("physical",)
+#: allocations.kind of address ranges with no memory of their own (VMM
+#: mappings: the bytes are counted once, at the physical allocation)
+RANGE_KINDS = ("mapping",)
+#: the calls that map VMM physical memory at an address range, and that unmap it
+MAP_APIS = ("cuMemMap", "hipMemMap")
+UNMAP_APIS = ("cuMemUnmap", "hipMemUnmap")
+#: the frees of VMM physical memory (by handle)
+RELEASE_APIS = ("cuMemRelease", "hipMemRelease")
 #: what each byte total counts, by the `memory` column of totals()
 MEMORY_NAMES = ["device", "pinned host"]
 
@@ -36,11 +46,22 @@ def kind_from_api(api: pl.Expr) -> pl.Expr:
         pl.when(a.str.contains("Managed")).then(pl.lit("managed"))
         .when(a.str.contains("Async|FromPool")).then(pl.lit("async"))
         .when(a.str.contains("Host|hipHostMalloc")).then(pl.lit("host"))
-        .when(a.str.contains("MemCreate|MemMap|AddressReserve")).then(pl.lit("virtual"))
+        .when(a.str.contains("MemCreate")).then(pl.lit("physical"))
         .when(a.str.contains("Malloc|MemAlloc|Alloc")).then(pl.lit("device"))
         .otherwise(pl.lit("other"))
         .cast(pl.Enum(schema.ALLOC_KIND_NAMES))
     )
+
+
+def holds_memory(kind: pl.Expr = pl.col("kind")) -> pl.Expr:
+    """Whether an allocation instance's bytes are memory (not a VMM mapping's
+    address range, whose memory is its physical allocation's)."""
+    return ~kind.cast(pl.String).is_in(RANGE_KINDS)
+
+
+def has_address(kind: pl.Expr = pl.col("kind")) -> pl.Expr:
+    """Whether an allocation instance's base is an address (not a VMM handle)."""
+    return ~kind.cast(pl.String).is_in(HANDLE_KINDS)
 
 
 def memory(kind: pl.Expr = pl.col("kind")) -> pl.Expr:
@@ -65,15 +86,44 @@ def in_address_space(base: pl.Expr, size: pl.Expr) -> pl.Expr:
 
 def host_allocs(events: pl.LazyFrame) -> pl.LazyFrame:
     """Successful allocations: pid, tid, base, size, api, kind, alloc_ts_ns.
+    A VMM physical allocation (kind "physical") has its handle as `base`.
     An allocation outside the address space (damaged data) is left out: its
     free finds nothing and is counted with the frees of unknown memory."""
+    size = pl.col("size").fill_null(0)
+    handle = pl.col("api").cast(pl.String).is_in(["cuMemCreate", "hipMemCreate"])
     return events.filter(
         (pl.col("kind") == "alloc") & done() & pl.col("ptr").is_not_null() & (pl.col("ptr") != 0)
+        # a handle is no address, but its size is bytes like any other
+        & pl.when(handle).then(size <= 1 << ADDRESS_BITS).otherwise(in_address_space(pl.col("ptr"), size))
+    ).select(
+        "pid", "tid", pl.col("ptr").alias("base"), size.alias("size"), "api",
+        kind_from_api(pl.col("api")).alias("kind"), pl.col("ts_ns").alias("alloc_ts_ns"),
+    )
+
+
+def host_mappings(events: pl.LazyFrame) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """VMM mappings as allocations (kind "mapping": base and size of the
+    range, host_allocs' columns) and the unmaps that end them (host_frees'
+    columns), each unmap's `base` the mapping's whose range holds its address."""
+    api = pl.col("api").cast(pl.String)
+    maps = events.filter(
+        api.is_in(MAP_APIS) & done() & pl.col("ptr").is_not_null() & (pl.col("ptr") != 0)
         & in_address_space(pl.col("ptr"), pl.col("size").fill_null(0))
     ).select(
         "pid", "tid", pl.col("ptr").alias("base"), pl.col("size").fill_null(0), "api",
-        kind_from_api(pl.col("api")).alias("kind"), pl.col("ts_ns").alias("alloc_ts_ns"),
+        pl.lit("mapping").cast(pl.Enum(schema.ALLOC_KIND_NAMES)).alias("kind"), pl.col("ts_ns").alias("alloc_ts_ns"),
     )
+    # each range start with the largest range mapped there: an unmap anywhere inside it ends it
+    starts = maps.group_by("pid", "base").agg(pl.col("size").max().alias("_size")).with_columns(
+        pl.col("base").alias("_at")).sort("pid", "_at")
+    unmaps = events.filter(api.is_in(UNMAP_APIS) & done() & pl.col("ptr").is_not_null()).select(
+        "pid", pl.col("ptr").alias("_at"), pl.col("ts_ns").alias("free_ts_ns"), pl.col("api").alias("free_api"),
+    ).sort("pid", "_at")
+    # both sides sorted just above (the check cannot see it through `by`)
+    ends = unmaps.join_asof(starts, on="_at", by="pid", strategy="backward", check_sortedness=False).filter(
+        pl.col("_at") < pl.col("base") + pl.col("_size")
+    ).select("pid", "base", "free_ts_ns", "free_api")
+    return maps, ends
 
 
 def host_frees(events: pl.LazyFrame) -> pl.LazyFrame:
@@ -137,7 +187,7 @@ def totals(allocations: pl.LazyFrame) -> pl.LazyFrame:
     and still held, from allocation instances (pair() or merge.allocations)."""
     freed = pl.col("free_ts_ns").is_not_null()
     return (
-        allocations.group_by("pid", memory().alias("memory"))
+        allocations.filter(holds_memory()).group_by("pid", memory().alias("memory"))
         .agg(
             pl.len().alias("allocations"),
             pl.col("size").sum().alias("allocated_bytes"),

@@ -1337,7 +1337,10 @@ DEVICE_FRAMES: dict[str, dict[str, pl.DataType]] = {
 
 #: Memory kind of an allocation instance (`allocations.kind`), from the API
 #: name (host events) or the device ALLOC record's `kind`.
-ALLOC_KIND_NAMES = [k.name.rstrip("_") for k in DeviceAllocKind] + ["other"]
+#: beyond the device module's kinds: "physical" is VMM memory made by cuMemCreate/hipMemCreate (its
+#: `base` is the opaque handle, no address), "mapping" a range cuMemMap/hipMemMap mapped it at (an
+#: address range with no memory of its own: its bytes are the physical allocation's)
+ALLOC_KIND_NAMES = [k.name.rstrip("_") for k in DeviceAllocKind] + ["other", "physical", "mapping"]
 
 #: How a host launch found its device execution (`kernels.match`).
 MATCH_NAMES = ["exact", "time"]

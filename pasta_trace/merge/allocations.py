@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from .. import schema
-from ..lifetimes import host_allocs, host_frees, in_address_space, pair
+from ..lifetimes import RELEASE_APIS, has_address, host_allocs, host_frees, host_mappings, in_address_space, pair
 from ..read import Capture
 
 _SCHEMA = schema.TIMELINE_FRAMES["allocations"]
@@ -41,15 +41,21 @@ def allocations(cap: Capture) -> pl.LazyFrame:
         return merged
     h_allocs, h_frees = host_allocs(cap.events), host_frees(cap.events)
     d_allocs, d_frees = _device_allocs(cap, h_allocs.select("pid").unique())
+    maps, unmaps = host_mappings(cap.events)
     cast = {k: v for k, v in _SCHEMA.items() if k not in ("alloc_id", "free_ts_ns", "free_api")}
+    free_cast = {"pid": pl.UInt32, "base": pl.UInt64, "free_api": pl.Categorical}
     allocs = pl.concat([h_allocs.cast(cast), d_allocs.cast(cast)], how="vertical")
-    frees = pl.concat(
-        [h_frees.cast({"pid": pl.UInt32, "base": pl.UInt64, "free_api": pl.Categorical}),
-         d_frees.cast({"pid": pl.UInt32, "base": pl.UInt64, "free_api": pl.Categorical})],
-        how="vertical",
-    )
+    frees = pl.concat([h_frees.cast(free_cast), d_frees.cast(free_cast)], how="vertical")
+    # three spaces of `base`, each paired apart: VMM handles (released by handle), address ranges
+    # mapped to them (ended by an unmap inside them), and the addresses of every other allocation
+    handle = ~has_address()
+    release = pl.col("free_api").cast(pl.String).is_in(RELEASE_APIS)
     return (
-        pair(allocs, frees)
+        pl.concat([
+            pair(allocs.filter(handle), frees.filter(release)),
+            pair(allocs.filter(~handle), frees.filter(~release)),
+            pair(maps.cast(cast), unmaps.cast(free_cast)),
+        ], how="vertical_relaxed")
         .sort(["alloc_ts_ns", "pid", "base"])
         .with_row_index("alloc_id")
         .select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])

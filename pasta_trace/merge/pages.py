@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from .. import schema
-from ..lifetimes import ADDRESS_BITS
+from ..lifetimes import ADDRESS_BITS, has_address
 from ..read import Capture
 from .allocations import allocations
 from .attribution import Segments, segments
@@ -57,7 +57,8 @@ def launch_times(cap: Capture, keys: pl.LazyFrame, tolerance_ns: int = TOLERANCE
 
 def _segments(cap: Capture) -> tuple[Segments, pl.DataFrame]:
     if ("segments",) not in cap.cache:
-        allocs = allocations(cap).collect()
+        # a VMM handle is no address: its memory is found through the ranges mapped to it
+        allocs = allocations(cap).filter(has_address()).collect()
         with ordinary_pages():
             cap.cache[("segments",)] = (segments(allocs), allocs)
     return cap.cache[("segments",)]

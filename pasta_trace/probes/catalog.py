@@ -194,8 +194,12 @@ def _cuda() -> list[Api]:
     add(["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"], A, "alloc_pool", "alloc")
     add(["cuMemAllocHost_v2"], A, "alloc", "alloc")
     add(["cuMemHostAlloc"], A, "alloc_flags", "alloc")
-    # VMM: physical memory is created/released; address ranges are reserved,
-    # mapped, given access and freed (kind other, ptr/size = the range).
+    # VMM: physical memory is created/released by handle: cuMemCreate's `ptr`
+    # is the opaque handle it returns, cuMemRelease's the handle it releases,
+    # never an address (lifetimes: kind "physical").  Address ranges are
+    # reserved, mapped, given access and freed (kind other, ptr/size = the
+    # range; cuMemMap's `src` = the handle mapped there): a device address is
+    # attributed to the cuMemMap range that holds it (kind "mapping").
     add(["cuMemCreate"], A, "alloc", "vmm")
     add(["cuMemRelease"], F, "free", "vmm")
     add(["cuMemAddressReserve"], Kind.other, "alloc", "vmm")
@@ -287,7 +291,7 @@ def _hip() -> list[Api]:
     add(["hipMallocAsync"], A, "alloc_stream", "alloc")
     add(["hipMallocFromPoolAsync"], A, "alloc_pool", "alloc")
     add(["hipMallocPitch", "hipMemAllocPitch"], A, "alloc_pitch", "alloc")
-    add(["hipMemCreate"], A, "alloc", "vmm")
+    add(["hipMemCreate"], A, "alloc", "vmm")  # `ptr` = the handle, as cuMemCreate's
     add(["hipMemRelease"], F, "free", "vmm")
     add(["hipMemAddressReserve"], Kind.other, "alloc", "vmm")
     add(["hipMemMap"], Kind.other, "vmm_map", "vmm")

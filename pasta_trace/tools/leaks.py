@@ -13,8 +13,8 @@ from .span import bounds
 _SITE_DOC = "the Python line that allocated"
 LEAKS = columns(
     PID, TID, ("api", pl.String, "", "allocation API"),
-    ("kind", pl.String, "", "device, managed, host (pinned), async or virtual"),
-    ("base", pl.UInt64, "handle", "the address"),
+    ("kind", pl.String, "", "device, managed, host (pinned), async, virtual or physical (VMM)"),
+    ("base", pl.UInt64, "handle", "the address; of VMM physical memory, its handle"),
     ("size", pl.UInt64, "bytes", "its bytes"),
     ("alloc_ts_ns", pl.Int64, "ts", "when it was allocated"),
     ("age_ns", pl.Int64, "ns", "capture end minus allocation time"),

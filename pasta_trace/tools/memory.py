@@ -52,7 +52,7 @@ PEAK_SITES = columns(
 @returns(TIMELINE)
 def memory_timeline(cap: Capture) -> pl.DataFrame:
     """One row per allocation or free of device memory, in time order per process."""
-    allocs = merge.allocations(cap).filter(pl.col("kind") != "host")
+    allocs = merge.allocations(cap).filter((pl.col("kind") != "host") & lifetimes.holds_memory())
     cols = ["pid", pl.col("api").cast(pl.String)]
     steps = pl.concat(
         [

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import merge
+from .. import lifetimes, merge
 from ..read import Capture
 
 #: the call site of a call without a stack (no Python, --no-stacks, or a lost stack)
@@ -79,7 +79,7 @@ def allocation_sites(cap: Capture, device_only: bool = True) -> pl.LazyFrame:
     stack, or a device-module record)."""
     calls = cap.events.filter(pl.col("kind") == "alloc").select(
         "pid", "tid", pl.col("ts_ns").alias("alloc_ts_ns"), "stack_id").unique(["pid", "tid", "alloc_ts_ns"], keep="first")
-    allocs = merge.allocations(cap)
+    allocs = merge.allocations(cap).filter(lifetimes.holds_memory())  # a VMM mapping's bytes are its memory's
     if device_only:
         allocs = allocs.filter(pl.col("kind") != "host")
     return with_site(allocs.join(calls, on=["pid", "tid", "alloc_ts_ns"], how="left"), cap, None)
