@@ -17,7 +17,9 @@ that names a kernel of the fatbin.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,13 +43,16 @@ RESULT_SCHEMA: dict[str, pl.DataType] = {
 
 
 def parse_maps(text: str) -> pl.DataFrame:
-    """File-backed lines of a /proc/PID/maps text: start, end, offset, path."""
+    """File-backed lines of a /proc/PID/maps text: start, end, offset, path,
+    and the file's device ("major:minor" in hex, as maps writes it) and inode."""
     rows = [line.split(maxsplit=5) for line in text.splitlines()]
     rows = [r for r in rows if len(r) == 6 and r[5].startswith("/")]
     if not rows:
-        return pl.DataFrame(schema={"start": pl.UInt64, "end": pl.UInt64, "offset": pl.UInt64, "path": pl.String})
+        return pl.DataFrame(schema={"start": pl.UInt64, "end": pl.UInt64, "offset": pl.UInt64, "path": pl.String,
+                                    "dev": pl.String, "inode": pl.UInt64})
     raw = pl.DataFrame({"range": [r[0] for r in rows], "offset": [r[2] for r in rows],
-                        "path": [r[5].removesuffix(" (deleted)") for r in rows]})
+                        "path": [r[5].removesuffix(" (deleted)") for r in rows],
+                        "dev": [r[3] for r in rows], "inode": [r[4] for r in rows]})
     bounds = raw["range"].str.split_exact("-", 1)
     hex_u64 = lambda e: e.str.to_integer(base=16).cast(pl.UInt64)  # noqa: E731
     return raw.select(
@@ -55,15 +60,38 @@ def parse_maps(text: str) -> pl.DataFrame:
         end=hex_u64(bounds.struct.field("field_1")),
         offset=hex_u64(pl.col("offset")),
         path=pl.col("path"),
+        dev=pl.col("dev"),
+        inode=pl.col("inode").str.to_integer(base=10, strict=False).cast(pl.UInt64),
     ).sort("start")
 
 
+@dataclass(frozen=True)
+class _File:
+    """An open file to read tables from: remembered by its identity, read through ``path``."""
+
+    key: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+    path: str = field(compare=False)  # /proc/self/fd/N of our descriptor
+    name: str = field(compare=False)  # the path the process mapped it under (for messages)
+
+
+def same_file(st: os.stat_result, dev: str | None, inode: int | None) -> bool:
+    """Whether ``st`` is the file a maps line names by ``dev`` ("fd:01") and ``inode``."""
+    if dev is None or inode is None:
+        return False
+    major, _, minor = dev.partition(":")
+    try:
+        return (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino) == (int(major, 16), int(minor, 16), inode)
+    except ValueError:
+        return False
+
+
 @lru_cache(maxsize=64)
-def _elf_tables(path: str) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]]:
+def _elf_tables(file: _File) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]]:
     """(PT_LOAD segments, function symbols, fatbin kernels) of one file:
     read bounded (elf_tables), from a regular file only (any process can map
     or name one); a bad fatbin leaves the file without kernels, and a note."""
-    with open_library(path) as f:
+    path = file.name
+    with open_library(file.path) as f:
         img = ElfImage(f, path)
         loads = [(int(s["offset"]), int(s["filesz"]), int(s["vaddr"])) for s in img.loads]
         syms: dict[int, tuple[int, str]] = {}
@@ -76,7 +104,7 @@ def _elf_tables(path: str) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]]:
                 if t["value"][i]:
                     syms.setdefault(int(t["value"][i]), (max(int(t["size"][i]), 1), table.name(i)))
     try:
-        kernels = frozenset(kernel_names(path))
+        kernels = frozenset(kernel_names(file.path))
     except (FatbinError, ELFError, ValueError, OSError) as e:
         FILE_PROBLEMS.add(path, f"its CUDA fatbin: {e}")
         kernels = frozenset()
@@ -118,11 +146,22 @@ def _unknown(handle: pl.Expr) -> pl.Expr:
     return pl.lit("unknown@0x") + handle.cast(pl.UInt64).map_elements(lambda h: f"{h:x}", return_dtype=pl.String)
 
 
-def _resolve_file(hits: pl.DataFrame, path: str, root: str) -> pl.DataFrame:
-    """Resolve the handles that fall in mappings of one file."""
+def _resolve_file(hits: pl.DataFrame, path: str, root: str, dev: str | None, inode: int | None) -> pl.DataFrame:
+    """Resolve the handles that fall in mappings of one file: the file the
+    process mapped (``dev``, ``inode`` from its maps), else none.  A process
+    that has exited is read from the host's paths, where another file (a
+    rebuild, or one put there to be read in its place) may be now."""
     full = str(Path(root) / path.lstrip("/")) if root else path
     try:
-        segs, syms, kernels = _elf_tables(full)
+        with open_library(full) as f:
+            st = os.fstat(f.fileno())
+            if not same_file(st, dev, inode):
+                now = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} inode {st.st_ino}"
+                return hits.select("handle", name=_unknown(pl.col("handle")), source=pl.lit("unknown"),
+                                   reason=pl.lit(f"{path} is not the file the process mapped (device {dev} inode "
+                                                 f"{inode}; device {now} there now): replaced since"))
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            segs, syms, kernels = _elf_tables(_File(key, f"/proc/self/fd/{f.fileno()}", path))
     except (OSError, ELFError) as e:
         FILE_PROBLEMS.add(path, str(e))
         return hits.select("handle", name=_unknown(pl.col("handle")),
@@ -173,8 +212,9 @@ def name_handles(pid_maps: str, root: str, handles: Iterable[int]) -> pl.DataFra
         )
     ]
     hits = placed.filter(pl.col("mapped"))
-    for (path,), group in hits.group_by("path"):  # one ELF parse per distinct file, not per handle
-        parts.append(_resolve_file(group, path, root))
+    # one ELF parse per distinct file, not per handle
+    for (path, dev, inode), group in hits.group_by("path", "dev", "inode"):
+        parts.append(_resolve_file(group, path, root, dev, inode))
     return pl.concat([p.cast(RESULT_SCHEMA) for p in parts]).sort("handle")
 
 

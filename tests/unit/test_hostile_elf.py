@@ -113,7 +113,8 @@ def test_symtab_of_the_wrong_type(lib, tmp_path):
     assert discovery.links_cudart(str(bad)) is False  # an executable like it: not cudart, no exception
     symbolize._elf_tables.cache_clear()
     with pytest.raises(ELFError, match="not a symbol table"):
-        symbolize._elf_tables(str(bad))
+        st = bad.stat()
+        symbolize._elf_tables(symbolize._File((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), str(bad), str(bad)))
     with open(bad, "rb") as f, pytest.raises(ELFError, match="not a symbol table"):
         unwind_table.build(f)
 
@@ -248,7 +249,8 @@ def test_symbolize_names_a_hostile_file_in_the_reason_and_the_notes(lib, tmp_pat
     bad = hf.wrong_type_symtab(lib, tmp_path / "wrong" / "libkern.so")
     manifest.FILE_PROBLEMS.take()
     symbolize._elf_tables.cache_clear()
-    maps = f"7f0000000000-7f0000010000 r-xp 00000000 08:01 1 {bad}\n"
+    st = bad.stat()  # the file the process mapped: only then is it read
+    maps = f"7f0000000000-7f0000010000 r-xp 00000000 {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} {st.st_ino} {bad}\n"
     got = symbolize.name_handles(maps, "", [0x7F0000001000])
     assert got["reason"].to_list() == [f"cannot read {bad}: {bad}: .symtab is a SHT_PROGBITS section, "
                                        "not a symbol table"]

@@ -4,12 +4,13 @@ nvcc-built shared library loaded into this process."""
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from pasta_trace.capture.symbolize import name_handles, parse_maps
+from pasta_trace.capture.symbolize import name_capture, name_handles, parse_maps
 
 from nvcc_build import compile_cu
 
@@ -50,7 +51,7 @@ def test_paths_are_read_under_root(kernels_lib, tmp_path):
     path, stubs, _ = kernels_lib
     maps = Path("/proc/self/maps").read_text()
     (tmp_path / path.relative_to("/")).parent.mkdir(parents=True)
-    (tmp_path / path.relative_to("/")).write_bytes(path.read_bytes())
+    (tmp_path / path.relative_to("/")).hardlink_to(path)  # the same file, at that path below root
     got = name_handles(maps, str(tmp_path), stubs[:1])
     assert got["name"].to_list() == [STUB_ORDER[0]]
     missing = name_handles(maps, str(tmp_path / "elsewhere"), stubs[:1])
@@ -58,13 +59,38 @@ def test_paths_are_read_under_root(kernels_lib, tmp_path):
     assert missing["reason"][0].startswith(f"cannot read {path}:")
 
 
+def test_a_file_that_is_not_the_one_mapped_names_nothing(kernels_lib, tmp_path):
+    """An exited process is named from the host's paths: a file now at its
+    path (here a copy: the same bytes, another inode) is not the one it
+    mapped, and is not read."""
+    path, stubs, _ = kernels_lib
+    maps = Path("/proc/self/maps").read_text()
+    mapped = parse_maps(maps).filter(pl.col("path") == str(path))
+    dev, inode = mapped["dev"][0], mapped["inode"][0]
+    copy = tmp_path / path.relative_to("/")
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(path.read_bytes())
+    st = copy.stat()
+    got = name_handles(maps, str(tmp_path), stubs[:2])
+    now = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} inode {st.st_ino}"
+    assert got.sort("handle").to_dicts() == sorted(
+        ({"handle": h, "name": f"unknown@0x{h:x}", "source": "unknown",
+          "reason": f"{path} is not the file the process mapped (device {dev} inode {inode}; device {now} there "
+                    "now): replaced since"} for h in stubs[:2]),
+        key=lambda r: r["handle"])
+    assert (dev, inode) == (f"{os.major(path.stat().st_dev):02x}:{os.minor(path.stat().st_dev):02x}",
+                            path.stat().st_ino)
+
+
 def test_parse_maps_keeps_file_mappings():
     text = ("55d0c0a00000-55d0c0a01000 r--p 00001000 fe:00 123   /usr/bin/x\n"
             "7ffd0000-7ffd1000 rw-p 00000000 00:00 0   [stack]\n"
             "7f0000000000-7f0000002000 r-xp 00002000 fe:00 9 /lib/y.so (deleted)\n")
     assert parse_maps(text).to_dicts() == [
-        {"start": 0x55D0C0A00000, "end": 0x55D0C0A01000, "offset": 0x1000, "path": "/usr/bin/x"},
-        {"start": 0x7F0000000000, "end": 0x7F0000002000, "offset": 0x2000, "path": "/lib/y.so"},
+        {"start": 0x55D0C0A00000, "end": 0x55D0C0A01000, "offset": 0x1000, "path": "/usr/bin/x", "dev": "fe:00",
+         "inode": 123},
+        {"start": 0x7F0000000000, "end": 0x7F0000002000, "offset": 0x2000, "path": "/lib/y.so", "dev": "fe:00",
+         "inode": 9},
     ]
 
 
@@ -155,3 +181,39 @@ def test_runtime_launches_named_through_their_call_site(kernels_lib):
     ], key=lambda r: r[0])
     assert got.filter(pl.col("source") == "unknown")["reason"].to_list() == [
         "address is not in a file-backed mapping"]
+
+
+def _exited_capture(tmp_path: Path, maps: str, stub: int) -> tuple[Path, Path]:
+    """A capture with one runtime launch of `stub` by a process that has exited: its maps
+    as saved while it ran, its root the host's `/` (capture.finish._offline_names)."""
+    cap = tmp_path / "cap"
+    cap.mkdir(parents=True)
+    pl.DataFrame({"ts_ns": [1], "pid": [4242], "api": ["cudaLaunchKernel"], "func": [stub]},
+                 schema={"ts_ns": pl.Int64, "pid": pl.UInt32, "api": pl.String, "func": pl.UInt64}
+                 ).write_parquet(cap / "events-00000.parquet")
+    proc = tmp_path / "proc"
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "maps").write_text(maps)
+    (proc / "4242" / "root").symlink_to("/")
+    return cap, proc
+
+
+def test_an_exited_process_is_named_from_its_file_only_while_that_file_is_the_one_it_mapped(kernels_lib, tmp_path):
+    path, stubs, _ = kernels_lib
+    maps = Path("/proc/self/maps").read_text()
+    cap, proc = _exited_capture(tmp_path / "same", maps, stubs[0])
+    assert name_capture(cap, proc=proc).select("pid", "handle", "name", "source", "reason").to_dicts() == [
+        {"pid": 4242, "handle": stubs[0], "name": STUB_ORDER[0], "source": "elf_stub", "reason": None}]
+
+    # recorded at capture: another inode than the file at that path now (it was replaced since)
+    ino = path.stat().st_ino
+    dev = parse_maps(maps).filter(pl.col("path") == str(path))["dev"][0]
+    replaced = "\n".join(line.replace(f" {ino} ", f" {ino + 1} ") if line.endswith(str(path)) else line
+                         for line in maps.splitlines())
+    cap, proc = _exited_capture(tmp_path / "replaced", replaced, stubs[0])
+    st = path.stat()
+    now = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} inode {ino}"
+    assert name_capture(cap, proc=proc).select("pid", "handle", "name", "source", "reason").to_dicts() == [
+        {"pid": 4242, "handle": stubs[0], "name": f"unknown@0x{stubs[0]:x}", "source": "unknown",
+         "reason": f"{path} is not the file the process mapped (device {dev} inode {ino + 1}; device {now} there "
+                   "now): replaced since"}]
