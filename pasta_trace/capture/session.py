@@ -51,6 +51,8 @@ class Session:
         self._out: OutputDir | None = None
         self._stacks: StackCollector | None = None
         self._native: NativeCollector | None = None
+        self._writer: CaptureWriter | None = None
+        self._device = None
 
     def check(self) -> None:
         """Everything that can refuse the capture before anything is loaded:
@@ -162,18 +164,26 @@ class Session:
         opts = self.opts
         self.check()
         out = self._out = OutputDir.claim(opts.out_dir, force=opts.force, clean=CAPTURE_FILES)
+        try:
+            return self._record(out)
+        finally:
+            # the one way out of every error (the normal end closed them all in Finisher.finish)
+            if out.fd >= 0:
+                self._clean_up(out, self._writer, self._device)
+
+    def _record(self, out: OutputDir) -> Result:
+        opts = self.opts
         held = None
         try:
             env = dict(os.environ)
-            device = None
             if opts.device:
-                device = self._device_session()
-                env.update(device.env())
+                self._device = self._device_session()
+                env.update(self._device.env())
             held = self.setup(env)
         except BaseException:
             self._release_stops()
-            out.abandon()
             raise
+        device = self._device
         # Ctrl-C/SIGTERM only ask the loop to stop, until the manifest is complete:
         # a second Ctrl-C while we finish must not lose what was captured.
         old_handlers = {sig: signal.signal(sig, self._request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -181,7 +191,7 @@ class Session:
             from ..probes import catalog
 
             api_names = list(catalog.API_NAMES)
-            writer = CaptureWriter(out, api_names)
+            writer = self._writer = CaptureWriter(out, api_names)
             self._watcher.own(writer.pid)
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
                                    aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
@@ -218,6 +228,30 @@ class Session:
             signal.signal(sig, signal.SIG_IGN)
         return result
 
+    def _clean_up(self, out: OutputDir, writer: CaptureWriter | None, device) -> None:
+        """After an error: the events writer process ends (what it held is
+        lost: the manifest stays complete: false), the device files come in and
+        their staging directory goes, and the directory is the invoking
+        user's (or, with nothing recorded, removed).  Each step is tried
+        whatever the others did: the error itself is what the user must see."""
+        steps = []
+        if writer is not None:
+            steps.append(writer.kill)
+        if device is not None:
+            steps.append(device.finish)
+        if writer is not None:
+            steps.append(lambda: out.hand_over(self.owner, also=_written_by_others(out)))
+            steps.append(out.close)
+        else:
+            steps.append(out.abandon)
+        for step in steps:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - cleanup after a failure; see above
+                pass
+        if out.fd >= 0:
+            out.close()
+
     def _on_flush(self, writer: CaptureWriter) -> None:
         self._tracker.write_processes(writer)
         self._probes.write_libraries(writer)
@@ -248,6 +282,12 @@ class Session:
             self._drain.close()
         if self._probes is not None:
             self._probes.detach()
+
+
+def _written_by_others(out: OutputDir) -> list[str]:
+    """Files of the directory that the events writer process made (OutputDir
+    knows only those made through itself)."""
+    return [n for n in os.listdir(out.fd) if not n.startswith(".") and n.endswith(".parquet")]
 
 
 def _libraries(n: int) -> str:
