@@ -58,6 +58,10 @@ class BadElf(ELFError):
     """A file or table that is not what it claims, or beyond the bounds (the message names the file)."""
 
 
+class NotElf(BadElf):
+    """No ELF file at all (a script, a data file)."""
+
+
 def _cstr(data: bytes, off: int) -> str:
     end = data.find(b"\0", off)
     return data[off: end if end >= 0 else len(data)].decode("utf-8", "replace")
@@ -119,9 +123,10 @@ class ElfImage:
         st = os.fstat(f.fileno())
         self.size = st.st_size
         self.allocated = allocated_bytes(st)
-        head = self._read(0, EHDR.itemsize, "the ELF header")
+        f.seek(0)
+        head = f.read(EHDR.itemsize)
         if len(head) < EHDR.itemsize or head[:4] != b"\x7fELF":
-            raise BadElf(f"{self.path}: not an ELF file")
+            raise NotElf(f"{self.path}: not an ELF file")
         if head[4:6] != b"\x02\x01":
             raise BadElf(f"{self.path}: not a little-endian ELF64 file")
         self.header = np.frombuffer(head, EHDR)[0]
