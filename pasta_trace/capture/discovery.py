@@ -124,9 +124,17 @@ def _links_cudart(path: str, key: tuple[int, int, int, int]) -> bool:
 
     from ..probes import elf
 
+    from ..elf_tables import NotElf
+    from .manifest import FILE_PROBLEMS
+
     try:
         return bool(elf.local_functions(path, set(STATIC_CUDART_MARKERS)))
-    except (OSError, ELFError, ValueError):
+    except NotElf:
+        return False  # a script, say: nothing to say
+    except ELFError as e:  # an ELF executable with a damaged or oversized table: named in the manifest
+        FILE_PROBLEMS.add(os.path.realpath(path), str(e).removeprefix(f"{path}: "))
+        return False
+    except (OSError, ValueError):
         return False
 
 
