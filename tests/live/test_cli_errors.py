@@ -202,7 +202,20 @@ def test_print_bpf_and_dry_run_need_no_root(tmp_path):
 
 
 def test_launch_under_sudo_runs_as_the_invoking_user_who_owns_the_files(tmp_path):
-    out = tmp_path / "cap"
+    # under sudo the capture goes where the user may write: a directory of theirs
+    # (pytest's tmp_path is root's 0700)
+    import tempfile
+
+    theirs = Path(tempfile.mkdtemp(prefix="pasta-nobody-"))
+    theirs.chmod(0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    try:
+        _launch_under_sudo(theirs / "cap")
+    finally:
+        shutil.rmtree(theirs)
+
+
+def _launch_under_sudo(out: Path) -> None:
     r = cli("-o", str(out), "--", "sh", "-c", "id -u; id -g; exit 3",
             env={"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY)})
     assert r.returncode == 0, r.stderr  # the capture succeeded; the command's code is reported
