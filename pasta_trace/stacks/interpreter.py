@@ -49,6 +49,8 @@ class Mapping:
     end: int
     offset: int
     path: str
+    dev: str = ""  # "major:minor" in hex, as maps writes it
+    inode: int = 0
 
 
 def parse_maps(text: str, *, executable: bool = False) -> list[Mapping]:
@@ -59,7 +61,8 @@ def parse_maps(text: str, *, executable: bool = False) -> list[Mapping]:
         if len(parts) < 6 or not parts[5].startswith("/") or (executable and "x" not in parts[1]):
             continue
         lo, _, hi = parts[0].partition("-")
-        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)")))
+        out.append(Mapping(int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5].removesuffix(" (deleted)"),
+                           parts[3], int(parts[4]) if parts[4].isdigit() else 0))
     return sorted(out, key=lambda m: m.start)
 
 

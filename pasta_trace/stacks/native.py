@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -255,13 +256,21 @@ class AddressSpace:
         return (str(self._proc / str(self.pid) / "root"), "/")
 
     def _open(self, m: Mapping):
-        """The file the process really mapped (also in a container, or deleted), else its path."""
+        """The file the process really mapped (also in a container, or deleted), else its path
+        while the file there is the one mapped (the device and inode of its maps line): an
+        exited process's path may hold another file by now, even a link to one it could not read."""
         base = self._proc / str(self.pid)
         for p in (base / "map_files" / f"{m.start:x}-{m.end:x}", base / "root" / m.path.lstrip("/"), Path(m.path)):
             try:
-                return open_library(p)  # a regular file only: a FIFO named like a library would block
+                f = open_library(p)  # a regular file only: a FIFO named like a library would block
             except OSError as e:
                 err = e
+                continue
+            st = os.fstat(f.fileno())
+            if f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}" == m.dev and st.st_ino == m.inode:
+                return f
+            f.close()
+            err = OSError(errno.ESTALE, f"not the file the process mapped (device {m.dev} inode {m.inode})", str(p))
         raise err
 
     def new_sample(self) -> None:
