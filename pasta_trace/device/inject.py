@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import PastaError, UsageError
 from ..safe_output import OutputDir, invoking_user, open_adoptable
+from .adopt import copy_bounded, copy_problem
 
 BACKENDS = ("sanitizer", "nvbit", "cupti")
 
@@ -149,9 +150,19 @@ class DeviceSession:
                 target = f"{stem}.{n}{suffix}"
                 n += 1
             try:
-                dest.copy_in(target, src)
+                why = copy_problem(src, dest)
+                if why is None:
+                    try:
+                        copy_bounded(dest, target, src)
+                    except OSError as e:  # the disk filled meanwhile: nothing half-written is kept
+                        why = f"not copied ({e.strerror})"
             finally:
                 os.close(src)
+            if why is not None:  # left in the staging directory for the user, said in the manifest's notes
+                from ..capture.manifest import FILE_PROBLEMS
+
+                FILE_PROBLEMS.add(str(self.staging / name), why)
+                continue
             os.unlink(name, dir_fd=self._staging_fd)
             out.append(self.out.path / "device" / target)
         os.close(self._staging_fd)
