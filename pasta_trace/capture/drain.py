@@ -90,7 +90,8 @@ class DrainLoop:
     def run(self, *, stop: Callable[[], bool], held: HeldCommand | None, mode: str,
             duration: float | None) -> int | None:
         """Drain until ``stop()``, the duration, the launched command's exit or
-        (-p) the exit of every traced process.  Returns the command's exit code."""
+        (-p) the exit of every traced process, or the death of the events writer
+        process.  Returns the command's exit code."""
         boost_drain_thread()
         keep_freed_memory()  # each drain's records are copied out into memory freed by the ones before
         deadline = time.monotonic() + duration if duration else None
@@ -113,6 +114,10 @@ class DrainLoop:
                 break
             if held is not None and (code := held.poll()) is not None:
                 exit_code = code
+                break
+            if not self._writer.check_alive():
+                # nothing more can be written: end now, counting what it left (CaptureWriter.close)
+                self._say(f"error: {self._writer.died}: ending the capture")
                 break
             if mode == "pid" and not self._tracker.alive_pids():
                 self._say("all traced processes exited")

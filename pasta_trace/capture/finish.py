@@ -97,6 +97,9 @@ class Finisher:
         manifest.notes = [*self._probes.notes, *(f"{name} not written: {why} (its last version is kept)"
                                                   for name, why in writer.failed.items()),
                           *mf.FILE_PROBLEMS.take()]
+        if writer.died is not None:
+            manifest.notes.append(f"{writer.died} during the capture: the {writer.unwritten:,} events it had not "
+                                  "written, and those drained after, are counted in lost_unwritten")
         if writer.held_peak_bytes * 4 >= writer.ring_bytes:
             manifest.notes.append(f"the events writer fell behind: up to {writer.held_peak_bytes / 2**20:.0f} MiB of "
                                   f"events waited in its {writer.ring_bytes / 2**20:.0f} MiB ring, and were written "

@@ -18,12 +18,19 @@ A write that fails (a full disk) keeps what was written before: events that
 could not be written are counted (``lost_unwritten``), a small table keeps its
 last version, and room kept aside from the start lets the manifest be
 completed (finish).
+
+A writer process that dies (a SIGKILL) ends the capture: the drain sees it
+(``died``) and stops, and close() learns what reached the disk from the
+events files themselves.  Every record handed to the dead writer and not in a
+file, and every one drained after its death, is counted in ``lost_unwritten``
+with the cause (``died``): none is silently missing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -78,6 +85,8 @@ class CaptureWriter:
         self.unwritten = 0
         self.write_error: str | None = None
         self.held_peak_bytes = 0  # the most that waited unwritten in the writer process
+        #: why the writer process ended before close() (killed by a signal, say), or None
+        self.died: str | None = None
         self.ring_trimmed_bytes = 0  # pages of the shared ring given back after floods
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
@@ -120,6 +129,9 @@ class CaptureWriter:
         """Put records in the ring shared with the writer process (capture.shared_ring)
         and tell it where; those that do not fit (the newest) are dropped and
         counted in lost_behind."""
+        if self.died is not None or self._ended():
+            self.unwritten += recs.size  # nobody will write them: counted, never put in the ring
+            return
         fit, parts = self._ring.put(recs)
         self.lost_behind += recs.size - fit
         for pos, nbytes in parts:
@@ -160,10 +172,30 @@ class CaptureWriter:
         self._answer()
         self._write_names()
 
+    def _ended(self) -> bool:
+        """Whether the writer process ended before it was told to (``died`` says why)."""
+        if self.died is None and self._proc.poll() is not None:
+            rc = self._proc.returncode
+            try:
+                how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+            except ValueError:
+                how = f"exited with status {rc}"
+            self.died = f"the events writer process was {how}" if rc < 0 else f"the events writer process {how}"
+        return self.died is not None
+
+    def check_alive(self) -> bool:
+        """False once the writer process has died: the capture must end (close() counts the loss)."""
+        return not self._ended()
+
     def close(self) -> None:
-        """Write everything, stop the writer process, and learn what it wrote."""
+        """Write everything, stop the writer process, and learn what it wrote
+        (from the files on disk, if it died: ``died``)."""
         self._queue.put(frame(b"C"))
-        reply = json.loads(self._answer())
+        try:
+            reply = json.loads(self._answer())
+        except PastaError:
+            self._recover()
+            return
         self._queue.put(None)
         self._sender.join()
         self._proc.wait()
@@ -172,6 +204,44 @@ class CaptureWriter:
         self.written, self.unwritten, self.write_error = reply["written"], reply["unwritten"], reply["error"]
         self.held_peak_bytes = reply["held_peak_bytes"]
         self.by_kind = np.array(reply["by_kind"], dtype=np.int64)
+        self._write_names()
+
+    def kill(self) -> None:
+        """End the writer process now (an error ends the capture: it must not outlive it)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._queue.put(None)
+
+    def _recover(self) -> None:
+        """The writer process died: what it wrote is the events files on
+        disk (each renamed into place whole); everything else handed to it is
+        counted unwritten.  Its half-written temporary file goes."""
+        self.kill()
+        self._ended()
+        if self.died is None:  # it answered nothing yet exited 0: still not a writer that finished
+            self.died = "the events writer process ended without its final answer"
+        codes = {k: i for i, k in enumerate(schema.KIND_NAMES)}
+        names = sorted(os.listdir(self.out.fd))
+        for name in names:  # OutputDir.new_temp's names; the tracer writes none of its own meanwhile
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    os.unlink(name, dir_fd=self.out.fd)
+                except OSError:
+                    pass
+        self.event_files = [self.dir / n for n in names if n.startswith("events-") and n.endswith(".parquet")]
+        written = 0
+        for path in self.event_files:
+            data = pl.read_parquet(path, columns=["pid", "comm", "kind"])
+            written += data.height
+            for kind, n in data.group_by(pl.col("kind").cast(pl.String)).len().iter_rows():
+                self.by_kind[codes[kind]] += n
+            for pid, comm in data.select("pid", "comm").unique(subset="pid", keep="any").with_columns(
+                    pl.col("comm").cast(pl.String)).iter_rows():
+                self._comms.setdefault(pid, comm)
+        self.written = written
+        self.unwritten += self.events - written
+        self.write_error = self.write_error or self.died
         self._write_names()
 
     def _answer(self) -> str:
