@@ -110,15 +110,9 @@ class ModuleCache:
         if key in self._tables or key in self._building:
             f.close()
             return self._settled(key)
-        try:
-            hit = ut.cached(f, self.cache)
-        except _ELF_ERRORS as e:
-            f.close()
-            return self._failed(key, path, e)
-        if hit is not None or self._pool is None:
-            with f:
-                return self._store(key, path, lambda: hit if hit is not None else ut.build_and_save(
-                    f, debug_roots=debug_roots, cache=self.cache))
+        if self._pool is None:
+            return self._store(key, path, lambda: self._build(f, debug_roots))
+        # the cache's key hashes the whole file (about a second a GiB): on the worker too
         self._building[key] = (path, self._pool.submit(self._build, f, debug_roots))
         return PENDING
 
@@ -143,8 +137,10 @@ class ModuleCache:
         return self._lines[key]
 
     def _build(self, f, debug_roots: tuple[str, ...]) -> ut.Tables:
+        """The tables of ``f`` from the disk cache, else parsed (and kept there); closes ``f``."""
         with f:
-            return ut.build_and_save(f, debug_roots=debug_roots, cache=self.cache)
+            hit = ut.cached(f, self.cache)
+            return hit if hit is not None else ut.build_and_save(f, debug_roots=debug_roots, cache=self.cache)
 
     def _settled(self, key: tuple):
         if key in self._building:
