@@ -108,7 +108,7 @@ class ProbeSet:
             res = probe_attach.attach_library(self.bpf, pin.path, fam)
         except Exception as e:  # noqa: BLE001 - any per-library failure stays with that library
             res = probe_attach.AttachResult(pin.path, errors=[f"{type(e).__name__}: {e}"])
-        res.path = lib.attach_path
+        res.path = pin.source
         try:
             bid = elf.build_id(pin.path)  # read from the probed inode, not from whatever has its path now
         except Exception:  # noqa: BLE001 - a damaged or vanished ELF: no build-id, still traced
@@ -120,7 +120,7 @@ class ProbeSet:
         else:
             pin.close()
         entry = mf.LibraryEntry(
-            path=path, attach_path=lib.attach_path, dev=pin.dev, inode=pin.inode, build_id=bid, family=fam,
+            path=path, attach_path=pin.source, dev=pin.dev, inode=pin.inode, build_id=bid, family=fam,
             symbols_attached=res.attached, symbols_missing=res.missing, placements=res.placements,
             errors=res.errors, aliases=res.aliases,
         )
@@ -137,7 +137,7 @@ class ProbeSet:
             return entry
         self.attached[key] = entry
         self.library_rows.append({
-            "path": path, "attach_path": lib.attach_path, "dev": lib.dev, "inode": lib.inode, "build_id": bid,
+            "path": path, "attach_path": pin.source, "dev": pin.dev, "inode": pin.inode, "build_id": bid,
             "family": fam, "symbols_attached": len(res.attached), "symbols_missing": len(res.missing),
         })
         self._known(lib.dev, lib.inode)
