@@ -16,24 +16,19 @@
 #define PT_REACH_H
 
 #ifdef PT_ALLOWED_UID
-static __always_inline u32 pt_cred_id(char *cred, int off)
-{
-    u32 v = 0;
-    if (bpf_probe_read_kernel(&v, sizeof(v), cred + off))
-        return ~0u; /* unreadable: never the allowed uid */
-    return v;
-}
-
+/* Loads through the task's BTF pointer (as pt_comm's): task->cred, then the
+ * uids.  Two bpf_probe_read_kernel copies instead cost ~45 ns a call on our
+ * VM, ~5% of a launch probe. */
 static __always_inline int pt_foreign(void)
 {
-    char *cred = 0;
-    char *task = (char *)bpf_get_current_task();
-    if (bpf_probe_read_kernel(&cred, sizeof(cred), task + PT_OFF_TASK_STRUCT_CRED) || !cred)
+    u8 *task = (u8 *)bpf_get_current_task_btf();
+    u8 *cred = *(u8 **)(task + PT_OFF_TASK_STRUCT_CRED);
+    if (!cred)
         return 1;
-    return pt_cred_id(cred, PT_OFF_CRED_UID) != PT_ALLOWED_UID ||
-           pt_cred_id(cred, PT_OFF_CRED_EUID) != PT_ALLOWED_UID ||
-           pt_cred_id(cred, PT_OFF_CRED_SUID) != PT_ALLOWED_UID ||
-           pt_cred_id(cred, PT_OFF_CRED_FSUID) != PT_ALLOWED_UID;
+    return *(u32 *)(cred + PT_OFF_CRED_UID) != PT_ALLOWED_UID ||
+           *(u32 *)(cred + PT_OFF_CRED_EUID) != PT_ALLOWED_UID ||
+           *(u32 *)(cred + PT_OFF_CRED_SUID) != PT_ALLOWED_UID ||
+           *(u32 *)(cred + PT_OFF_CRED_FSUID) != PT_ALLOWED_UID;
 }
 #else
 static __always_inline int pt_foreign(void)
