@@ -10,6 +10,7 @@ and sends framed messages on stdin: a type byte, a u64 length, the payload.
     b"A"  JSON list of API names (first message)
     b"R"  RING_PART: records of schema.HOST_EVENT (plain or as laid out in the
           BPF ring) at this position of the shared ring
+    b"G"  JSON: guard the tracer's late-load stops too (guardian.watch_in_thread)
     b"F"  write what arrived since the last flush
     b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
     b"C"  flush, answer a JSON line and exit: {"comms": {pid: comm}, "files": [...],
@@ -42,7 +43,7 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from ..safe_output import OutputDir
-from . import own_process
+from . import guardian, own_process
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
 from .heap import keep_freed_memory
@@ -248,6 +249,8 @@ def main(argv: list[str]) -> int:
             pos, nbytes, size = RING_PART.unpack(payload)
             files.add(ring.view(pos, nbytes, dtypes[size]), pos + nbytes)
             ring.prefault(pos + nbytes)
+        elif kind == b"G":
+            guardian.watch_in_thread(json.loads(payload))
         elif kind == b"F":
             files.flush()
         elif kind == b"S":

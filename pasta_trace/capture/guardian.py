@@ -19,6 +19,8 @@ pidfd, EXIT_POLL_S apart.
 The tracer and its guardians watch each other: the tracer keeps GUARDIANS of
 them and replaces one that died (LateLoadWatcher), so that a SIGKILL of the
 tracer and a guardian together still leaves one to resume what was stopped.
+While a capture is written, the events writer process watches too
+(watch_in_thread): a kill of the tracer and both guardians still leaves it.
 
     python -m pasta_trace.capture.guardian TRACER_PID PIDFD STOPS_FD CFG_FD VALUE_SIZE TGID_OFFSET
 
@@ -33,6 +35,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +114,12 @@ def main(argv: list[str]) -> int:
     sys.stdout.buffer.flush()
     os.close(1)
     wait_for_end(tracer, pidfd)
+    release_all(tracer, stops, cfg, others, tgid_offset)
+    return 0
+
+
+def release_all(tracer: int, stops: Map, cfg: Map, others: MapsByName, tgid_offset: int) -> int:
+    """The tracer is gone: disarm its hook, then resume everything it stopped."""
     cfg.update(ARMED_KEY, (0).to_bytes(4, "little"))
     resumed = 0
     for _ in range(SETTLE_ROUNDS):
@@ -119,7 +128,40 @@ def main(argv: list[str]) -> int:
     if resumed:
         print(f"pasta-trace: resumed {resumed} process(es) that tracer PID {tracer} had stopped at a library "
               "load and could not resume", file=sys.stderr)
-    return 0
+    return resumed
+
+
+def watch_in_thread(spec: dict) -> threading.Thread | None:
+    """Be one more guardian from inside another of the tracer's processes
+    (the events writer): ``spec`` (LateLoadWatcher.guard_spec) names the maps
+    by id, opened here while the tracer holds them.  A thread waits for the
+    tracer's exit and then does what a guardian does.  None where the maps
+    cannot be opened (the guardians still watch)."""
+    from .map_fds import lib
+
+    fds = []
+    try:
+        for ident in (spec["stops_id"], spec["cfg_id"]):
+            fd = lib().bpf_map_get_fd_by_id(ident)
+            if fd < 0:
+                raise OSError("map gone")
+            fds.append(fd)
+        pidfd = os.pidfd_open(spec["tracer"])
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        return None
+    stops = Map(fds[0], 4, spec["value_size"])
+    cfg = Map(fds[1], 4, 4)
+    others = MapsByName(STOPS_MAP, 4, spec["value_size"], {spec["stops_id"]})
+
+    def watch() -> None:
+        wait_for_end(spec["tracer"], pidfd, None)
+        release_all(spec["tracer"], stops, cfg, others, spec["tgid_offset"])
+
+    t = threading.Thread(target=watch, name="pasta-guard", daemon=True)
+    t.start()
+    return t
 
 
 def start(n: int, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int) -> list["Guardian"]:

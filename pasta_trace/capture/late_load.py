@@ -162,6 +162,12 @@ class LateLoadWatcher:
     def guardian_pids(self) -> list[int]:
         return [g.pid for g in self._guardians]
 
+    def guard_spec(self) -> dict:
+        """What another of our processes needs to guard our stops too (guardian.watch_in_thread)."""
+        stops_fd, cfg_fd, value_size, tgid_offset = self._guardian_args
+        return {"tracer": os.getpid(), "stops_id": map_info(stops_fd)[0], "cfg_id": map_info(cfg_fd)[0],
+                "value_size": value_size, "tgid_offset": tgid_offset}
+
     def _keep_guardians(self) -> None:
         """Replace each guardian that died (a SIGKILL): while we live, GUARDIANS of them watch us."""
         dead = [g for g in self._guardians if g.ended()]

@@ -193,6 +193,7 @@ class Session:
             api_names = list(catalog.API_NAMES)
             writer = self._writer = CaptureWriter(out, api_names)
             self._watcher.own(writer.pid)
+            writer.guard(self._watcher.guard_spec())  # a third watcher of our stops, with the guardians
             manifest = mf.Manifest(command_line=opts.command_line, mode=opts.mode, start=mf.ClockSample.now(),
                                    aggregate=opts.aggregate, buffer_pages=opts.buffer_pages, device=opts.device,
                                    aggregate_max=opts.aggregate_max if opts.aggregate else None)

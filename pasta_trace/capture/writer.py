@@ -108,6 +108,10 @@ class CaptureWriter:
         self._sender.start()
         self._queue.put(frame(b"A", json.dumps(self.api_names).encode()))
 
+    def guard(self, spec: dict) -> None:
+        """Have the writer process guard the tracer's late-load stops too (guardian.watch_in_thread)."""
+        self._queue.put(frame(b"G", json.dumps(spec).encode()))
+
     @property
     def pid(self) -> int:
         """The events writer process (one of pasta-trace's own: the discover program never stops it)."""

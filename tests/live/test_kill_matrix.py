@@ -1,0 +1,246 @@
+"""Nothing stopped, ever; every loss counted: SIGKILL of the tracer, of a
+guardian, of the events writer, and of pairs of them, at the moments that
+matter.  Real tracers on the real stub libraries and workloads.
+
+- held: a process is stopped at a late library open (the tracer attaches to
+  the new file meanwhile) when the kill comes.  It must be resumed within
+  1 s of the kill, measured on its own clock: the guardians watch the start of
+  the tracer's exit (PF_EXITING), not only its end, and the tracer replaces a
+  guardian that died.
+- flood: the events writer dies while it holds a backlog: the tracer ends the
+  capture, counts every event not on disk, completes the manifest and exits 1
+  with one line; events on disk + counted losses == the workload's own count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import expect
+from pasta_run import descendants, read_report, wait_for_file
+from pasta_trace.read import open_capture
+
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
+
+#: a library open held stopped must be resumed this soon after the kill
+RESUME_S = 1.0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def helpers(tracer_pid: int, module: str) -> list[int]:
+    """The tracer's helper processes running ``pasta_trace.capture.<module>``."""
+    return sorted(p for p in descendants(tracer_pid) if f"pasta_trace.capture.{module}" in _cmdline(p))
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _wait(cond, timeout: float, step: float = 0.002) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return False
+
+
+# --------------------------------------------------------------------------- held at a library load
+
+VICTIM = """
+import json, os, sys, time
+lib, go, out = sys.argv[1:4]
+while not os.path.exists(go):
+    time.sleep(0.002)
+t0 = time.monotonic()
+open(lib, "rb").close()  # stopped here until the tracer (or a guardian) resumes it
+t1 = time.monotonic()
+with open(out, "w") as f:
+    json.dump({"opened_at": t0, "resumed_at": t1}, f)
+"""
+
+#: who is SIGKILLed (together, in this order) while the victim is held stopped by a tracer frozen mid-attach
+HELD_KILLS = {
+    "tracer": ["tracer"],
+    "guardian-then-tracer": ["guardian", "tracer"],
+    "tracer-and-guardian": ["tracer", "guardian"],
+    "writer-and-tracer": ["writer", "tracer"],
+    "tracer-and-both-guardians": ["tracer", "guardian", "guardian2"],  # the events writer resumes it
+}
+
+
+def _bpf_maps_held(pid: int) -> int:
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            n += os.readlink(fd) == "anon_inode:bpf-map"
+        except OSError:
+            pass
+    return n
+
+
+def _hold(cuda, tmp_path: Path, tracer, name: str, tries: int = 10):
+    """A victim stopped at the open of a new copy of the stub library, and
+    its tracer frozen (SIGSTOP) while it holds it, as a tracer busy attaching
+    is: (tracer, victim, its result file).  The tracer handles the stop within
+    a second or so; a try that finds the victim already resumed starts again."""
+    for attempt in range(tries):
+        d = tmp_path / f"{name}{attempt}"
+        (d / "lib").mkdir(parents=True)
+        lib = d / "lib" / "libcuda.so.1"
+        shutil.copy(cuda.stub, lib)
+        go, result = d / "go", d / "victim.json"
+        victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(lib), str(go), str(result)])
+        try:
+            t = tracer(["-p", str(victim.pid), "-o", str(d / "cap")], name=f"{name}{attempt}")
+            t.wait_ready(timeout=300)  # the compile: a minute or more on a loaded machine
+            # the events writer guards the stops once it holds the two maps (guardian.watch_in_thread)
+            assert _wait(lambda: (w := helpers(t.proc.pid, "event_writer")) and _bpf_maps_held(w[0]) == 2, 60)
+        except BaseException:
+            victim.kill()
+            raise
+        go.touch()
+        if not _wait(lambda: _state(victim.pid) == "T" or result.exists(), 30):
+            pytest.fail("the victim's open was never stopped")
+        t.proc.send_signal(signal.SIGSTOP)
+        if _state(victim.pid) == "T" and not result.exists():
+            return t, victim, result
+        t.proc.send_signal(signal.SIGCONT)  # missed it: the tracer resumed the victim first
+        assert victim.wait(timeout=60) == 0
+        t.stop()
+    pytest.fail(f"the victim was never held stopped while the tracer was frozen, in {tries} tries")
+
+
+@pytest.mark.parametrize("kills", list(HELD_KILLS))
+def test_a_process_held_at_a_library_load_is_resumed_within_a_second(families, tmp_path, tracer, kills):
+    cuda = families[0]
+    t, victim, result = _hold(cuda, tmp_path, tracer, kills)
+    try:
+        guardians = helpers(t.proc.pid, "guardian")
+        pids = {"tracer": [t.proc.pid], "guardian": guardians[:1], "guardian2": guardians[1:],
+                "writer": helpers(t.proc.pid, "event_writer")}
+        assert all(pids.values()), pids
+        targets = [p for who in HELD_KILLS[kills] for p in pids[who]]
+        killed_at = time.monotonic()
+        for pid in targets:
+            os.kill(pid, signal.SIGKILL)
+        assert victim.wait(timeout=30) == 0
+        times = json.loads(result.read_text())
+        assert times["resumed_at"] - killed_at < RESUME_S, (times, killed_at)
+    finally:
+        victim.kill()
+        t.kill()
+
+
+def test_guardians_that_die_are_replaced(families, tmp_path, tracer):
+    """Both guardians SIGKILLed while the tracer lives: it starts two new ones,
+    and a tracer SIGKILLed after still leaves its held process resumed at once."""
+    cuda = families[0]
+    t, victim, result = _hold(cuda, tmp_path, tracer, "replaced")
+    try:
+        first = helpers(t.proc.pid, "guardian")
+        assert len(first) == 2
+        for pid in first:
+            os.kill(pid, signal.SIGKILL)
+        t.proc.send_signal(signal.SIGCONT)
+        assert _wait(lambda: len(set(helpers(t.proc.pid, "guardian")) - set(first)) == 2, 5, 0.01), \
+            helpers(t.proc.pid, "guardian")
+        assert victim.wait(timeout=30) == 0  # resumed by the tracer itself
+    finally:
+        victim.kill()
+    # a second held stop, with only the replacements watching
+    t2, victim2, result2 = _hold(cuda, tmp_path, tracer, "after")
+    try:
+        killed_at = time.monotonic()
+        os.kill(t2.proc.pid, signal.SIGKILL)
+        assert victim2.wait(timeout=30) == 0
+        assert json.loads(result2.read_text())["resumed_at"] - killed_at < RESUME_S
+    finally:
+        victim2.kill()
+        t.kill()
+
+
+# --------------------------------------------------------------------------- the writer dies in a flood
+
+FLOOD = 2_000_000  # per thread, two threads
+
+
+def _flood_then_kill(cuda, tmp_path: Path, tracer, sleeper, who: list[str]):
+    """A capture of a flood whose events writer is SIGKILLed (with ``who``
+    else) once its first file is on disk: (tracer, out dir, the calls the
+    workload made, the writer's PID)."""
+    report = tmp_path / "cuda.json"
+    proc = subprocess.Popen([str(cuda.workload), "--lib", str(cuda.stub), "--report", str(report),
+                             "--threads", "2", "--iters", "0", "--flood", str(FLOOD), "--wait"])
+    try:
+        pid = int(wait_for_file(report.with_name(report.name + ".ready"), proc=proc))
+        out = tmp_path / "cap"
+        # the sleeper keeps the capture going after the workload's end: the writer still has its backlog
+        t = tracer(["-p", f"{pid},{sleeper.pid}", "-o", str(out)])
+        t.wait_ready(timeout=300)
+        writer = helpers(t.proc.pid, "event_writer")
+        assert len(writer) == 1
+        os.kill(pid, signal.SIGUSR1)
+        assert proc.wait(timeout=300) == 0
+        assert _wait(lambda: any(out.glob("events-*.parquet")), 120, 0.01)
+        pids = {"writer": writer, "tracer": [t.proc.pid], "guardian": helpers(t.proc.pid, "guardian")[:1]}
+        for w in who:
+            os.kill(pids[w][0], signal.SIGKILL)
+    finally:
+        proc.kill()
+    rep = read_report(report)
+    return t, out, len(expect.expected_calls(rep, {"run"})) + rep["flood"]["calls"], writer[0]
+
+
+def test_a_writer_killed_in_a_flood_is_a_counted_loss(families, tmp_path, tracer, sleeper):
+    cuda = families[0]
+    t, out, calls, writer = _flood_then_kill(cuda, tmp_path, tracer, sleeper, ["writer"])
+    assert t.finish() == 1
+    err = t.stderr()
+    assert "Traceback" not in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("pasta-trace: error: ") and "the events writer process was killed by SIGKILL" in last, err
+    cap = open_capture(out)
+    assert cap.complete, cap.problems
+    counts = cap.manifest["counts"]
+    on_disk = cap.events.select(pl.len()).collect().item()
+    assert on_disk == counts["events"]
+    lost = sum(counts[k] for k in ("lost_events", "lost_inflight", "lost_unwritten", "lost_writer_behind"))
+    assert on_disk + lost == calls, (on_disk, counts)
+    assert counts["lost_unwritten"] > 0  # killed with a backlog: the loss is there, and counted
+    assert any("the events writer process was killed by SIGKILL" in n for n in cap.manifest["notes"])
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # its half-written file is gone
+    assert not Path(f"/proc/{writer}").exists()
+
+
+@pytest.mark.parametrize("who", [["writer", "guardian"], ["writer", "tracer"]])
+def test_a_writer_killed_with_another_leaves_nothing_stopped(families, tmp_path, tracer, sleeper, who):
+    """Pairs with the writer: the tracer, if it lives, ends as above; if it
+    was killed too, whatever reached the disk is readable and the sleeper runs."""
+    cuda = families[0]
+    t, out, calls, writer = _flood_then_kill(cuda, tmp_path, tracer, sleeper, who)
+    rc = t.finish()
+    assert rc == (1 if "tracer" not in who else -signal.SIGKILL), t.stderr()
+    assert _state(sleeper.pid) in ("S", "R")
+    if "tracer" not in who:
+        cap = open_capture(out)
+        assert cap.complete, cap.problems
