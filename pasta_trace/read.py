@@ -37,7 +37,7 @@ import polars as pl
 from . import schema
 from .errors import FormatError
 from .json_doc import check_shape, load_json
-from .parquet_scan import Scanner, column_ranges
+from .parquet_scan import Scanner
 
 
 @dataclass
@@ -207,38 +207,37 @@ def open_capture(path: str | Path) -> Capture:
         device=device,
         problems=problems,
     )
-    return with_scan(drop_unkeyed(cap, scan.files, scan.device_files), scan)
+    return with_scan(drop_unkeyed(cap, scan), scan)
 
 
 #: the columns without which a row of a frame means nothing (its time, its process and thread)
 KEYS = {"events": ("ts_ns", "pid", "tid"), "processes": ("pid",), "device": ("pid",)}
 
 
-def keyed(lf: pl.LazyFrame, paths: list[Path], keys: tuple[str, ...], what: str,
+def keyed(lf: pl.LazyFrame, nulls: list[dict[str, int]], keys: tuple[str, ...], what: str,
           problems: list[str]) -> pl.LazyFrame:
     """`lf` without the rows that have a null in one of `keys` (no tracer
-    writes one: damage), said in `problems`.  The files' footers tell how many
-    there are without reading the data; only where they cannot tell (no
-    statistics) does every read pay for the filter."""
-    known = column_ranges(paths, list(keys)) if paths else (0, {})
-    if known is not None and not any(n for _, _, n in known[1].values()):
+    writes one: damage), said in `problems`.  `nulls` are the null counts of
+    the files `lf` scans, counted when they were checked at open: a frame
+    without such rows (every capture a tracer wrote) pays for no filter."""
+    counts = [f"{n:,} without {k}" for k in keys if (n := sum(c.get(k, 0) for c in nulls))]
+    if not counts:
         return lf
-    if known is not None:
-        counts = [f"{n:,} without {k}" for k in keys if (n := known[1].get(k, (0, 0, 0))[2])]
-        problems.append(f"{what}: rows left out ({', '.join(counts)})")
+    problems.append(f"{what}: rows left out ({', '.join(counts)})")
     return lf.filter(pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
 
 
-def drop_unkeyed(cap: Capture, files: list[Path], device_files: dict[str, list[Path]]) -> Capture:
-    """keyed() of the capture's events, processes and device frames (scanned
-    from `files` and `device_files`)."""
-    def of(name: str) -> list[Path]:
-        return [f for f in files if fnmatch.fnmatchcase(f.name, f"{name}*.parquet") and f.parent == cap.path]
+def drop_unkeyed(cap: Capture, scan: Scanner) -> Capture:
+    """keyed() of the capture's events, processes and device frames, as `scan` read them."""
+    def of(name: str) -> list[dict[str, int]]:
+        return [n for f, n in scan.nulls.items()
+                if fnmatch.fnmatchcase(f.name, f"{name}*.parquet") and f.parent == cap.path and f in scan.files]
 
     cap.events = keyed(cap.events, of("events"), KEYS["events"], "events", cap.problems)
     cap.processes = keyed(cap.processes, of("processes"), KEYS["processes"], "processes", cap.problems)
-    for name, paths in device_files.items():
-        cap.device[name] = keyed(cap.device[name], paths, KEYS["device"], f"device {name}", cap.problems)
+    for name, paths in scan.device_files.items():
+        cap.device[name] = keyed(cap.device[name], [scan.nulls.get(p, {}) for p in paths], KEYS["device"],
+                                 f"device {name}", cap.problems)
     return cap
 
 

@@ -74,7 +74,7 @@ def load(path: str | Path) -> Capture:
         problems=list(meta.get("problems") or []),
         merged={k: one(k, v) for k, v in schema.TIMELINE_FRAMES.items()},
     )
-    return with_scan(drop_unkeyed(cap, scan.files, scan.device_files), scan)
+    return with_scan(drop_unkeyed(cap, scan), scan)
 
 
 def timeline_output(out: str | Path, *, force: bool = False) -> StagedDir:
