@@ -25,7 +25,8 @@ def built(tmp_path):
     libs.mkdir()
     (libs / "libgpu_probes_sanitizer.so").write_bytes(b"\x7fELF")
     m = libs / "manifest.json"
-    m.write_text(json.dumps({"format_version": 1, "artifacts": {"sanitizer": str(libs / "libgpu_probes_sanitizer.so")}}))
+    m.write_text(json.dumps({"format_version": 1,
+                             "artifacts": {"sanitizer": str(libs / "libgpu_probes_sanitizer.so")}}))
     return m
 
 
