@@ -122,9 +122,8 @@ def _links_cudart(path: str, key: tuple[int, int, int, int]) -> bool:
     process, and most processes run one of a few executables."""
     from elftools.common.exceptions import ELFError
 
-    from ..probes import elf
-
     from ..elf_tables import NotElf
+    from ..probes import elf
     from .manifest import FILE_PROBLEMS
 
     try:
