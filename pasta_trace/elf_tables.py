@@ -59,7 +59,7 @@ class BadElf(ELFError):
 
 
 class NotElf(BadElf):
-    """No ELF file at all (a script, a data file)."""
+    """No file of the kind read here: a script, a data file, a 32-bit or big-endian program."""
 
 
 def _cstr(data: bytes, off: int) -> str:
@@ -128,7 +128,7 @@ class ElfImage:
         if len(head) < EHDR.itemsize or head[:4] != b"\x7fELF":
             raise NotElf(f"{self.path}: not an ELF file")
         if head[4:6] != b"\x02\x01":
-            raise BadElf(f"{self.path}: not a little-endian ELF64 file")
+            raise NotElf(f"{self.path}: not a little-endian ELF64 file")
         self.header = np.frombuffer(head, EHDR)[0]
         self.dynamic = int(self.header["type"]) == ET_DYN
         self.sections = self._section_headers()

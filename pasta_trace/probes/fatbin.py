@@ -26,9 +26,8 @@ from pathlib import Path
 
 import lz4.block
 import zstandard
-from elftools.common.exceptions import ELFError
 
-from ..elf_tables import ElfImage
+from ..elf_tables import ElfImage, NotElf
 from ..regular_file import open_library
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -188,8 +187,8 @@ def _iter_fatbin_sections(path: str | Path, sizes: list[int] | None = None) -> I
     with open_library(path) as f:
         try:
             img = ElfImage(f, path)
-        except ELFError:
-            return  # not an ELF64 file: no fatbin
+        except NotElf:
+            return  # no fatbin; a damaged ELF file is the caller's to note
         found = [i for i, name in enumerate(img.section_names) if name in FATBIN_SECTIONS]
         if sizes is not None:
             sizes += [int(img.sections[i]["size"]) for i in found]
