@@ -281,7 +281,8 @@ def test_truncated_co_linetable_parses_to_its_last_whole_entry():
 def test_read_code_of_a_live_code_object_with_a_cut_linetable():
     interp = Finder().find(os.getpid())
     whole = _sample.__code__
-    cut = whole.replace(co_linetable=whole.co_linetable[:7])
+    # its last byte gone: the last entry is cut inside (the parser before read past the end: IndexError)
+    cut = whole.replace(co_linetable=whole.co_linetable[:-1])
     mem = ProcessMemory(os.getpid())
     try:
         full = read_code(mem, interp.layout, id(whole), interp.code_type)
