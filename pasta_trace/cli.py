@@ -155,6 +155,8 @@ def _denied(what: str, args: argparse.Namespace) -> str:
     """`what` was refused for lack of permission: one line, with what to do (py-spy style)."""
     if os.geteuid() != 0 and os.environ.get("SUDO_UID", "0") != "0":  # dropped to the user who ran sudo
         user = os.environ.get("SUDO_USER") or str(os.getuid())
+        if args.verb not in AS_USER:
+            return f"{what} (under sudo pasta-trace reads as {user}, not as root)"
         given = getattr(args, "path", None) or next(iter(getattr(args, "inputs", None) or []), "CAPTURE")
         return (f"{what} (under sudo pasta-trace reads as {user}, not as root; to read a capture of root's, "
                 f"give it to {user} first: `sudo chown -R {user} {shlex.quote(str(given))}`)")

@@ -150,7 +150,11 @@ def _library_files() -> dict[str, tuple[str, set[str]]]:
             add(lib.attach_path if lib.path.endswith(" (deleted)") else lib.path, lib.family, where)
     for name in _python_envs():
         python = python_env.interpreter(name, dict(os.environ))
-        for f in python_env.traced_libraries(str(python), dict(os.environ)) if python else []:
+        try:
+            libs = python_env.traced_libraries(str(python), dict(os.environ)) if python else []
+        except OSError:  # an environment this user may not read (under sudo: the user's reach)
+            libs = []
+        for f in libs:
             if fam := discovery.family_of(f):
                 add(os.path.realpath(f), fam, f"python env {python.parent.parent}")
     for f in glob.glob(str(VENDOR_CACHE / "**" / "lib*.so*"), recursive=True):
@@ -189,8 +193,8 @@ def _library_checks(verbose: bool) -> list[Check]:
 
 def run(args: argparse.Namespace) -> int:
     # what needs root reads only the system's own files; the library checks
-    # read other processes' maps and start the Python interpreters of the
-    # user's environment: under sudo they run as the user (privilege)
+    # read other processes' maps and the package directories the environment
+    # names (VIRTUAL_ENV, CONDA_PREFIX, PATH): under sudo they run as the user
     results = _kernel_checks()
     results.append(_privilege_check())
     bcc_results, bcc = _bcc_checks()

@@ -339,3 +339,23 @@ def test_report_on_the_users_dask_cluster_runs_as_the_user(user, base):
             except subprocess.TimeoutExpired:
                 q.kill()
                 q.wait()
+
+
+# ---------------------------------------------------------------- doctor
+
+def test_doctor_reads_the_libraries_as_the_user(require_bpf, user, base):
+    """doctor's library checks read what the environment names: under sudo a
+    VIRTUAL_ENV inside a root-only directory shows the user nothing, where
+    root's own doctor lists the library it holds."""
+    lib = base / "root" / "venv" / "lib" / "python3.11" / "site-packages" / "torch" / "lib" / "libc10.so"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"not an ELF file")
+    (base / "root" / "venv" / "bin").mkdir()
+    env = {"VIRTUAL_ENV": str(base / "root" / "venv")}
+    as_root = cli("doctor", env=env, timeout=300)
+    assert f"{lib}" in as_root.stdout, as_root.stdout
+    r = cli("doctor", env={**env, **user.sudo_env}, timeout=300)
+    assert str(base / "root") not in r.stdout + r.stderr
+    assert (f"ok   the checks below ran as uid {user.uid}, who ran sudo: they see only what that user may "
+            "read") in r.stdout.splitlines()
+    assert "ok   privileges (root): CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN)" in r.stdout.splitlines()
