@@ -224,6 +224,29 @@ def test_a_root_only_capture_is_refused_with_what_to_run(user, base, capture):
     assert r.returncode == 0, r.stderr
 
 
+def test_the_offline_verbs_have_the_users_supplementary_groups(user, base, capture):
+    """The user is the user with their groups (getgrouplist): a capture root
+    shares with a group of theirs (root:group 0750) reads; the same capture
+    shared with a group they are not in is refused."""
+    group = f"pt-g{os.getpid()}"
+    subprocess.run(["groupadd", group], check=True, capture_output=True)
+    try:
+        cap = base / "shared-capture"
+        shutil.copytree(capture, cap)
+        chown_tree(cap, type(user)("root", 0, 0))
+        for p in [cap, *cap.rglob("*")]:
+            shutil.chown(p, group=group)
+            p.chmod(0o750 if p.is_dir() else 0o640)
+        r = cli("report", str(cap), "--tool", "kernels", env=user.sudo_env)
+        assert r.returncode == 77, r.stderr
+        subprocess.run(["gpasswd", "-a", user.name, group], check=True, capture_output=True)
+        r = cli("report", str(cap), "--tool", "kernels", env=user.sudo_env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip()
+    finally:
+        subprocess.run(["groupdel", group], check=False, capture_output=True)
+
+
 def test_an_interrupted_merge_exits_130_and_leaves_nothing(user, base):
     """Ctrl-C while the timeline is written: exit 130, no timeline, no temporary."""
     src = Path(tempfile.mkdtemp(prefix="pasta-big-"))
