@@ -87,7 +87,7 @@ class FatbinNames:
             try:
                 self._by_file[key] = frozenset(kernel_names(path))
             except (OSError, ELFError, FatbinError, ValueError) as e:
-                FILE_PROBLEMS.add(path, f"its CUDA fatbin: {e}")
+                FILE_PROBLEMS.add(path, f"its CUDA fatbin: {str(e).removeprefix(f'{path}: ')}")
                 self._by_file[key] = frozenset()
         return self._by_file[key]
 

@@ -106,7 +106,7 @@ def _elf_tables(file: _File) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]
     try:
         kernels = frozenset(kernel_names(file.path))
     except (FatbinError, ELFError, ValueError, OSError) as e:
-        FILE_PROBLEMS.add(path, f"its CUDA fatbin: {e}")
+        FILE_PROBLEMS.add(path, f"its CUDA fatbin: {str(e).removeprefix(f'{path}: ')}")
         kernels = frozenset()
     segs = pl.DataFrame(loads, schema={"p_offset": pl.UInt64, "p_filesz": pl.UInt64, "p_vaddr": pl.UInt64},
                         orient="row").sort("p_offset")

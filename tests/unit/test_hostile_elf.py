@@ -211,6 +211,29 @@ def test_zstd_bomb_in_nv_fatbin_is_refused_in_bounded_memory(bomb):
     assert took < 10
 
 
+def test_a_process_mapping_the_bomb_gets_no_kernel_names_and_a_note(bomb):
+    """The driver-object naming reads the fatbins of every file a process maps (attach_names)."""
+    from pasta_trace.capture.process_memory import FatbinNames
+
+    holder = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
+                               f"f = open({str(bomb)!r}, 'rb')\n"
+                               "m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+                               "print('mapped', flush=True)\nsys.stdin.read()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "mapped\n"
+        manifest.FILE_PROBLEMS.take()
+        start = time.monotonic()
+        assert FatbinNames().of_process(holder.pid) == set()
+        took = time.monotonic() - start
+    finally:
+        holder.communicate("")
+    seen = f"/proc/{holder.pid}/root{bomb}"
+    assert manifest.FILE_PROBLEMS.take() == [
+        f"{seen}: skipped: its CUDA fatbin: the cubin at 0x10 decompresses to more than 256 MiB"]
+    assert took < 10
+
+
 def test_fatbin_budget_of_a_file_bounds_many_cubins(lib, tmp_path):
     """Many small bombs, each under the per-cubin bound: the file's budget ends them."""
     one = hf.fatbin_blob(hf.zstd_bomb(200 << 20, hf.EMPTY_CUBIN), 200 << 20)
