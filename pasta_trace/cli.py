@@ -160,7 +160,7 @@ def _denied(what: str, args: argparse.Namespace) -> str:
         given = getattr(args, "path", None) or next(iter(getattr(args, "inputs", None) or []), "CAPTURE")
         return (f"{what} (under sudo pasta-trace reads as {user}, not as root; to read a capture of root's, "
                 f"give it to {user} first: `sudo chown -R {user} {shlex.quote(str(given))}`)")
-    return f"{what} (run it as a user who may read it)"
+    return what if os.geteuid() == 0 else f"{what} (run it as a user who may read it)"
 
 
 if __name__ == "__main__":
