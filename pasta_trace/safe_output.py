@@ -5,7 +5,8 @@ the user who ran sudo) must not be able to turn root's writes against other
 files.  So, when running as root:
 
 - an output path is walked from ``/`` one component at a time, by directory
-  fd; a symbolic link on the way is followed only when root owns it, and each
+  fd; a symbolic link on the way is followed only when root owns it (or,
+  under sudo, where the walk is the user's, the user), and each
   directory on the way must belong to root or to the user who ran sudo;
 - every write is relative to the fd of its directory (opened
   ``O_DIRECTORY|O_NOFOLLOW``); temporaries are created
@@ -60,6 +61,14 @@ def _trusted_owner(uid: int) -> bool:
     return uid == 0 or (user is not None and uid == user[0])
 
 
+def _trusted_link(uid: int) -> bool:
+    """A link root may follow: root's own; under sudo also the user's, since
+    every walk is then made with the user's credentials (as_user), and the
+    kernel lets it lead only where the user could go themselves."""
+    user = invoking_user()
+    return uid == 0 or (user is not None and uid == user[0])
+
+
 def _lstat(dir_fd: int, name: str, shown: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -99,7 +108,7 @@ def _walk(path: Path, *, make_parents: bool) -> _Found:
             here = os.path.join(shown[-1], name)
             st = _lstat(held[-1], name, here)
             if st is not None and stat.S_ISLNK(st.st_mode):
-                if _guarded() and st.st_uid != 0:
+                if _guarded() and not _trusted_link(st.st_uid):
                     raise UsageError(f"refusing {given}: {here} is a symbolic link owned by uid {st.st_uid}",
                                      hint="as root only root's links are followed: give the path it points to")
                 links += 1

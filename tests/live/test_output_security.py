@@ -113,24 +113,42 @@ def test_the_launched_command_cannot_redirect_roots_writes(require_bpf, user, ba
 @pytest.mark.parametrize("force", [False, True])
 @pytest.mark.parametrize("under_sudo", [False, True])
 def test_an_output_that_is_a_users_link_is_refused(user, base, sleeper, users_sleeper, force, under_sudo):
+    """Root's own use follows no link of a user's.  Under sudo the walk is the
+    user's (privilege.as_user): their link leads only where they may go, and
+    the root-only directory stops it."""
     link = base / "x"
     users_link(user, link, base / "rootonly")
     traced = users_sleeper if under_sudo else sleeper
     r = cli("-p", str(traced.pid), "-o", str(link), "-d", "1", *(["--force"] if force else []),
             env=user.sudo_env if under_sudo else None)
     assert r.returncode == 2
-    assert one_error_line(r) == (
-        f"pasta-trace: error: refusing {link}: {link} is a symbolic link owned by uid {user.uid} "
-        "(as root only root's links are followed: give the path it points to)")
+    assert one_error_line(r) == (f"pasta-trace: error: cannot open {link}: Permission denied" if under_sudo else
+                                 f"pasta-trace: error: refusing {link}: {link} is a symbolic link owned by uid "
+                                 f"{user.uid} (as root only root's links are followed: give the path it points to)")
     assert_victim_untouched(base)
 
 
-def test_an_output_through_a_users_link_is_refused(user, base, users_sleeper):
+@pytest.mark.parametrize("under_sudo", [False, True])
+def test_an_output_through_a_users_link_is_refused(user, base, sleeper, users_sleeper, under_sudo):
     users_link(user, base / "x", base / "rootonly")
-    r = cli("-p", str(users_sleeper.pid), "-o", str(base / "x" / "cap"), "-d", "1", env=user.sudo_env)
+    traced = users_sleeper if under_sudo else sleeper
+    r = cli("-p", str(traced.pid), "-o", str(base / "x" / "cap"), "-d", "1",
+            env=user.sudo_env if under_sudo else None)
     assert r.returncode == 2
-    assert f"refusing {base / 'x' / 'cap'}: {base / 'x'} is a symbolic link owned by uid {user.uid}" in \
-        one_error_line(r)
+    assert one_error_line(r) == (
+        f"pasta-trace: error: cannot open {base / 'rootonly'}: Permission denied" if under_sudo else
+        f"pasta-trace: error: refusing {base / 'x' / 'cap'}: {base / 'x'} is a symbolic link owned by uid "
+        f"{user.uid} (as root only root's links are followed: give the path it points to)")
+    assert_victim_untouched(base)
+
+
+def test_under_sudo_the_users_own_link_to_their_own_directory_is_followed(require_bpf, user, base, users_sleeper):
+    theirs = users_dir(user, base / "theirs")
+    users_link(user, base / "x", theirs)
+    r = cli("-p", str(users_sleeper.pid), "-o", str(base / "x" / "cap"), "-d", "1", env=user.sudo_env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((theirs / "cap" / "manifest.json").read_text())["complete"] is True
+    assert {p.stat().st_uid for p in [theirs / "cap", *(theirs / "cap").iterdir()]} == {user.uid}
     assert_victim_untouched(base)
 
 
