@@ -268,8 +268,81 @@ static __always_inline u64 pt_inner(struct pt_regs *ctx, u32 kind, u64 fold)
     u64 t = o->ts;
     o->ts = 0; /* one inner call per outer call: a later one is its own */
     if (!fold || !o->func)
+/* CUDA stream capture: (process, stream) -> capture id (the entry time of
+ * the begin call that started it), set by a successful begin and removed by
+ * the end.  A launch on a stream under capture is recorded into a graph, not
+ * run: its event becomes kind captured, dst = the capture id.  Only the
+ * outermost layer's begin/end (a runtime call, else the driver's) keeps the
+ * map, so the runtime's begin and the driver's inside it give one id.
+ * capture_n counts the live entries: with none (nearly always) a launch pays
+ * one array lookup and no hash lookup.  Streams joined to a capture through
+ * an event wait (cross-stream capture) are not marked. */
+#define PT_CAPTURE_MAX 4096
+struct pt_cap_key {
+    u32 pid;
+    u32 pad;
+    u64 stream;
+};
+BPF_HASH(capturing, struct pt_cap_key, u64, PT_CAPTURE_MAX);
+BPF_ARRAY(capture_n, u64, 1);
+
+static __always_inline void pt_capture_begin(u32 pid, u64 stream, u64 id)
+{
+    struct pt_cap_key k = {};
+    u32 z = 0;
+    k.pid = pid;
+    k.stream = stream;
+    if (capturing.insert(&k, &id) == 0) {
+        u64 *n = capture_n.lookup(&z);
+        if (n)
+            __sync_fetch_and_add(n, 1);
+    } else {
+        capturing.update(&k, &id); /* a begin after an end this probe missed */
+    }
+}
+
+/* The capture id of the stream's capture, removed; 0: none was seen begin. */
+static __always_inline u64 pt_capture_end(u32 pid, u64 stream)
+{
+    struct pt_cap_key k = {};
+    u32 z = 0;
+    k.pid = pid;
+    k.stream = stream;
+    u64 *v = capturing.lookup(&k);
+    if (!v)
+        return 0;
+    u64 id = *v;
+    if (capturing.delete(&k) == 0) {
+        u64 *n = capture_n.lookup(&z);
+        if (n && *n)
+            __sync_fetch_and_sub(n, 1);
+    }
+    return id;
+}
+
+/* A launch (not nested: the outer call holds the capture) on a capturing stream */
+static __always_inline void pt_capture_mark(struct pt_event *e)
+{
+    if (e->kind != PT_KIND_LAUNCH || !(e->valid & PT_V_STREAM))
+        return;
+    u32 z = 0;
+    u64 *n = capture_n.lookup(&z);
+    if (!n || !*n)
+        return;
+    struct pt_cap_key k = {};
+    k.pid = e->pid;
+    k.stream = e->stream;
+    u64 *id = capturing.lookup(&k);
+    if (!id)
+        return;
+    e->kind = PT_KIND_CAPTURED;
+    e->dst = *id;
+    e->valid |= PT_V_DST;
+}
+
         return t;
     u32 i = pt_fold_slot(o->func);
+    pt_capture_mark(e);
     if (o->seen[i].outer == o->func && o->seen[i].inner == fold) {
         pt_tally(PT_TALLY_FOLDED_LAUNCHES);
         return PT_FOLDED;
@@ -705,6 +778,112 @@ static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
         E->ptr = PT_P1;                                                        \
         E->stream = PT_P2;                                                     \
         E->valid = PT_V_PTR | PT_V_STREAM;                                     \
+/* ------------------------------------------------------------ CUDA graphs */
+
+/* (stream, ...): dst = the capture id (this call's entry time) */
+#define PT_H_CAPTURE_BEGIN(name, id, kind, arg)                                  \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        E->stream = IN.a[0];                                                   \
+        E->dst = IN.ts;                                                        \
+        E->valid = PT_V_STREAM | PT_V_DST;                                     \
+        if (E->ret == 0 && !IN.outer)                                          \
+            pt_capture_begin(E->pid, IN.a[0], IN.ts);                          \
+    })
+
+/* (stream, CUgraph *out): ptr = the graph made, dst = the capture id (null:
+ * the capture began before the probes, or is kept by the outer call).  A
+ * failed end (an invalidated capture) ends the capture too. */
+#define PT_H_CAPTURE_END(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        u64 g = 0, cap = 0;                                                    \
+        E->stream = IN.a[0];                                                   \
+        E->valid = PT_V_STREAM;                                                \
+        if (!IN.outer)                                                         \
+            cap = pt_capture_end(E->pid, IN.a[0]);                             \
+        if (cap) {                                                             \
+            E->dst = cap;                                                      \
+            E->valid |= PT_V_DST;                                              \
+        }                                                                      \
+        if (!pt_read_out(E, IN.a[1], &g)) {                                    \
+            E->ptr = g;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+    })
+
+/* (exec *out, graph, ...): func = the exec, ptr = its graph */
+#define PT_H_GRAPH_INSTANTIATE(name, id, kind, arg)                              \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        u64 x = 0;                                                             \
+        E->ptr = IN.a[1];                                                      \
+        E->valid = PT_V_PTR;                                                   \
+        if (!pt_read_out(E, IN.a[0], &x)) {                                    \
+            E->func = x;                                                       \
+            E->valid |= PT_V_FUNC;                                             \
+        }                                                                      \
+    })
+
+/* (exec): func = the exec */
+#define PT_H_GRAPH_EXEC(name, id, kind, arg)                                     \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->func = PT_P1;                                                       \
+        E->valid = PT_V_FUNC;                                                  \
+    })
+
+/* (graph *out, flags): ptr = the graph made */
+#define PT_H_GRAPH_CREATE(name, id, kind, arg)                                   \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        u64 g = 0;                                                             \
+        if (!pt_read_out(E, IN.a[0], &g)) {                                    \
+            E->ptr = g;                                                        \
+            E->valid = PT_V_PTR;                                               \
+        }                                                                      \
+    })
+
+/* (graph): ptr = the graph */
+#define PT_H_GRAPH_DESTROY(name, id, kind, arg)                                  \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->valid = PT_V_PTR;                                                   \
+    })
+
+/* (node *out, graph, deps, numDeps, const CUDA_KERNEL_NODE_PARAMS *): the
+ * kernel and its shape read at return (the caller's struct); arg 1: the _v2
+ * struct, whose func may be null with a CUkernel in kern (offset 56) */
+#define PT_H_GRAPH_KERNEL_NODE(name, id, kind, arg)                              \
+    PT_PAIR(name, id, kind, PT_P2, PT_P5, 0, 0, {                              \
+        u64 c[8] = {};                                                         \
+        E->ptr = IN.a[0];                                                      \
+        E->valid = PT_V_PTR;                                                   \
+        if (!bpf_probe_read_user(c, arg ? 64 : 40, (void *)IN.a[1])) {         \
+            u32 *d = (u32 *)&c[1];                                             \
+            E->func = (arg && !c[0]) ? c[7] : c[0];                            \
+            E->grid_x = d[0];                                                  \
+            E->grid_y = d[1];                                                  \
+            E->grid_z = d[2];                                                  \
+            E->block_x = d[3];                                                 \
+            E->block_y = d[4];                                                 \
+            E->block_z = d[5];                                                 \
+            E->shmem = d[6];                                                   \
+            E->valid |= PT_V_FUNC | PT_V_GRID | PT_V_BLOCK | PT_V_SHMEM;       \
+        }                                                                      \
+    })
+
+/* (node *out, graph, ...): ptr = the graph */
+#define PT_H_GRAPH_NODE(name, id, kind, arg)                                     \
+    PT_PAIR(name, id, kind, PT_P2, 0, 0, 0, {                                  \
+        E->ptr = IN.a[0];                                                      \
+        E->valid = PT_V_PTR;                                                   \
+    })
+
+/* (node *out, graph, deps, numDeps, child): ptr = the graph, src = the
+ * child graph, whose nodes are copied into it now */
+#define PT_H_GRAPH_CHILD_NODE(name, id, kind, arg)                               \
+    PT_PAIR(name, id, kind, PT_P2, PT_P5, 0, 0, {                              \
+        E->ptr = IN.a[0];                                                      \
+        E->src = IN.a[1];                                                      \
+        E->valid = PT_V_PTR | PT_V_SRC;                                        \
+    })
+
     })
 
 /* ------------------------------------------------------------------ copies */

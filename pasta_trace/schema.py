@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 5)
+CAPTURE_FORMAT_VERSION = (1, 6)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -187,6 +187,10 @@ class Kind(enum.IntEnum):
     #: it; `outer_ts_ns` names it (format 1.4)
     nested = 15
 
+    #: a launch made on a stream under capture, or a kernel node added to a
+    #: graph: recorded into a graph, not run; the graph's launches run it
+    #: (format 1.6)
+    captured = 16
 
 KIND_NAMES = [k.name for k in Kind]
 

@@ -53,6 +53,13 @@ RETURN_SHAPES = frozenset(
         "nccl_split",
         "nccl_unique_id",
         "nccl_version",
+        "capture_begin",
+        "capture_end",
+        "graph_instantiate",
+        "graph_create",
+        "graph_kernel_node",
+        "graph_node",
+        "graph_child_node",
     }
 )
 
@@ -71,6 +78,15 @@ SHAPES: dict[str, str] = {
     "alloc_stream": "common",
     "alloc_pool": "common",
     "alloc_pitch": "common",
+    "capture_begin": "common",
+    "capture_end": "common",
+    "graph_instantiate": "common",
+    "graph_exec": "common",
+    "graph_create": "common",
+    "graph_destroy": "common",
+    "graph_kernel_node": "common",
+    "graph_node": "common",
+    "graph_child_node": "common",
     "range": "common",
     "vmm_map": "common",
     "free": "common",
@@ -174,6 +190,40 @@ def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: i
     return Api(symbol, family, kind, shape, shape in RETURN_SHAPES, category, int(arg), label)
 
 
+#: The APIs that launch a graph exec (`func`), whose kernels the merge counts
+#: per launch (merge/graphs.py).
+GRAPH_LAUNCHES = frozenset({"cuGraphLaunch", "cuGraphLaunch_ptsz", "cudaGraphLaunch", "cudaGraphLaunch_ptsz"})
+
+
+def _graphs(add, p: str) -> None:
+    """CUDA graphs, driver (p = "cu") and runtime ("cuda"): the same names and
+    argument orders.  Stream capture marks a stream (bpf/pasta.h, pt_capture)
+    so a launch on it is kind `captured`; the end gives the graph (`ptr`),
+    instantiation the exec (`func`) of a graph (`ptr`); explicit construction
+    adds kernel nodes (kind `captured`, `ptr` = the graph) and child graphs
+    (`src`).  The kernel node of the runtime (cudaKernelNodeParams) has the
+    driver's CUDA_KERNEL_NODE_PARAMS layout up to sharedMemBytes.  Every
+    cuGraphInstantiate* export takes (CUgraphExec *out, CUgraph, ...), the
+    legacy cuGraphInstantiate and _v2 with an error node and log after."""
+    G = Kind.graph
+    add([f"{p}StreamBeginCapture", f"{p}StreamBeginCapture_ptsz", f"{p}StreamBeginCaptureToGraph",
+         f"{p}StreamBeginCaptureToGraph_ptsz"] + ([f"{p}StreamBeginCapture_v2", f"{p}StreamBeginCapture_v2_ptsz"]
+                                                 if p == "cu" else []), G, "capture_begin", "graphs")
+    add([f"{p}StreamEndCapture", f"{p}StreamEndCapture_ptsz"], G, "capture_end", "graphs")
+    add([f"{p}GraphInstantiate", f"{p}GraphInstantiateWithFlags", f"{p}GraphInstantiateWithParams",
+         f"{p}GraphInstantiateWithParams_ptsz"] + ([f"{p}GraphInstantiate_v2"] if p == "cu" else []),
+        G, "graph_instantiate", "graphs")
+    add([f"{p}GraphUpload", f"{p}GraphUpload_ptsz"], G, "graph_launch", "graphs")
+    add([f"{p}GraphExecDestroy"], G, "graph_exec", "graphs")
+    add([f"{p}GraphCreate"], G, "graph_create", "graphs")
+    add([f"{p}GraphDestroy"], G, "graph_destroy", "graphs")
+    add([f"{p}GraphAddKernelNode"], Kind.captured, "graph_kernel_node", "graphs")
+    if p == "cu":  # CUDA_KERNEL_NODE_PARAMS_v2: a null func is a CUkernel in `kern`
+        add(["cuGraphAddKernelNode_v2"], Kind.captured, "graph_kernel_node", "graphs", 1)
+    add([f"{p}GraphAddMemcpyNode"], G, "graph_node", "graphs")
+    add([f"{p}GraphAddChildGraphNode"], G, "graph_child_node", "graphs")
+
+
 def _cuda() -> list[Api]:
     L, A, F, C, M, S = Kind.launch, Kind.alloc, Kind.free, Kind.memcpy, Kind.memset, Kind.sync
     out: list[Api] = []
@@ -203,6 +253,7 @@ def _cuda() -> list[Api]:
     add(["cuMemCreate"], A, "alloc", "vmm")
     add(["cuMemRelease"], F, "free", "vmm")
     add(["cuMemAddressReserve"], Kind.other, "alloc", "vmm")
+    _graphs(add, "cu")
     add(["cuMemMap"], Kind.other, "vmm_map", "vmm")
     add(["cuMemUnmap", "cuMemSetAccess", "cuMemAddressFree"], Kind.other, "range", "vmm")
 
@@ -430,6 +481,7 @@ def _cudart() -> list[Api]:
 
     add(["cudaDeviceSynchronize"], S, "sync_none", "sync")
     add(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], S, "sync_stream", "sync")
+    _graphs(add, "cuda")
     add(["cudaEventSynchronize"], S, "sync_handle", "sync")
 
     # (T *out, const void *hostStub): the handle aliases the stub, named offline from the ELF
