@@ -36,6 +36,8 @@ DEFAULT_NAMES_PAGES = 64
 DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
 DEFAULT_NATIVE_PAGES = 2048  # the nativestacks ring: ~1000 samples of 8 KiB between drains
 PID_FILTER_MAX = 4096
+#: lowers PID_FILTER_MAX, for the tests that fill pid_filter
+PID_FILTER_MAX_ENV = "PASTA_TRACE_TEST_PID_FILTER_MAX"
 #: Python processes whose stacks are walked at once (bpf/pystack.h's py_procs); PY_PROCS_MAX_ENV
 #: lowers it, for the tests that fill it
 PY_PROCS_MAX = 4096
@@ -164,7 +166,7 @@ def build_bpf_text(
         f"#define PT_RING_PAGES {ring_pages}",
         f"#define PT_NAMES_PAGES {names_pages}",
         f"#define PT_AGG_MAX {aggregate_max}",
-        f"#define PT_PID_FILTER_MAX {PID_FILTER_MAX}",
+        f"#define PT_PID_FILTER_MAX {int(os.environ.get(PID_FILTER_MAX_ENV) or PID_FILTER_MAX)}",
     ]
     comm = task_comm_offset()
     if comm is not None:
