@@ -7,9 +7,10 @@ replaced), and /proc/PID/root/<path> reaches that file from the host, which is
 what the uprobe attach needs.  Libraries are de-duplicated on (dev, inode):
 one attach covers every process that maps the same file.
 
-The CUDA runtime may also be linked into the executable itself (nvcc links
-libcudart_static by default): an executable whose .symtab defines the runtime's
-functions is traced as a `cudart` library too.
+The CUDA runtime may also be linked into the executable itself or into a
+shared library (nvcc links libcudart_static by default, `nvcc -shared` too): any
+mapped file whose .symtab defines the runtime's functions is traced as a
+`cudart` library too, probed at those local symbols.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def scan_pid(pid: int, proc: Path = Path("/proc")) -> ProcessLibraries:
             base = os.path.basename(path.removesuffix(DELETED))
             if OTHER_GPU.match(base):
                 others[path.removesuffix(DELETED)] = None
-            continue
+            if "x" not in parts[1]:
+                continue  # the runtime linked into a file is in its code: one look per file
         mapped = proc / str(pid) / "map_files" / parts[0]
         try:
             st = os.stat(mapped)
@@ -104,6 +106,11 @@ def scan_pid(pid: int, proc: Path = Path("/proc")) -> ProcessLibraries:
             continue  # the mapping went away between the two reads
         if (st.st_dev, st.st_ino) in seen:
             continue
+        if fam is None:
+            # read through the mapping: the file the process holds, whatever its path leads to now
+            if not _holds_cudart(str(mapped), st):
+                continue
+            fam = "cudart"
         seen.add((st.st_dev, st.st_ino))
         # a replaced file has no path any more: attach through the mapping itself
         attach = str(mapped) if path.endswith(DELETED) else f"{proc}/{pid}/root{path}"
@@ -115,10 +122,28 @@ def scan_pid(pid: int, proc: Path = Path("/proc")) -> ProcessLibraries:
     return out
 
 
+#: files (dev, inode, size, mtime) known to hold the runtime or not: -a asks for
+#: every file of every process, and most processes map the same few files
+_CUDART_FILES: dict[tuple[int, int, int, int], bool] = {}
+_CUDART_FILES_MAX = 16384
+
+
+def _holds_cudart(path: str, st: os.stat_result) -> bool:
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    found = _CUDART_FILES.get(key)
+    if found is None:
+        found = _links_cudart(path, key)
+        if len(_CUDART_FILES) >= _CUDART_FILES_MAX:
+            _CUDART_FILES.clear()
+        _CUDART_FILES[key] = found
+    return found
+
+
 @lru_cache(maxsize=256)
 def _links_cudart(path: str, key: tuple[int, int, int, int]) -> bool:
     """``path`` (identified by ``key``: dev, inode, size, mtime) defines the
-    CUDA runtime's functions in its .symtab.  Cached: -a asks for every
+    CUDA runtime's functions in its .symtab (an executable, or a shared
+    library built with the runtime linked in).  Cached: -a asks for every
     process, and most processes run one of a few executables."""
     from elftools.common.exceptions import ELFError
 
@@ -160,8 +185,8 @@ def static_cudart(pid: int, proc: Path = Path("/proc")) -> Library | None:
 
 
 def executable_library(path: str) -> Library | None:
-    """An executable file given by path on this host (launch mode), as a
-    `cudart` library if the runtime is linked into it."""
+    """An executable or a shared library given by path on this host (launch
+    mode), as a `cudart` library if the runtime is linked into it."""
     real = os.path.realpath(path)
     if not links_cudart(real):
         return None

@@ -4,8 +4,9 @@ A `cudaLaunchKernel`/`hipLaunchKernel` handle is the address of the host
 stub nvcc generates for the kernel, and the stub's ELF symbol is the kernel's
 mangled name.  So: find the mapping that holds the address (/proc/PID/maps
 text), turn it into the file's virtual address, look the symbol up in
-`.symtab`/`.dynsym`, and keep it only if it is a kernel of that file's fatbin
-(source `elf_stub`).  Anything else gets `unknown@0x...` with the reason.
+`.symtab`/`.dynsym`, and keep it only if it names a kernel of that file's
+fatbin (capture.stub_names: internal-linkage stubs, device stubs, lambdas;
+source `elf_stub`).  Anything else gets `unknown@0x...` with the reason.
 
 A CUDA 13 stub passes a `cudaKernel_t` instead (a driver object on a GPU), so
 a runtime launch also carries where it was called from (`caller`, and
@@ -23,8 +24,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import re
-
 import polars as pl
 from elftools.common.exceptions import ELFError
 
@@ -33,6 +32,7 @@ from ..elf_tables import ElfImage
 from ..probes.fatbin import FatbinError, kernel_names
 from ..regular_file import open_library
 from .manifest import FILE_PROBLEMS
+from .stub_names import kernel_of_symbol
 
 RESULT_SCHEMA: dict[str, pl.DataType] = {
     "handle": pl.UInt64,
@@ -115,30 +115,6 @@ def _elf_tables(file: _File) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]
         schema={"sym_addr": pl.UInt64, "sym_size": pl.UInt64, "symbol": pl.String},
     ).sort("sym_addr")
     return segs, table, kernels
-
-
-_DEVICE_STUB = re.compile(r"(\d+)__device_stub__")
-
-
-def kernel_of_symbol(symbol: str | None, kernels: frozenset[str]) -> str | None:
-    """The fatbin kernel a host function symbol launches: the symbol itself
-    (nvcc names a kernel's host stub after it), or the kernel of a device stub
-    (`_Z32__device_stub__Z6vecAddPKfS0_Pfi...`: the length-prefixed identifier
-    holds the kernel's mangled name without its leading `_`; an extern "C"
-    kernel's is mangled anyway, `Z14plain_c_kernelPi`).  None for others."""
-    if symbol is None:
-        return None
-    if symbol in kernels:
-        return symbol
-    m = _DEVICE_STUB.search(symbol)
-    if m is None:
-        return None
-    ident = symbol[m.end(): m.end() + int(m.group(1)) - len("__device_stub__")]
-    plain = re.match(r"Z(\d+)", ident)
-    for cand in ("_" + ident, ident[plain.end(): plain.end() + int(plain.group(1))] if plain else None):
-        if cand in kernels:
-            return cand
-    return None
 
 
 def _unknown(handle: pl.Expr) -> pl.Expr:

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import PastaError, PermissionsError, UsageError
-from . import checks, discovery, python_env, reach
+from . import checks, discovery, needed, python_env, reach
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 CAP_SYS_PTRACE = 19
@@ -119,7 +119,8 @@ def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> lis
     """Traced library files a launched command can load by name: those in
     LD_LIBRARY_PATH and in the ld.so cache, and, when the command is a Python
     interpreter, those its environment's packages hold (torch's libc10.so);
-    and the command's executable when the CUDA runtime is linked into it.
+    and the command's executable and the libraries it loads at start
+    (capture.needed) that have the CUDA runtime linked in.
     Others are caught when opened."""
     paths: list[str] = python_env.traced_libraries(argv[0], env) if argv else []
     for d in filter(None, env.get("LD_LIBRARY_PATH", "").split(":")):
@@ -130,8 +131,11 @@ def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> lis
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
+    cache: dict[str, str] = {}
     for line in out.splitlines():
         name, _, target = line.strip().partition(" => ")
+        if target and "x86-64" in name:
+            cache.setdefault(name.split(" ")[0], target)
         if target and discovery.family_of(name.split(" ")[0]):
             paths.append(target)
     libs: dict[tuple[int, int], discovery.Library] = {}
@@ -143,7 +147,9 @@ def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> lis
         if lib is not None:
             libs.setdefault(lib.key, lib)
     exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
-    lib = discovery.executable_library(exe) if exe else None
-    if lib is not None:
-        libs.setdefault(lib.key, lib)
+    # the executable and the libraries it loads at start, where the runtime may be linked in
+    for path in [exe, *needed.needed_files(exe, env, cache)] if exe else []:
+        lib = discovery.executable_library(path)
+        if lib is not None:
+            libs.setdefault(lib.key, lib)
     return list(libs.values())
