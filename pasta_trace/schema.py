@@ -34,8 +34,9 @@ CAPTURE_FORMAT_VERSION = (1, 6)
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
 
-#: Version of the merged timeline layout (1.1: cluster timelines, many captures in one).
-TIMELINE_FORMAT_VERSION = (1, 1)
+#: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
+#: 1.2: kernels' via_graph and graph_exec).
+TIMELINE_FORMAT_VERSION = (1, 2)
 
 DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
 
@@ -1377,6 +1378,9 @@ TIMELINE_FRAMES: dict[str, dict[str, pl.DataType]] = {
         "match": pl.Enum(MATCH_NAMES),  # null: no device execution matched
         "launch_id": pl.UInt64,
         "device": pl.UInt32,
+        # timeline 1.2: a kernel a CUDA graph launch ran (one row per kernel per graph launch), and its exec
+        "via_graph": pl.Boolean,
+        "graph_exec": pl.UInt64,
         "grid_id": pl.Int64,
         "correlation_id": pl.UInt32,
         "gpu_start_ns": pl.Int64,  # CLOCK_MONOTONIC

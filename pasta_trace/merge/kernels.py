@@ -10,11 +10,13 @@ from .. import schema
 from ..hexfmt import hex_expr
 from ..read import Capture
 from .executions import TOLERANCE_NS, device_executions
+from .graphs import GRAPH_COLUMNS, unknown_graph_names
 from .launches import launch_events, launch_order, order_position, time_rank
 
 _SCHEMA = schema.TIMELINE_FRAMES["kernels"]
 #: the kernels columns read from the launch events themselves
-_EVENT_COLUMNS = [k for k in _SCHEMA if k in schema.EVENTS_SCHEMA and k not in schema.TENSOR_PAYLOAD.values()]
+_EVENT_COLUMNS = [k for k in _SCHEMA if (k in schema.EVENTS_SCHEMA and k not in schema.TENSOR_PAYLOAD.values())
+                  or k in GRAPH_COLUMNS]
 _COUNTERS = [k for k in schema.TIMELINE_FRAMES["kernels"] if k in schema.DEVICE_FRAMES["kernel_summaries"]
              and k not in ("pid", "launch_id")]
 
@@ -26,6 +28,11 @@ def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
     back in another order."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
+    graphs = unknown_graph_names(cap)
+    if graphs.height:  # the launches of a graph whose kernels were not seen: graph@0x<exec>
+        names = pl.concat([names, graphs.lazy().select(
+            "pid", pl.col("handle").alias("func"), "name", pl.lit(0, pl.Int64).alias("name_ts"))],
+            how="vertical_relaxed")
     per_handle = names.sort("name_ts").group_by(["pid", "func"]).agg(
         pl.len().alias("_names"), pl.col("name").first().alias("_any_name"))
     launches = launches.join(per_handle, on=["pid", "func"], how="left")

@@ -17,13 +17,24 @@ import polars as pl
 
 from .. import schema
 from ..read import Capture
+from .graphs import graph_kernel_launches
 
 
 def launch_events(cap: Capture) -> pl.LazyFrame:
     """The capture's launch events, `_row` numbering them in scan order;
     without the columns only tensor events carry (their `device` is not the
-    GPU index the device data calls `device`)."""
-    return cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values()).with_row_index("_row")
+    GPU index the device data calls `device`).  Then one row per kernel each
+    CUDA graph launch ran (graphs.py: via_graph true, graph_exec its exec);
+    captured launches (kind `captured`) ran only there and are not rows."""
+    launches = cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values()).with_columns(
+        pl.lit(False).alias("via_graph"), pl.lit(None, pl.UInt64).alias("graph_exec"))
+    key = ("graph_kernel_launches",)
+    if key not in cap.cache:
+        cap.cache[key] = graph_kernel_launches(cap, launches.collect_schema())
+    graph = cap.cache[key]
+    if graph.height:
+        launches = pl.concat([launches, graph.lazy()], how="vertical")
+    return launches.with_row_index("_row")
 
 
 def launch_order(cap: Capture) -> pl.DataFrame:

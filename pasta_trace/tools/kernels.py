@@ -15,7 +15,8 @@ from .span import duration_ns
 
 _KEY = ["pid", "name"]
 _NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")
-_LAUNCHES = ("launches", pl.UInt64, "count", "launch calls")
+_LAUNCHES = ("launches", pl.UInt64, "count", "launch calls, and each kernel a CUDA graph launch ran")
+_VIA_GRAPH = ("via_graph", pl.UInt64, "count", "of the launches: kernels run by a CUDA graph launch")
 _TIMES = (
     ("first_ts_ns", pl.Int64, "ts", "first launch"),
     ("last_ts_ns", pl.Int64, "ts", "last launch"),
@@ -25,7 +26,7 @@ _TIMES = (
     ("gpu_mean_ns", pl.Float64, "ns", "its mean"),
 )
 KERNELS = columns(
-    PID, _NAME, _LAUNCHES,
+    PID, _NAME, _LAUNCHES, _VIA_GRAPH,
     ("launches_per_s", pl.Float64, "1/s", "launches over the capture's duration"),
     ("shapes", pl.UInt32, "count", "distinct (grid, block) shapes"),
     ("top_grid", pl.String, "", "the most frequent grid, XxYxZ"),
@@ -59,8 +60,11 @@ def _top_shape(shaped: pl.LazyFrame, weight: pl.Expr) -> pl.LazyFrame:
 def _name_reasons(cap: Capture) -> pl.LazyFrame:
     """(pid, name, name_reason): why an unknown@ name has no kernel name, as
     the capture (or its offline naming) said for that handle."""
-    return (cap.names.filter((pl.col("source") == "unknown") & pl.col("reason").is_not_null())
-            .group_by("pid", "name").agg(pl.col("reason").first().alias("name_reason")))
+    named = (cap.names.filter((pl.col("source") == "unknown") & pl.col("reason").is_not_null())
+             .group_by("pid", "name").agg(pl.col("reason").first().alias("name_reason")))
+    graphs = merge.unknown_graph_names(cap)  # graph@0x<exec>: a graph whose kernels were not seen
+    return pl.concat([named, graphs.lazy().select("pid", "name", pl.col("reason").alias("name_reason"))],
+                     how="vertical_relaxed")
 
 
 def _finish(cap: Capture, summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites: pl.LazyFrame,
@@ -85,6 +89,7 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
     shaped = _shaped(merge.aggregate_launches(cap))
     summary = shaped.group_by(_KEY).agg(
         pl.col("count").sum().alias("launches"),
+        pl.lit(0, pl.UInt64).alias("via_graph"),  # graphs are not followed by --aggregate
         pl.struct("grid", "block").n_unique().alias("shapes"),
         pl.col("first_ts_ns").min(),
         pl.col("last_ts_ns").max(),
@@ -128,7 +133,8 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     shaped = _shaped(ex.group_by([*_KEY, *dims]).agg(pl.len().alias("_n")))
     shapes = shaped.group_by(_KEY).agg(pl.struct("grid", "block").n_unique().alias("shapes"))
-    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), *_times()).join(
+    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), pl.col("via_graph").sum().cast(pl.UInt64),
+                                    *_times()).join(
         shapes, on=_KEY, how="left", nulls_equal=True)
     return _finish(cap, summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
 
@@ -154,7 +160,7 @@ TOOLS = [
         compute=kernel_summary,
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
         terminal_columns=(
-            "pid", "name", "launches", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
+            "pid", "name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
             "gpu_ns", "gpu_mean_ns", "top_call_site",
         ),
     ),

@@ -1,0 +1,194 @@
+"""CUDA graphs: the kernels each graph launch runs, worked out from the
+capture's graph calls (probes.catalog._graphs).
+
+A graph is defined by a stream capture's end (`ptr` = the graph, `dst` = the
+capture id its captured launches carry) or by cuGraphCreate (`ptr`), and
+grows by kernel nodes (kind `captured`, `ptr` = the graph) and child graphs
+(`src`, whose nodes are copied in when added).  Instantiation makes an exec
+(`func`) of what the graph holds then; each launch of the exec runs those
+kernels once.  Handles are reused after a destroy, so every link is the
+latest one before in time (an as-of join per process and handle).
+
+A graph launch whose exec was instantiated before the capture began (an
+attach after the warm-up of a vLLM or torch.compile program) runs kernels
+this capture never saw: it is one row named `graph@0x<exec>` with the reason,
+never a guess.  Launches made on a stream joined to a capture through an
+event (cross-stream capture) are not marked captured by the probes."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ..hexfmt import hex_expr
+from ..probes.catalog import APIS, GRAPH_LAUNCHES
+from ..read import Capture
+
+#: the launch rows' columns a graph launch has no value for per kernel
+GRAPH_COLUMNS = {"via_graph": pl.Boolean, "graph_exec": pl.UInt64}
+UNKNOWN_REASON = ("graph instantiated before the trace began: the kernels its launches run were not seen "
+                  "(trace from before the capture or graph construction to count them)")
+PARTIAL_REASON = ("graph captured on a stream whose capture began before the trace: the kernels its launches run "
+                  "were not all seen")
+
+_SHAPES = {a.symbol: a.shape for a in APIS}
+_CAPTURE_ENDS = [s for s, sh in _SHAPES.items() if sh == "capture_end"]
+_CREATES = [s for s, sh in _SHAPES.items() if sh == "graph_create"]
+_KERNEL_NODES = [s for s, sh in _SHAPES.items() if sh == "graph_kernel_node"]
+_CHILDREN = [s for s, sh in _SHAPES.items() if sh == "graph_child_node"]
+_INSTANTIATES = [s for s, sh in _SHAPES.items() if sh == "graph_instantiate"]
+#: the kernel columns a node carries onto each launch of its graph
+_KERNEL = ["func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shmem", "caller", "caller_fp"]
+#: nested children are followed this deep
+_MAX_DEPTH = 16
+
+
+def _graph_calls(cap: Capture) -> pl.DataFrame:
+    """The capture's graph and captured events, small: held in cap.cache."""
+    key = ("graph_calls",)
+    if key not in cap.cache:
+        kind = pl.col("kind").cast(pl.String)
+        nested_node = (kind == "nested") & pl.col("api").cast(pl.String).is_in(_KERNEL_NODES)
+        cap.cache[key] = cap.events.filter(kind.is_in(["graph", "captured"]) | nested_node).with_columns(
+            pl.col("api").cast(pl.String), kind.alias("kind"),
+            (pl.col("ret").is_null() | (pl.col("ret") == 0)).alias("_ok"),
+        ).collect()
+    return cap.cache[key]
+
+
+def _asof(left: pl.DataFrame, right: pl.DataFrame, by: list[str], left_on: str, right_on: str) -> pl.DataFrame:
+    """The latest `right` row at or before each `left` row, per `by`; both sorted
+    first (join_asof does not check)."""
+    return left.sort([*by, left_on]).join_asof(right.sort([*by, right_on]), left_on=left_on, right_on=right_on,
+                                               by=by, strategy="backward", check_sortedness=False)
+
+
+def _definitions(ev: pl.DataFrame) -> pl.DataFrame:
+    """(pid, graph, def_ts): each graph handle's making (capture end or create)."""
+    made = ev.filter(pl.col("api").is_in(_CAPTURE_ENDS + _CREATES) & pl.col("_ok") & pl.col("ptr").is_not_null())
+    return made.select("pid", pl.col("ptr").alias("graph"), pl.col("ts_ns").alias("def_ts"))
+
+
+def _nodes(ev: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFrame:
+    """(pid, graph, def_ts, node_ts, kernel columns): the kernels each graph
+    definition holds, children's included, each with the time it joined."""
+    ends = ev.filter(pl.col("api").is_in(_CAPTURE_ENDS) & pl.col("dst").is_not_null() & pl.col("ptr").is_not_null())
+    captured = ev.filter((pl.col("kind") == "captured") & pl.col("dst").is_not_null()
+                         & ~pl.col("api").is_in(_KERNEL_NODES)).join(
+        ends.select("pid", "dst", pl.col("ptr").alias("graph"), pl.col("ts_ns").alias("def_ts")),
+        on=["pid", "dst"], how="inner")
+    cols = ["pid", "graph", "def_ts", pl.col("ts_ns").alias("node_ts"), *_KERNEL]
+    explicit = ev.filter((pl.col("kind") == "captured") & pl.col("api").is_in(_KERNEL_NODES) & pl.col("_ok")
+                         & pl.col("ptr").is_not_null()).rename({"ptr": "graph"})
+    explicit = _asof(explicit, defs, ["pid", "graph"], "ts_ns", "def_ts").drop_nulls("def_ts")
+    # a runtime kernel node names its kernel by host stub; the driver node made inside it
+    # has the CUfunction, which the driver's lookups named
+    inner = ev.filter((pl.col("kind") == "nested") & pl.col("func").is_not_null()).select(
+        "pid", "tid", pl.col("outer_ts_ns").alias("ts_ns"), pl.col("func").alias("_inner"))
+    explicit = explicit.join(inner, on=["pid", "tid", "ts_ns"], how="left").with_columns(
+        pl.coalesce("_inner", "func").alias("func"))
+    own = pl.concat([captured.select(cols), explicit.select(cols)])
+    children = ev.filter(pl.col("api").is_in(_CHILDREN) & pl.col("_ok") & pl.col("ptr").is_not_null()
+                         & pl.col("src").is_not_null()).select("pid", pl.col("ptr").alias("graph"),
+                                                               pl.col("src").alias("child"), "ts_ns")
+    if children.is_empty():
+        return own
+    children = _asof(children, defs, ["pid", "graph"], "ts_ns", "def_ts").drop_nulls("def_ts")
+    children = _asof(children, defs.rename({"graph": "child", "def_ts": "child_def"}), ["pid", "child"], "ts_ns",
+                     "child_def").drop_nulls("child_def")
+    nodes = own
+    for _ in range(_MAX_DEPTH):
+        # a child's nodes as its parent holds them: those it had when it was added
+        inherited = children.join(nodes.rename({"graph": "child", "def_ts": "child_def", "node_ts": "_t"}),
+                                  on=["pid", "child", "child_def"]).filter(pl.col("_t") < pl.col("ts_ns"))
+        grown = pl.concat([own, inherited.select(cols)])
+        if grown.height == nodes.height:
+            break
+        nodes = grown
+    return nodes
+
+
+def _instances(ev: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFrame:
+    """(pid, exec, inst_ts, graph, def_ts): each instantiation, with the graph
+    definition it was made from (def_ts null: the graph was made before the
+    trace)."""
+    inst = ev.filter(pl.col("api").is_in(_INSTANTIATES) & pl.col("_ok") & pl.col("func").is_not_null()
+                     & pl.col("ptr").is_not_null())
+    inst = inst.select("pid", pl.col("func").alias("exec"), pl.col("ts_ns").alias("inst_ts"),
+                       pl.col("ptr").alias("graph"))
+    return _asof(inst, defs, ["pid", "graph"], "inst_ts", "def_ts")
+
+
+def graph_launches(cap: Capture) -> pl.DataFrame:
+    """Each graph launch (the outermost call: a runtime launch holds the
+    driver's) with its exec's instantiation (inst_ts null: before the trace)
+    and graph definition."""
+    key = ("graph_launches",)
+    if key not in cap.cache:
+        ev = _graph_calls(cap)
+        defs = _definitions(ev)
+        launches = ev.filter((pl.col("kind") == "graph") & pl.col("api").is_in(list(GRAPH_LAUNCHES))
+                             & pl.col("func").is_not_null()).with_row_index("_launch")
+        out = _asof(launches.rename({"func": "exec"}), _instances(ev, defs), ["pid", "exec"], "ts_ns", "inst_ts")
+        cap.cache[key] = out.sort("_launch")
+    return cap.cache[key]
+
+
+def _partial(ev: pl.DataFrame) -> pl.DataFrame:
+    """(pid, graph, def_ts) of graphs whose capture began before the trace:
+    their end carries no capture id."""
+    return ev.filter(pl.col("api").is_in(_CAPTURE_ENDS) & pl.col("_ok") & pl.col("ptr").is_not_null()
+                     & pl.col("dst").is_null()).select("pid", pl.col("ptr").alias("graph"),
+                                                       pl.col("ts_ns").alias("def_ts"))
+
+
+def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One launch row per kernel a graph launch runs, with `columns` (the
+    launch events' schema; kind `launch`, via_graph true, graph_exec the exec):
+    the graph launch's time, thread, stream and call; the node's kernel and
+    shape; no API time of its own (the graph launch's is not split).  A graph
+    launch whose kernels were not seen is one row with func = the exec, named
+    by unknown_graph_names."""
+    ev = _graph_calls(cap)
+    empty = pl.DataFrame(schema=columns)
+    if ev.is_empty():
+        return empty
+    launches = graph_launches(cap)
+    if launches.is_empty():
+        return empty
+    defs = _definitions(ev)
+    nodes = _nodes(ev, defs)
+    partial = _partial(ev).with_columns(pl.lit(True).alias("_partial"))
+    launches = launches.join(partial, on=["pid", "graph", "def_ts"], how="left")
+    known = launches.filter(pl.col("def_ts").is_not_null() & pl.col("_partial").is_null())
+    ran = known.drop(*[c for c in _KERNEL if c in known.columns]).join(
+        nodes, on=["pid", "graph", "def_ts"], how="inner").filter(pl.col("node_ts") < pl.col("inst_ts"))
+    ran = ran.sort(["_launch", "node_ts"])
+    unknown = launches.filter(pl.col("def_ts").is_null() | pl.col("_partial").is_not_null()).with_columns(
+        pl.col("exec").alias("func"), *(pl.lit(None, pl.UInt32).alias(c) for c in _KERNEL[1:8]),
+        *(pl.lit(None, pl.UInt64).alias(c) for c in _KERNEL[8:]))
+    rows = pl.concat([ran.select(unknown.columns), unknown], how="vertical_relaxed").with_columns(
+        pl.col("exec").alias("graph_exec"), pl.lit(True).alias("via_graph"), pl.lit("launch").alias("kind"),
+        pl.lit(None, pl.Int64).alias("dur_ns"), pl.lit(None, pl.Int64).alias("outer_ts_ns"))
+    return rows.select([(pl.col(c) if c in rows.columns else pl.lit(None)).cast(t).alias(c)
+                        for c, t in columns.items()])
+
+
+def unknown_graph_names(cap: Capture) -> pl.DataFrame:
+    """(pid, handle, name, reason) of the execs whose kernels were not seen:
+    the name their launch rows carry, `graph@0x<exec>`."""
+    ev = _graph_calls(cap)
+    out = pl.DataFrame(schema={"pid": pl.UInt32, "handle": pl.UInt64, "name": pl.String, "reason": pl.String})
+    if ev.is_empty():
+        return out
+    launches = graph_launches(cap)
+    if launches.is_empty():
+        return out
+    partial = _partial(ev).with_columns(pl.lit(True).alias("_partial"))
+    launches = launches.join(partial, on=["pid", "graph", "def_ts"], how="left")
+    unknown = launches.filter(pl.col("def_ts").is_null() | pl.col("_partial").is_not_null())
+    return unknown.group_by("pid", "exec").agg(pl.col("_partial").any()).select(
+        pl.col("pid").cast(pl.UInt32), pl.col("exec").alias("handle"),
+        pl.format("graph@{}", hex_expr(pl.col("exec"))).alias("name"),
+        pl.when(pl.col("_partial")).then(pl.lit(PARTIAL_REASON)).otherwise(pl.lit(UNKNOWN_REASON)).alias("reason"),
+    ).sort("pid", "handle")
+
