@@ -29,7 +29,7 @@ from users import temporary_user, unavailable  # tests/fixtures/users.py
 pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 
 PROBED = {a.symbol for a in APIS}
-REPEAT = 10  # 60 probed calls
+REPEAT = 10  # rounds of real_libs_calls' sequence
 #: how long the decoy stays mounted, one capture each (the report: unmounted 12-25 ms after the stop)
 HOLD_MS = (12, 18, 25)
 
@@ -106,7 +106,7 @@ def test_a_decoy_mounted_over_the_library_during_the_stop_gets_no_probe(require_
         # the swap really happened while the process waited for its probes
         assert (seen["stopped"], seen["mounted_while_stopped"], seen["rc"]) == (True, True, 0)
         want = Counter(c["api"] for c in json.loads(calls.read_text()) if c["api"] in PROBED)
-        assert sum(want.values()) == 6 * REPEAT
+        assert want and set(want.values()) == {REPEAT}  # each probed call once a round
 
         cap = open_capture(out)
         assert cap.complete, cap.problems
