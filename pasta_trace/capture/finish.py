@@ -81,7 +81,8 @@ class Finisher:
         manifest.libraries = self._probes.entries()
         manifest.pids = sorted(self._tracker.traced_pids)
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
-        lost |= {"lost_writer_behind": writer.lost_behind, "lost_unwritten": writer.unwritten}
+        lost |= {"lost_writer_behind": writer.lost_behind, "lost_unwritten": writer.unwritten,
+                 "lost_writer_died": writer.died_unwritten}
         stacks = None
         if self._stacks is not None or self._native is not None:
             stacks = {**(self._stacks.counts() if self._stacks else {}), **(self._native.counts() if self._native else {})}
@@ -98,8 +99,8 @@ class Finisher:
                                                   for name, why in writer.failed.items()),
                           *mf.FILE_PROBLEMS.take()]
         if writer.died is not None:
-            manifest.notes.append(f"{writer.died} during the capture: the {writer.unwritten:,} events it had not "
-                                  "written, and those drained after, are counted in lost_unwritten")
+            manifest.notes.append(f"{writer.died} during the capture: the {writer.died_unwritten:,} events it had "
+                                  "not written, and those drained after, are counted in lost_writer_died")
         if writer.held_peak_bytes * 4 >= writer.ring_bytes:
             manifest.notes.append(f"the events writer fell behind: up to {writer.held_peak_bytes / 2**20:.0f} MiB of "
                                   f"events waited in its {writer.ring_bytes / 2**20:.0f} MiB ring, and were written "

@@ -22,7 +22,7 @@ completed (finish).
 A writer process that dies (a SIGKILL) ends the capture: the drain sees it
 (``died``) and stops, and close() learns what reached the disk from the
 events files themselves.  Every record handed to the dead writer and not in a
-file, and every one drained after its death, is counted in ``lost_unwritten``
+file, and every one drained after its death, is counted in ``lost_writer_died``
 with the cause (``died``): none is silently missing.
 """
 
@@ -87,6 +87,8 @@ class CaptureWriter:
         self.held_peak_bytes = 0  # the most that waited unwritten in the writer process
         #: why the writer process ended before close() (killed by a signal, say), or None
         self.died: str | None = None
+        #: records handed to it and not on disk, or drained after, once it died
+        self.died_unwritten = 0
         self.ring_trimmed_bytes = 0  # pages of the shared ring given back after floods
         self.by_kind = np.zeros(len(schema.KIND_NAMES), dtype=np.int64)
         self.event_files: list[Path] = []
@@ -134,7 +136,7 @@ class CaptureWriter:
         and tell it where; those that do not fit (the newest) are dropped and
         counted in lost_behind."""
         if self.died is not None or self._ended():
-            self.unwritten += recs.size  # nobody will write them: counted, never put in the ring
+            self.died_unwritten += recs.size  # nobody will write them: counted, never put in the ring
             return
         fit, parts = self._ring.put(recs)
         self.lost_behind += recs.size - fit
@@ -244,7 +246,7 @@ class CaptureWriter:
                     pl.col("comm").cast(pl.String)).iter_rows():
                 self._comms.setdefault(pid, comm)
         self.written = written
-        self.unwritten += self.events - written
+        self.died_unwritten += self.events - written
         self.write_error = self.write_error or self.died
         self._write_names()
 

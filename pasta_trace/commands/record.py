@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_failure(result) -> str:
     """One line for a capture that did not all reach the disk (a full disk)."""
-    unwritten = result.manifest.counts.get("lost_unwritten", 0)
+    counts = result.manifest.counts
+    unwritten = counts.get("lost_unwritten", 0) + counts.get("lost_writer_died", 0)
     kept = f"{result.events:,} events were written" + (f", {unwritten:,} were not" if unwritten else "")
     if not result.manifest_written:
         return (f"writing {result.out_dir} failed ({result.write_error}): {kept}; manifest.json still says "
