@@ -29,13 +29,14 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 5)
+CAPTURE_FORMAT_VERSION = (1, 6)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
 
-#: Version of the merged timeline layout (1.1: cluster timelines, many captures in one).
-TIMELINE_FORMAT_VERSION = (1, 1)
+#: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
+#: 1.2: kernels' via_graph and graph_exec).
+TIMELINE_FORMAT_VERSION = (1, 2)
 
 DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
 
@@ -187,6 +188,10 @@ class Kind(enum.IntEnum):
     #: it; `outer_ts_ns` names it (format 1.4)
     nested = 15
 
+    #: a launch made on a stream under capture, or a kernel node added to a
+    #: graph: recorded into a graph, not run; the graph's launches run it
+    #: (format 1.6)
+    captured = 16
 
 KIND_NAMES = [k.name for k in Kind]
 
@@ -1376,6 +1381,9 @@ TIMELINE_FRAMES: dict[str, dict[str, pl.DataType]] = {
         "match": pl.Enum(MATCH_NAMES),  # null: no device execution matched
         "launch_id": pl.UInt64,
         "device": pl.UInt32,
+        # timeline 1.2: a kernel a CUDA graph launch ran (one row per kernel per graph launch), and its exec
+        "via_graph": pl.Boolean,
+        "graph_exec": pl.UInt64,
         "grid_id": pl.Int64,
         "correlation_id": pl.UInt32,
         "gpu_start_ns": pl.Int64,  # CLOCK_MONOTONIC
