@@ -93,3 +93,52 @@ static __always_inline void pt_cu_copy3d(struct pt_event *e, u64 p, u32 arg)
         }                                                                      \
         pt_name_emit(id, arg, E->ret, fn, 0, IN.a[0]);                         \
     })
+
+/* ------------------------------------------------- initialization and devices
+ * The first calls of any CUDA program: a process without a usable GPU fails
+ * here (cuInit: CUDA_ERROR_NO_DEVICE, 100), so their return codes are kept.
+ * Shared with the runtime's counterparts (cudaGetDeviceCount, cudaSetDevice). */
+
+/* cuInit(unsigned flags), cudaSetDevice(int device): aux = the argument */
+#define PT_H_INIT(name, id, kind, arg)                                           \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        E->aux = (u32)IN.a[0];                                                 \
+        E->valid = PT_V_AUX;                                                   \
+    })
+
+/* (int *count): aux = *count of a successful call */
+#define PT_H_DEVICE_COUNT(name, id, kind, arg)                                   \
+    PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
+        int n = 0;                                                             \
+        if (E->ret == 0 && !bpf_probe_read_user(&n, sizeof(n), (void *)IN.a[0])) { \
+            E->aux = (u32)n;                                                   \
+            E->valid = PT_V_AUX;                                               \
+        }                                                                      \
+    })
+
+/* cuDeviceGet(CUdevice *out, int ordinal): aux = ordinal, ptr = *out */
+#define PT_H_DEVICE_GET(name, id, kind, arg)                                     \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, {                              \
+        int d = 0;                                                             \
+        E->aux = (u32)IN.a[1];                                                 \
+        E->valid = PT_V_AUX;                                                   \
+        if (E->ret == 0 && !bpf_probe_read_user(&d, sizeof(d), (void *)IN.a[0])) { \
+            E->ptr = (u32)d;                                                   \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+    })
+
+/* (CUcontext *out, ..., CUdevice dev, ...): ptr = the context, aux = dev, the
+ * argument numbered arg (cuDevicePrimaryCtxRetain 2, cuCtxCreate(_v2) 3,
+ * cuCtxCreate_v4 4, cuCtxCreate_v3 5) */
+#define PT_H_CTX_CREATE(name, id, kind, arg)                                     \
+    PT_PAIR(name, id, kind, PT_P1,                                             \
+            arg == 2 ? PT_P2 : arg == 3 ? PT_P3 : arg == 4 ? PT_P4 : PT_P5, 0, 0, { \
+        u64 c;                                                                 \
+        E->aux = (u32)IN.a[1];                                                 \
+        E->valid = PT_V_AUX;                                                   \
+        if (!pt_read_out(E, IN.a[0], &c)) {                                    \
+            E->ptr = c;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+    })

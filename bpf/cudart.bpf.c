@@ -98,3 +98,8 @@ static __always_inline void pt_rt_caller(struct pt_regs *ctx, struct pt_event *e
         E->stream = PT_P6;                                                     \
         E->valid = PT_V_DST | PT_V_SRC | PT_V_SIZE | PT_V_COPY_KIND | PT_V_STREAM; \
     })
+
+/* cudaGetDeviceCount(int *count), cudaSetDevice(int device): the driver's
+ * shapes (cuda.bpf.c) */
+#define PT_H_RT_DEVICE_COUNT(name, id, kind, arg) PT_H_DEVICE_COUNT(name, id, kind, arg)
+#define PT_H_RT_SET_DEVICE(name, id, kind, arg) PT_H_INIT(name, id, kind, arg)

@@ -141,20 +141,8 @@ static __always_inline void pt_comm(char *dst)
 
 /* clear: zero the event first; 0 where the handler writes every field
  * itself (ring memory holds older records). */
-static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int clear)
+static __always_inline void pt_fill(struct pt_event *e, u16 api, u8 kind, u64 ts, int clear)
 {
-#if defined(PT_AGGREGATE) || defined(PT_STACKS)
-    u32 zero = 0;
-    struct pt_event *e = scratch.lookup(&zero);
-    if (!e)
-        return 0;
-#else
-    struct pt_event *e = events.ringbuf_reserve(sizeof(struct pt_event));
-    if (!e) {
-        pt_lost(PT_LOST_EVENTS);
-        return 0;
-    }
-#endif
     if (clear)
         __builtin_memset(e, 0, sizeof(*e));
     u64 id = bpf_get_current_pid_tgid();
@@ -170,7 +158,70 @@ static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int cl
     e->outer_ts = 0;
     e->caller = 0;
     e->caller_fp = 0;
+}
+
+static __always_inline struct pt_event *pt_open(u16 api, u8 kind, u64 ts, int clear)
+{
+#if defined(PT_AGGREGATE) || defined(PT_STACKS)
+    u32 zero = 0;
+    struct pt_event *e = scratch.lookup(&zero);
+    if (!e)
+        return 0;
+#else
+    struct pt_event *e = events.ringbuf_reserve(sizeof(struct pt_event));
+    if (!e) {
+        pt_lost(PT_LOST_EVENTS);
+        return 0;
+    }
+#endif
+    pt_fill(e, api, kind, ts, clear);
     return e;
+}
+
+/* Entry-built events of the calls whose return code is taken at return
+ * (PT_SAVE_<id>, catalog.Api.saved: launches, copies, memsets, frees): the
+ * entry handler builds its event here, on the thread's small stack, and the
+ * uretprobe (PT_RET_SAVED) adds the return code and duration and writes it,
+ * so a failed copy is one event with its `ret`, never a copy of its bytes.
+ * PT_SAVED_DEPTH: a runtime call, the driver call inside it, and a wrapper. */
+#define PT_SAVED_DEPTH 4
+struct pt_saved {
+    u64 depth;
+    struct pt_event e[PT_SAVED_DEPTH];
+};
+BPF_TASK_STORAGE(saved_calls, struct pt_saved);
+
+static __always_inline struct pt_event *pt_open_saved(u16 api, u8 kind, u64 ts, int clear)
+{
+    struct pt_saved *s = saved_calls.task_storage_get(bpf_get_current_task_btf(), 0,
+                                                      BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!s || s->depth >= PT_SAVED_DEPTH) {
+        pt_lost(PT_LOST_INFLIGHT);
+        return 0;
+    }
+    struct pt_event *e = &s->e[s->depth & (PT_SAVED_DEPTH - 1)];
+    s->depth++;
+    pt_fill(e, api, kind, ts, clear);
+    return e;
+}
+
+/* The event saved for this api, popped with any left above it (calls that
+ * unwound without returning); 0 if none (the entry was folded, filtered or
+ * lost).  The slot stays intact until the thread's next saved call. */
+static __always_inline struct pt_event *pt_take_saved(u32 api)
+{
+    struct pt_saved *s = saved_calls.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!s)
+        return 0;
+    u64 depth = s->depth;
+#pragma unroll
+    for (int i = PT_SAVED_DEPTH - 1; i >= 0; i--) {
+        if (i < depth && s->e[i].api == api) {
+            s->depth = i;
+            return &s->e[i];
+        }
+    }
+    return 0;
 }
 
 #ifdef PT_AGGREGATE
@@ -227,6 +278,25 @@ static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
     pt_event_out(e);
 #else
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+#endif
+}
+
+/* Write a saved event, completed at its call's return. */
+static __always_inline void pt_emit_saved(struct pt_regs *ctx, struct pt_event *e)
+{
+#ifdef PT_AGGREGATE
+    pt_aggregate(e);
+#elif defined(PT_STACKS)
+    u32 zero = 0;
+    struct pt_event *s = scratch.lookup(&zero);
+    if (!s)
+        return;
+    __builtin_memcpy(s, e, sizeof(*s));
+    pt_stack_tail.call(ctx, 0);
+    pt_event_out(s);
+#else
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
+        pt_lost(PT_LOST_EVENTS);
 #endif
 }
 
@@ -525,7 +595,8 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
                 return 0;                                                      \
         }                                                                      \
         u64 ts_ = bpf_ktime_get_ns();                                          \
-        struct pt_event *E = pt_open(id, kind, ts_, clear);                    \
+        struct pt_event *E = PT_SAVE_##id ? pt_open_saved(id, kind, ts_, clear) \
+                                          : pt_open(id, kind, ts_, clear);     \
         if (!E)                                                                \
             return 0;                                                          \
         struct pt_outer *O = 0;                                                \
@@ -534,11 +605,12 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         __VA_ARGS__;                                                           \
         /* after the body: a runtime launch has read its return address */    \
         if (PT_ROLE_##id != PT_ROLE_INNER)                                     \
-            in_ = pt_nest(ctx, PT_ROLE_##id, O, id, kind, ts_, 0,              \
+            in_ = pt_nest(ctx, PT_ROLE_##id, O, id, kind, ts_, PT_SAVE_##id,   \
                           (E->valid & PT_V_CALLER) ? E->caller : 0,            \
                           (E->valid & PT_V_FUNC) ? E->func : 0);               \
         pt_nested(E, in_);                                                     \
-        pt_close(ctx, E);                                                      \
+        if (!PT_SAVE_##id)                                                     \
+            pt_close(ctx, E);                                                  \
         return 0;                                                              \
     }
 #define PT_ENTRY(...) PT_ENTRY_Z(1, 0, __VA_ARGS__)
@@ -559,6 +631,22 @@ static __always_inline int pt_stack(struct pt_regs *ctx, u64 *dst, u32 size)
         e->src = 0;                                                            \
         e->aux = 0;                                                            \
     } while (0)
+
+/* The return of a call whose event its entry handler saved (PT_SAVE_<id>):
+ * the event gets the return code and the time in the call, and is written. */
+#define PT_RET_SAVED(name, id, kind)                                           \
+    int pt_r_##name(struct pt_regs *ctx)                                       \
+    {                                                                          \
+        struct pt_event *E = pt_take_saved(id);                                \
+        if (!E)                                                                \
+            return 0;                                                          \
+        pt_outer_end(PT_ROLE_##id, E->ts_ns);                                  \
+        E->dur_ns = bpf_ktime_get_ns() - E->ts_ns;                             \
+        E->ret = (int)PT_REGS_RC(ctx);                                         \
+        E->flags |= PT_FLAG_HAS_RET | PT_FLAG_HAS_DUR;                         \
+        pt_emit_saved(ctx, E);                                                 \
+        return 0;                                                              \
+    }
 
 /* Entry saves up to four values; the return handler builds the event from
  * them (IN.a[0..3]) with duration and return code. */

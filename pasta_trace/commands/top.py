@@ -41,12 +41,20 @@ def snapshot(session) -> pl.DataFrame:
     """Totals of the in-kernel aggregation so far, per process, call kind,
     failed or not, and memory (device or pinned host) for allocations."""
     from ..capture.decode import aggregate_frame
-    from ..lifetimes import kind_from_api, memory
     from ..probes.catalog import API_NAMES
 
     keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape, ret): a few thousand at most
+    return snapshot_frame(aggregate_frame(keys, vals, list(API_NAMES)))
+
+
+def snapshot_frame(aggregate: pl.DataFrame) -> pl.DataFrame:
+    """snapshot() of the aggregation's rows (schema.AGGREGATE_SCHEMA): a
+    failed call's row is its own and holds no bytes (bpf/pasta.h,
+    pt_aggregate), so bytes count the calls that succeeded only."""
+    from ..lifetimes import kind_from_api, memory
+
     return (
-        aggregate_frame(keys, vals, list(API_NAMES))
+        aggregate
         .group_by("pid", pl.col("kind").cast(pl.String), failed().alias("failed"),
                   memory(kind_from_api(pl.col("api"))).cast(pl.String).alias("memory"))
         .agg(pl.col("count").sum(), pl.col("bytes").sum())

@@ -53,6 +53,12 @@ RETURN_SHAPES = frozenset(
         "nccl_split",
         "nccl_unique_id",
         "nccl_version",
+        "init",
+        "device_count",
+        "device_get",
+        "ctx_create",
+        "rt_device_count",
+        "rt_set_device",
         "capture_begin",
         "capture_end",
         "graph_instantiate",
@@ -62,6 +68,12 @@ RETURN_SHAPES = frozenset(
         "graph_child_node",
     }
 )
+
+#: Kinds of the entry-only shapes whose return code is taken by a uretprobe
+#: all the same (bpf/pasta.h, PT_RET_SAVED): the entry handler builds the
+#: event and the return writes it with `ret` and `dur_ns`, so a failed
+#: launch, copy, memset or free is seen, and a failed copy moves no bytes.
+SAVED_KINDS = frozenset({Kind.launch, Kind.free, Kind.memcpy, Kind.memset})
 
 #: Every shape the BPF sources define, with the family whose file holds it
 #: ("common" = bpf/pasta.h).
@@ -118,6 +130,12 @@ SHAPES: dict[str, str] = {
     "module_load": "common",
     "register_function": "common",
     "get_proc_address": "cuda",
+    "init": "cuda",
+    "device_count": "cuda",
+    "device_get": "cuda",
+    "ctx_create": "cuda",
+    "rt_device_count": "cudart",
+    "rt_set_device": "cudart",
     "launch_rt_caller": "cudart",
     "launch_cfg_rt_caller": "cudart",
     "copy_rt": "cudart",
@@ -168,6 +186,11 @@ class Api:
     label: str = ""  # the `api` column's name when it is not `symbol`
 
     @property
+    def saved(self) -> bool:
+        """An entry-only shape whose event waits for the return code (SAVED_KINDS)."""
+        return self.ret and self.shape not in RETURN_SHAPES
+
+    @property
     def api_name(self) -> str:
         return self.label or self.symbol
 
@@ -187,7 +210,8 @@ class Api:
 def _api(symbol: str, family: str, kind: Kind, shape: str, category: str, arg: int = 0, label: str = "") -> Api:
     if shape not in SHAPES:
         raise ValueError(f"{symbol}: unknown shape {shape}")
-    return Api(symbol, family, kind, shape, shape in RETURN_SHAPES, category, int(arg), label)
+    ret = shape in RETURN_SHAPES or (kind in SAVED_KINDS and family in ("cuda", "hip", "cudart"))
+    return Api(symbol, family, kind, shape, ret, category, int(arg), label)
 
 
 #: The APIs that launch a graph exec (`func`), whose kernels the merge counts
@@ -310,6 +334,16 @@ def _cuda() -> list[Api]:
     )
     add(["cuGetProcAddress", "cuGetProcAddress_v2"], Kind.other, "get_proc_address", "entry points",
         NameSource.get_proc_address)
+    # initialization and devices: the calls that fail first without a GPU.
+    # cuCtxCreate is the CUDA 3.x ABI's (the same arguments as _v2); _v4 is
+    # CUDA 12.5's, absent from the 535 and 550 drivers.
+    add(["cuInit"], Kind.other, "init", "devices")
+    add(["cuDeviceGetCount"], Kind.other, "device_count", "devices")
+    add(["cuDeviceGet"], Kind.other, "device_get", "devices")
+    add(["cuDevicePrimaryCtxRetain"], Kind.other, "ctx_create", "devices", 2)
+    add(["cuCtxCreate", "cuCtxCreate_v2"], Kind.other, "ctx_create", "devices", 3)
+    add(["cuCtxCreate_v4"], Kind.other, "ctx_create", "devices", 4)
+    add(["cuCtxCreate_v3"], Kind.other, "ctx_create", "devices", 5)
     return out
 
 
@@ -478,6 +512,9 @@ def _cudart() -> list[Api]:
     add(["cudaMemsetAsync", "cudaMemsetAsync_ptsz"], M, "memset_async", "memset", 1)
     add(["cudaMemset2D", "cudaMemset2D_ptds"], M, "memset2d", "memset", 1)
     add(["cudaMemset2DAsync", "cudaMemset2DAsync_ptsz"], M, "memset2d_async", "memset", 1)
+
+    add(["cudaGetDeviceCount"], Kind.other, "rt_device_count", "devices")
+    add(["cudaSetDevice"], Kind.other, "rt_set_device", "devices")
 
     add(["cudaDeviceSynchronize"], S, "sync_none", "sync")
     add(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], S, "sync_stream", "sync")

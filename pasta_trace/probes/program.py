@@ -59,6 +59,16 @@ def instantiation(api: catalog.Api) -> str:
     return f"{api.macro}({api.symbol}, {catalog.API_ID[api.symbol]}, {int(api.kind)}, {api.arg})"
 
 
+def return_instantiation(api: catalog.Api) -> str | None:
+    """The uretprobe of a call whose entry handler saves its event (bpf/pasta.h, PT_RET_SAVED)."""
+    return f"PT_RET_SAVED({api.symbol}, {catalog.API_ID[api.symbol]}, {int(api.kind)})" if api.saved else None
+
+
+def save_define(api: catalog.Api) -> str:
+    """Whether ``api``'s entry handler saves its event for its return probe (1) or writes it (0)."""
+    return f"#define PT_SAVE_{catalog.API_ID[api.symbol]} {int(api.saved)}"
+
+
 _ROLES = {None: "PT_ROLE_NONE", "outer": "PT_ROLE_OUTER", "inner": "PT_ROLE_INNER"}
 
 
@@ -199,5 +209,7 @@ def build_bpf_text(
     if native:
         parts.append((BPF_DIR / NATIVE_SOURCE).read_text())
     parts.append("/* generated from pasta_trace/probes/catalog.py */\n" + "".join(role_define(a) + "\n" for a in apis)
-                 + "".join(instantiation(a) + "\n" for a in apis))
+                 + "".join(save_define(a) + "\n" for a in apis)
+                 + "".join(instantiation(a) + "\n" for a in apis)
+                 + "".join(r + "\n" for a in apis if (r := return_instantiation(a))))
     return "\n".join(parts)

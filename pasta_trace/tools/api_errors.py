@@ -23,9 +23,9 @@ API_ERRORS = columns(
 
 @returns(API_ERRORS)
 def api_errors(cap: Capture) -> pl.DataFrame:
-    """The calls that returned an error, per process, API and code.  Only
-    calls whose return code the probes read can fail here: launches, copies,
-    memsets and frees are entry-only."""
+    """The calls that returned an error, per process, API and code: every
+    call whose return code the probes read (all but the events of a capture
+    made before launches, copies, memsets and frees had return probes)."""
     return _api_errors(capture_calls(cap)).collect(engine="streaming")
 
 

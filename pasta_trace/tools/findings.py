@@ -1,6 +1,6 @@
 """Key findings: the few facts a report opens with (the kernel with the most
 GPU time, time blocked in syncs, the peak of live device memory, the peak of
-tensor memory, failed calls, leaks, and with NCCL: hangs and the rank that
+tensor memory, a failed CUDA initialization, failed calls, leaks, and with NCCL: hangs and the rank that
 kept the others waiting most), each read from the table of the tool that has
 the details."""
 
@@ -132,6 +132,23 @@ def _errors(f: pl.DataFrame) -> Finding:
     return Finding("errors", text, "api_errors")
 
 
+#: the driver's and the runtime's first calls: their failure means no GPU work at all
+INIT_APIS = ("cuInit", "cudaGetDeviceCount", "cudaSetDevice")
+
+
+def _init_failed(f: pl.DataFrame) -> Finding | None:
+    """Processes whose CUDA initialization failed (a job that "does not see
+    the GPU"): by code, the processes that got it.  Only when there are any."""
+    f = f.filter(pl.col("api").is_in(INIT_APIS))
+    if f.height == 0:
+        return None
+    per = (f.group_by("api", "error", "ret").agg(pl.col("pid").unique().sort())
+           .sort(pl.col("api").replace_strict({a: i for i, a in enumerate(INIT_APIS)}, return_dtype=pl.Int32), "ret"))
+    parts = [f"{api} failed with {error} ({ret}) in {_n(len(pids), 'process', 'processes')} "
+             f"(pid {', '.join(str(p) for p in pids)})" for api, error, ret, pids in per.iter_rows()]
+    return Finding("init", "; ".join(parts), "api_errors")
+
+
 def _leaks(f: pl.DataFrame, by_name: dict[str, ToolResult]) -> Finding:
     if f.height == 0:
         return Finding("leaks", "no allocation left unfreed", "leaks")
@@ -179,6 +196,7 @@ def key_findings(results: list[ToolResult], t0: int | None) -> list[Finding]:
     if (f := _frame(by_name, "tensor_peaks")) is not None:
         out.append(_tensor_peak(f, t0, by_name))
     if (f := _frame(by_name, "api_errors")) is not None:
+        out.append(_init_failed(f))
         out.append(_errors(f))
     if (f := _frame(by_name, "leaks")) is not None:
         out.append(_leaks(f, by_name))

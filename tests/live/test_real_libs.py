@@ -70,8 +70,12 @@ def test_probed_symbols_in_real_libamdhip64(real_libamdhip64):
 
 #: what real_libs_calls passes to each CUDA call (tests/fixtures/real_libs_calls.c); "src" it prints
 CUDA_ARGS = {
+    "cuInit": {},
+    "cuDeviceGetCount": {},
+    "cuDeviceGet": {},
     "cuMemAlloc_v2": {"size": 4096},
     "cuMemcpyHtoD_v2": {"dst": 0x1000, "size": 64, "copy_kind": "h2d"},
+    "cuMemsetD8_v2": {"ptr": 0x1000, "size": 256},
     "cuLaunchKernel": {"func": 0, "grid_x": 1, "grid_y": 1, "grid_z": 1, "block_x": 32, "block_y": 1, "block_z": 1,
                        "shmem": 0, "stream": 0},
     "cuStreamSynchronize": {"stream": 0},

@@ -18,8 +18,8 @@ HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 #: Entry points newer than each real NVIDIA driver (cuCtxSynchronize_v2: 13.0;
 #: the name getters: 12.3+; 535 is CUDA 12.2, 550 is CUDA 12.4).
 CUDA_ABSENT = {
-    "535": {"cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"},
-    "550": {"cuCtxSynchronize_v2"},
+    "535": {"cuCtxCreate_v4", "cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"},
+    "550": {"cuCtxCreate_v4", "cuCtxSynchronize_v2"},
 }
 #: The real drivers the symbol, placement and call tests run against
 #: (scripts/fetch_vendor_libs.sh --driver D).
@@ -69,15 +69,18 @@ def test_every_api_is_well_formed():
         assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.symbol), a.symbol
         assert a.family in ("cuda", "hip", "c10", "nccl", "cudart")
         assert isinstance(a.kind, schema.Kind)
-        assert a.ret == (a.shape in catalog.RETURN_SHAPES)
+        # entry-only shapes of launches, copies, memsets and frees save their event for the return code
+        saved = a.kind in catalog.SAVED_KINDS and a.family in ("cuda", "hip", "cudart")
+        assert a.ret == (a.shape in catalog.RETURN_SHAPES or saved)
+        assert a.saved == (saved and a.shape not in catalog.RETURN_SHAPES)
         assert catalog.SHAPES[a.shape] in ("common", a.family)
 
 
 def test_both_families_cover_every_category():
     assert {a.category for a in catalog.for_family("hip")} == CATEGORIES
-    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points"}
+    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points", "devices"}
     # the runtime has no VMM or module API of its own: those calls are the driver's
-    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"}
+    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"} | {"devices"}
 
 
 def test_runtime_coverage_layers_and_nesting_roles():
@@ -120,7 +123,13 @@ def test_c10_probes_are_named_demangled_and_framework_layer():
 
 def test_kinds_and_args_of_representative_apis():
     by = {a.symbol: a for a in catalog.APIS}
-    assert (by["cuLaunchKernel"].kind, by["cuLaunchKernel"].ret) == (schema.Kind.launch, False)
+    assert (by["cuLaunchKernel"].kind, by["cuLaunchKernel"].ret, by["cuLaunchKernel"].saved) == (
+        schema.Kind.launch, True, True)
+    assert [(by[s].shape, by[s].arg, by[s].ret) for s in ("cuInit", "cuDeviceGetCount", "cuDeviceGet",
+            "cuDevicePrimaryCtxRetain", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4", "cudaGetDeviceCount",
+            "cudaSetDevice")] == [("init", 0, True), ("device_count", 0, True), ("device_get", 0, True),
+            ("ctx_create", 2, True), ("ctx_create", 3, True), ("ctx_create", 5, True), ("ctx_create", 4, True),
+            ("rt_device_count", 0, True), ("rt_set_device", 0, True)]
     assert (by["cuGraphLaunch_ptsz"].kind, by["cuGraphLaunch_ptsz"].shape) == (schema.Kind.graph, "graph_launch")
     assert (by["cuMemAlloc_v2"].kind, by["cuMemAlloc_v2"].ret) == (schema.Kind.alloc, True)
     assert (by["cuMemCreate"].kind, by["cuMemRelease"].kind) == (schema.Kind.alloc, schema.Kind.free)
@@ -151,6 +160,11 @@ def test_program_text_instantiates_each_api_once():
     assert lines == [program.instantiation(a) for a in catalog.APIS]
     roles = [ln for ln in text.splitlines() if ln.startswith("#define PT_ROLE_") and ln.split()[1][8:].isdigit()]
     assert roles == [program.role_define(a) for a in catalog.APIS]
+    saves = [ln for ln in text.splitlines() if ln.startswith("#define PT_SAVE_")]
+    assert saves == [program.save_define(a) for a in catalog.APIS]
+    rets = [ln for ln in text.splitlines() if ln.startswith("PT_RET_SAVED(")]
+    assert rets == [program.return_instantiation(a) for a in catalog.APIS if a.saved]
+    assert "PT_RET_SAVED(cuLaunchKernel, 0, 0)" in rets and "#define PT_SAVE_0 1" in saves
     assert "PT_H_LAUNCH_CU(cuLaunchKernel, 0, 0, 0)" in lines
     assert "#define PT_RING_PAGES 64" in text and "#define PT_NAMES_PAGES 16" in text
     assert "#define PT_AGGREGATE" not in text and "#define PT_FILTER_PIDS" not in text
@@ -165,7 +179,8 @@ def test_ring_pages_must_be_a_power_of_two():
 
 def test_handler_names():
     by = {a.symbol: a for a in catalog.APIS}
-    assert program.handler_names(by["cuLaunchKernel"]) == ("pt_e_cuLaunchKernel", None)
+    assert program.handler_names(by["cuLaunchKernel"]) == ("pt_e_cuLaunchKernel", "pt_r_cuLaunchKernel")
+    assert program.handler_names(by["__cudaRegisterFunction"]) == ("pt_e___cudaRegisterFunction", None)
     assert program.handler_names(by["cuMemAlloc_v2"]) == ("pt_e_cuMemAlloc_v2", "pt_r_cuMemAlloc_v2")
 
 
