@@ -16,7 +16,8 @@ from .span import duration_ns
 _KEY = ["pid", "name"]
 _NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")
 _LAUNCHES = ("launches", pl.UInt64, "count", "launch calls, and each kernel a CUDA graph launch ran")
-_VIA_GRAPH = ("via_graph", pl.UInt64, "count", "of the launches: kernels run by a CUDA graph launch")
+_VIA_GRAPH = ("via_graph", pl.UInt64, "count",
+              "of the launches: kernels run by a CUDA graph launch (null: none, the column is left out where empty)")
 _TIMES = (
     ("first_ts_ns", pl.Int64, "ts", "first launch"),
     ("last_ts_ns", pl.Int64, "ts", "last launch"),
@@ -89,7 +90,7 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
     shaped = _shaped(merge.aggregate_launches(cap))
     summary = shaped.group_by(_KEY).agg(
         pl.col("count").sum().alias("launches"),
-        pl.lit(0, pl.UInt64).alias("via_graph"),  # graphs are not followed by --aggregate
+        pl.lit(None, pl.UInt64).alias("via_graph"),  # graphs are not followed by --aggregate
         pl.struct("grid", "block").n_unique().alias("shapes"),
         pl.col("first_ts_ns").min(),
         pl.col("last_ts_ns").max(),
@@ -133,7 +134,8 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     dims = ["grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
     shaped = _shaped(ex.group_by([*_KEY, *dims]).agg(pl.len().alias("_n")))
     shapes = shaped.group_by(_KEY).agg(pl.struct("grid", "block").n_unique().alias("shapes"))
-    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), pl.col("via_graph").sum().cast(pl.UInt64),
+    via = pl.col("via_graph").sum().cast(pl.UInt64)
+    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), pl.when(via > 0).then(via).alias("via_graph"),
                                     *_times()).join(
         shapes, on=_KEY, how="left", nulls_equal=True)
     return _finish(cap, summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)

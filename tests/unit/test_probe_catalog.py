@@ -18,7 +18,8 @@ HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 #: Entry points newer than each real NVIDIA driver (cuCtxSynchronize_v2: 13.0;
 #: the name getters: 12.3+; 535 is CUDA 12.2, 550 is CUDA 12.4).
 CUDA_ABSENT = {
-    "535": {"cuCtxCreate_v4", "cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName"},
+    "535": {"cuCtxCreate_v4", "cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName",
+            "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz"},
     "550": {"cuCtxCreate_v4", "cuCtxSynchronize_v2"},
 }
 #: The real drivers the symbol, placement and call tests run against
@@ -78,9 +79,11 @@ def test_every_api_is_well_formed():
 
 def test_both_families_cover_every_category():
     assert {a.category for a in catalog.for_family("hip")} == CATEGORIES
-    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points", "devices"}
+    # CUDA graphs are probed beyond their launch in CUDA only
+    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points", "devices", "graphs"}
     # the runtime has no VMM or module API of its own: those calls are the driver's
-    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"} | {"devices"}
+    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"} | {"devices",
+                                                                                                    "graphs"}
 
 
 def test_runtime_coverage_layers_and_nesting_roles():
