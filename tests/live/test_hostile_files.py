@@ -74,7 +74,7 @@ def user():
 
 
 @pytest.fixture
-def zoo(families, tmp_path):
+def zoo(families):
     """A directory the other user can reach, one hostile `libcuda.so.1` per subdirectory."""
     d = Path(tempfile.mkdtemp(prefix="pasta-hostile-"))
     d.chmod(0o755)
@@ -140,7 +140,6 @@ def test_hostile_files_during_system_wide_capture(zoo, user, tmp_path, tracer):
     cap = open_capture(tmp_path / "cap")
     assert cap.complete, cap.problems
     notes = cap.manifest["notes"]
-    print("\n".join(notes))
     reasons = {
         "fifo": "not a regular file",
         "device": "not a regular file",
