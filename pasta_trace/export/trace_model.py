@@ -134,7 +134,7 @@ def _collective_flows(cap: Capture) -> pl.DataFrame:
 #: the columns of merge.kernel_executions the trace draws (the rest, device
 #: counters among them, are never read: left out before the merge computes them)
 KERNEL_COLUMNS = ("pid", "launch_seq", "ts_ns", "stream", "name", "gpu_start_ns", "gpu_end_ns", "correlation_id",
-                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "via_graph")
 
 
 def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
@@ -182,7 +182,12 @@ def _in_order(*keys: np.ndarray) -> bool:
 def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Kernel executions with a `corr` shared with their launch; returns
     (api with corr, kernels)."""
-    ex = sorted_by(ex.with_columns(_launch_rows(api, ex)), "_row", "ts_ns", nulls_last=True).with_row_index(
+    # a kernel a graph launch ran has no launch call of its own: the launch calls are numbered
+    # among the other rows (the graph launch call is drawn, not tied to each of its kernels)
+    direct = ex.select("pid", pl.when(~pl.col("via_graph").fill_null(False)).then(
+        pl.col("launch_seq") - pl.col("via_graph").fill_null(False).cast(pl.Int64).cum_sum().over(
+            "pid", order_by="launch_seq")).alias("launch_seq")) if ex["via_graph"].any() else ex
+    ex = sorted_by(ex.with_columns(_launch_rows(api, direct)), "_row", "ts_ns", nulls_last=True).with_row_index(
         "corr", offset=1)
     # put in place by row number: a join would copy every column of the API calls
     corr_of_row = ex.filter(pl.col("_row").is_not_null()).select("_row", "corr")
@@ -245,7 +250,34 @@ def _host_kernels(cap: Capture, api: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
         grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
         block_x="block_x", block_y="block_y", block_z="block_z",
     )
-    return api, kernels
+    return api, pl.concat([kernels, _graph_kernels(cap, kernels, len(rows))], how="vertical")
+
+
+def _graph_kernels(cap: Capture, kernels: pl.DataFrame, first_corr: int) -> pl.DataFrame:
+    """The kernels CUDA graph launches ran (merge.graphs), shaped as `kernels`:
+    on the graph launch's stream at its time, named as merge.kernel_executions
+    names them; no launch call of their own (corr past the launch calls')."""
+    cols = {c: KERNEL_SCHEMA[c] for c in ("pid", "stream", "func", "ts_ns", "grid_x", "grid_y", "grid_z", "block_x",
+                                          "block_y", "block_z")}
+    graph = merge.graph_kernel_launches(cap, cols)
+    if not graph.height:
+        return kernels.clear()
+    named = merge.kernel_names(cap, graph.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort(
+        "_i").collect()["name"]
+    name = named.fill_null(hex_series(graph["func"], "unknown@")) if named.null_count() else named
+    return graph.select(
+        "pid",
+        label=hex_series(graph["stream"], "GPU stream ").fill_null("GPU stream (unknown)"),
+        stream="stream",
+        name=name.cast(pl.String),
+        ts_ns="ts_ns",
+        dur_ns=pl.lit(None, dtype=pl.Int64),
+        corr=pl.int_range(first_corr + 1, first_corr + 1 + pl.len(), dtype=pl.UInt32),
+        cupti_correlation=pl.lit(None, dtype=KERNEL_SCHEMA["correlation_id"]),
+        device=pl.lit(None, dtype=KERNEL_SCHEMA["device"]),
+        grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
+        block_x="block_x", block_y="block_y", block_z="block_z",
+    ).select(kernels.columns).cast(kernels.schema)
 
 
 def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:

@@ -17,6 +17,7 @@ import pytest
 
 from pasta_run import run_pasta, wait_for_file
 from pasta_trace import merge
+from pasta_trace.export import trace_model
 from pasta_trace.merge.graphs import UNKNOWN_REASON
 from pasta_trace.read import open_capture
 from pasta_trace.tools.kernels import kernel_summary
@@ -105,6 +106,9 @@ def test_captured_launches_run_in_their_graph_launches(require_bpf, graph_worklo
         rows = sorted((row["name"], int(row["launches"]), int(row["via_graph"])) for row in csv.DictReader(f)
                       if int(row["pid"]) == pid)
     assert rows == sorted((k, n, g) for k, (n, g) in expected.items())
+    # the exports' timeline draws each on its stream
+    kernels = trace_model.build(cap).kernels.filter(pl.col("pid") == pid)
+    assert kernels.group_by("name").len().sort("name").rows() == sorted((k, n) for k, (n, _) in expected.items())
 
 
 @pytest.mark.live
