@@ -37,9 +37,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-from . import own_process
+from . import helper_process, own_process
 from .map_fds import Map, MapsByName, map_info
 
 STOPS_MAP = "pt_stops"
@@ -191,14 +190,12 @@ class Guardian:
 
     def __init__(self, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int, *, wait: bool = True):
         pidfd = os.pidfd_open(os.getpid())
-        pkg_parent = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "pasta_trace.capture.guardian", str(os.getpid()), str(pidfd),
-                 str(stops_fd), str(cfg_fd), str(value_size), str(tgid_offset)],
+                helper_process.argv("pasta_trace.capture.guardian", os.getpid(), pidfd, stops_fd, cfg_fd,
+                                    value_size, tgid_offset),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(pidfd, stops_fd, cfg_fd),
-                start_new_session=True, env=env,
+                start_new_session=True, env=helper_process.env(), cwd=helper_process.CWD,
             )
         finally:
             os.close(pidfd)

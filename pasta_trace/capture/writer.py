@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
+from . import helper_process
 from .decode import host_stub_aliases, names_frame
 from .event_writer import RING_PART, frame, write_atomic
 from .shared_ring import SharedRing, ring_bytes
@@ -97,13 +97,12 @@ class CaptureWriter:
         out.keep_free(RESERVE_BYTES)
         self._comms: dict[int, str] = {}
         self._ring = SharedRing.create(ring or ring_bytes())
-        args = [sys.executable, "-m", "pasta_trace.capture.event_writer", str(out.fd), str(self._ring.fd)]
-        pkg_parent = str(Path(__file__).resolve().parents[2])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_parent, os.environ.get("PYTHONPATH")]))}
+        args = helper_process.argv("pasta_trace.capture.event_writer", out.fd, self._ring.fd)
         # its own process group: a terminal's Ctrl-C reaches the whole foreground
         # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, pass_fds=(out.fd, self._ring.fd), process_group=0)
+                                      env=helper_process.env(), cwd=helper_process.CWD,
+                                      pass_fds=(out.fd, self._ring.fd), process_group=0)
         self._queue = WriterQueue()
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
