@@ -141,6 +141,7 @@ class DrainLoop:
         if recs.size:
             self._writer.add_events(recs)
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
+            self._tracker.seen_launches(recs)
         names = self._names.drain()
         self._writer.add_names(names)
         if self._namer is not None:

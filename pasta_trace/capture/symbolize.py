@@ -293,7 +293,11 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.Data
         except OSError:
             named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"),
                                  reason=pl.lit(f"the maps of PID {pid} could not be read (the process exited)"))
+        # a handle left unknown here carries no time: merge names a launch by the latest name
+        # before it, and a name seen at run time (__cudaRegisterFunction at the library's load)
+        # must not be shadowed by this row, as it was for a library opened just before it launched
         parts.append(group.join(named, left_on="func", right_on="handle").select(
-            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source", "ts_ns", "api",
+            pl.lit(pid, dtype=pl.UInt32).alias("pid"), pl.col("func").alias("handle"), "name", "source",
+            pl.when(pl.col("source") != "unknown").then(pl.col("ts_ns")).alias("ts_ns"), "api",
             "reason").cast(schema.NAMES_SCHEMA))
     return pl.concat(parts)

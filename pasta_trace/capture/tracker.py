@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
+
+from .. import schema
 from . import discovery, reach
 from .late_load import OpenedLibrary
 from .probe_set import ProbeSet
@@ -17,6 +20,16 @@ from .processes import ProcessTable
 from .targets import alive, unreadable
 
 RESCAN_INTERVAL_S = 1.0
+
+
+def _mapped(maps: str, addr: int) -> bool:
+    """Whether a /proc/PID/maps text maps ``addr`` from a file."""
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        start, _, end = fields[0].partition("-")
+        if int(start, 16) <= addr < int(end, 16):
+            return len(fields) == 6 and fields[5].startswith("/")
+    return False
 
 
 class ProcessTracker:
@@ -36,6 +49,7 @@ class ProcessTracker:
         self.maps: dict[int, str] = {}
         self._seen_pids: set[int] = set()
         self._recent_pids: set[int] = set()
+        self._looked: dict[int, set[int]] = {}  # launch addresses looked for in the saved maps, per process
         self._last_rescan = 0.0
 
     # ------------------------------------------------------------------ the start
@@ -141,6 +155,21 @@ class ProcessTracker:
             self._seen_pids.add(pid)
             self.processes.add(pid)
             self._python(pid)
+
+    def seen_launches(self, recs: np.ndarray) -> None:
+        """Re-read the maps of a process that launched from an address outside
+        the maps saved for it (a runtime launch's host stub in a library opened
+        since): offline naming reads the saved maps once the process is gone,
+        and a process may open a library, launch from it and exit between two
+        flushes.  Each address is looked for once: a driver handle, in no file,
+        costs one read."""
+        at = recs[(recs["kind"] == int(schema.Kind.launch)) & (recs["func"] != 0)]
+        for pid in np.unique(at["pid"]).tolist() if at.size else ():
+            looked = self._looked.setdefault(pid, set())
+            new = [f for f in np.unique(at["func"][at["pid"] == pid]).tolist() if f not in looked]
+            if new and pid in self.maps and any(not _mapped(self.maps[pid], f) for f in new):
+                self.save_maps([pid])
+            looked.update(new)
 
     def save_recent_maps(self) -> None:
         self.save_maps(self._recent_pids)
