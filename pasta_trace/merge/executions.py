@@ -209,7 +209,9 @@ def _cupti_seqs(execs: pl.DataFrame, host: pl.DataFrame, keys: pl.DataFrame) -> 
     if not execs.select(only.any()).item():
         return keys.with_columns(pl.lit(None, pl.Int64).alias("c_seq"), pl.lit(None, _MATCH).alias("c_match"))
     lazy_host = host.lazy().select("pid", pl.col("ts_ns").alias("host_ts"), "launch_seq")
-    ordered = execs.lazy().filter(only).sort(["pid", "correlation_id"]).with_columns(
+    # the kernels of one CUDA graph launch share its correlation id: in start order, as the
+    # merge lays out the graph's kernels per graph launch (merge/graphs.py)
+    ordered = execs.lazy().filter(only).sort(["pid", "correlation_id", "gpu_start_ns"]).with_columns(
         pl.int_range(pl.len(), dtype=pl.Int64).over("pid").alias("order_seq"))
     causal = ordered.join(lazy_host.select("pid", pl.col("launch_seq").alias("order_seq"), "host_ts"),
                           on=["pid", "order_seq"], how="left").group_by("pid").agg(
