@@ -81,7 +81,9 @@ class AttachNamer:
         # a driver launch nested in a runtime launch is named through it (capture.pairing), offline.
         # Columns, not records: this runs on every drained batch, a million launches a second in a flood
         func = events["func"]
-        at = np.flatnonzero(self._is_launch[events["api"]] & (func != 0) & (events["kind"] == int(schema.Kind.launch)))
+        kind = events["kind"]  # a launch recorded into a CUDA graph is named as one that ran
+        at = np.flatnonzero(self._is_launch[events["api"]] & (func != 0)
+                            & ((kind == int(schema.Kind.launch)) | (kind == int(schema.Kind.captured))))
         if not at.size:
             return
         pids = events["pid"][at]
