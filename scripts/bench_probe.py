@@ -9,6 +9,13 @@ One run measures, on the same functions and interleaved rep by rep:
   (``cuLaunchKernel``); an empty uprobe + uretprobe; pasta-trace's allocation
   probe (``cuMemAlloc_v2``, entry + return).  Targets: launch <= 1.3x the empty
   uprobe's cost, alloc <= 1.3x the empty pair's cost;
+* the return probes that give launches, copies, memsets and frees their
+  return code (catalog.SAVED_KINDS: the entry builds the event, the
+  uretprobe writes it with ``ret``): the launch, a copy (``cuMemcpyHtoD_v2``)
+  and the runtime launch, each also probed entry-only as before them (the
+  same handlers, built without the return probe), against an empty uprobe
+  and an empty uprobe + uretprobe.  The added cost is the ratio of each to
+  its entry-only run;
 * a -O0 stub runtime (``cudaLaunchKernel`` from ``cuda_runtime_api.h``) that
   calls the stub driver's ``cuLaunchKernel``: untraced; an empty uprobe on
   each of the two; pasta-trace's runtime and driver launch probes (one launch
@@ -43,6 +50,7 @@ every 10 ms by mapping it (pasta_trace.capture.ringbuf), so nothing is lost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -80,6 +88,10 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned in
 {
     return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)  /* cuda.h: = cuMemcpyHtoD_v2 */
+{
+    return dst && src ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cuMemAlloc_v2 */
 {
     *dptr = 0x100000 + bytesize;
@@ -116,6 +128,7 @@ LOOP_C = r"""
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
+typedef int (*copy_t)(unsigned long long, const void *, size_t);
 typedef struct { unsigned x, y, z; } dim3;  /* by value: rsi = x | y << 32, rdx = z, like the runtime's */
 typedef int (*rt_launch_t)(const void *, dim3, dim3, void **, size_t, void *);
 struct c10_device { signed char type, index; };
@@ -157,6 +170,12 @@ int main(int argc, char **argv)
             fn((void *)0x99, (void *)(0x5500000000 + i * 64), 64);
             fd((void *)0x99, (void *)(0x5500000000 + i * 64));
         }
+        STOP;
+    } else if (!strcmp(argv[2], "copy")) {  /* 4 KiB host to device */
+        copy_t f = (copy_t)dlsym(h, "cuMemcpyHtoD_v2");
+        static char src[4096];
+        START;
+        for (long i = 0; i < n; i++) f(0x7f0000200000ull, src, sizeof src);
         STOP;
     } else if (!strcmp(argv[2], "allreduce")) {
         allreduce_t f = (allreduce_t)dlsym(h, "ncclAllReduce");
@@ -249,12 +268,16 @@ def main() -> int:
 
     by = {x.symbol: x for x in catalog.APIS}
     launch, alloc, rt_launch = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["cudaLaunchKernel"]
+    copy = by["cuMemcpyHtoD_v2"]
+    # the same handlers without their return probe, as launches and copies were probed before (entry only)
+    launch_e, rt_launch_e, copy_e = (dataclasses.replace(x, ret=False) for x in (launch, rt_launch, copy))
     report, new, delete, allreduce = (by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE],
                                       by["ncclAllReduce"])
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    apis = (launch, alloc, rt_launch, report, new, delete, allreduce)
+    apis = (launch, alloc, rt_launch, report, new, delete, allreduce, copy)
     pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=apis).encode())
+    entry_only = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch_e, rt_launch_e, copy_e)).encode())
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):
@@ -277,15 +300,18 @@ def main() -> int:
 
         return attach_it, lambda: attach.detach_all(empty)
 
-    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: tuple[str, catalog.Api]):
+    def pasta_probe(lib: str, api: catalog.Api, placements: dict, *more: tuple[str, catalog.Api], bpf=None):
+        bpf = pasta if bpf is None else bpf  # (a BPF object is falsy until its tables are opened)
+
         def attach_it() -> None:
             for where, what in ((lib, api), *more):
-                res = attach.attach_library(pasta, where, what.family, (what,))
+                res = attach.attach_library(bpf, where, what.family, (what,))
                 if res.errors or res.attached != [what.symbol]:
                     raise SystemExit(f"attach failed: {res.errors or res.missing}")
                 placements[(where, what.symbol)] = res.placements[what.symbol]
 
-        return attach_it, lambda: attach.detach_all(pasta)
+        attach_it.bpf = bpf  # the program whose ring the run drains
+        return attach_it, lambda: attach.detach_all(bpf)
 
     def none():
         return (lambda: None), (lambda: None)
@@ -298,6 +324,15 @@ def main() -> int:
             "stub launch untraced": (stub_s, "launch", none(), False),
             "stub launch empty uprobe": (stub_s, "launch", empty_probe(stub_s, "cuLaunchKernel", False), False),
             "stub launch pasta-trace": (stub_s, "launch", pasta_probe(stub_s, launch, placements), True),
+            "stub launch entry-only": (stub_s, "launch", pasta_probe(stub_s, launch_e, placements, bpf=entry_only),
+                                       True),
+            "stub launch empty uprobe+uretprobe": (stub_s, "launch", empty_probe(stub_s, "cuLaunchKernel", True),
+                                                   False),
+            "stub copy untraced": (stub_s, "copy", none(), False),
+            "stub copy empty uprobe": (stub_s, "copy", empty_probe(stub_s, "cuMemcpyHtoD_v2", False), False),
+            "stub copy empty uprobe+uretprobe": (stub_s, "copy", empty_probe(stub_s, "cuMemcpyHtoD_v2", True), False),
+            "stub copy entry-only": (stub_s, "copy", pasta_probe(stub_s, copy_e, placements, bpf=entry_only), True),
+            "stub copy pasta-trace": (stub_s, "copy", pasta_probe(stub_s, copy, placements), True),
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
@@ -308,6 +343,8 @@ def main() -> int:
             # (the later ones of the same kernel fold: counted in tally, no event)
             "stub rtlaunch pasta-trace": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch, placements,
                                                                         (stub_s, launch)), (1, 1)),
+            "stub rtlaunch entry-only": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch_e, placements,
+                                                                       (stub_s, launch_e), bpf=entry_only), (1, 1)),
             "stub tensor untraced": (stub_s, "tensor", none(), False),
             "stub tensor empty uprobe": (stub_s, "tensor", empty_probe(stub_s, report.symbol, False), False),
             "stub tensor pasta-trace": (stub_s, "tensor", pasta_probe(stub_s, report, placements), True),
@@ -334,12 +371,14 @@ def main() -> int:
                 "real alloc pasta-trace at placement": (real, "alloc", pasta_probe(real, alloc, placements), True),
             }  # fmt: skip
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in configs}
-        lost_before = sum(pasta[b"lost"].sum(i).value for i in range(4))
-        folded = bpf_maps.read_tallies(pasta)["folded_launches"]
+        progs = (pasta, entry_only)
+        lost_before = sum(b[b"lost"].sum(i).value for b in progs for i in range(4))
+        folded = {id(b): bpf_maps.read_tallies(b)["folded_launches"] for b in progs}
         for rep in range(a.reps):
             for name, (lib, which, (attach_it, detach_it), drained) in configs.items():
                 attach_it()
-                drain = Drain(pasta) if drained else None
+                bpf = getattr(attach_it, "bpf", pasta)
+                drain = Drain(bpf) if drained else None
                 try:
                     times[name].append(run_loop(loop, lib, which, a.calls))
                 finally:
@@ -353,12 +392,13 @@ def main() -> int:
                 if drained and captured != a.calls * per + first:
                     raise SystemExit(f"{name}: captured {captured} events of {a.calls * per + first} expected")
                 if first:
-                    now = bpf_maps.read_tallies(pasta)["folded_launches"]
-                    if now - folded != a.calls - first:
-                        raise SystemExit(f"{name}: {now - folded} launches folded, {a.calls - first} expected")
-                    folded = now
+                    now = bpf_maps.read_tallies(bpf)["folded_launches"]
+                    if now - folded[id(bpf)] != a.calls - first:
+                        raise SystemExit(f"{name}: {now - folded[id(bpf)]} launches folded, {a.calls - first} "
+                                         "expected")
+                    folded[id(bpf)] = now
             print(f"rep {rep + 1}/{a.reps} done", file=sys.stderr)
-        lost = sum(pasta[b"lost"].sum(i).value for i in range(4)) - lost_before
+        lost = sum(b[b"lost"].sum(i).value for b in progs for i in range(4)) - lost_before
 
     def untraced(k: str) -> str:
         return " ".join(k.split()[:2]) + " untraced"
@@ -391,6 +431,18 @@ def main() -> int:
          "<= 1.3"),
         ("stub nccl: pasta-trace / empty uprobe+uretprobe", "stub nccl pasta-trace",
          "stub nccl empty uprobe+uretprobe", "<= 1.3"),
+        # the return probes of launches and copies: what they add to the entry-only probe, and the whole
+        # against the empty pair it now is
+        ("stub launch: with return / entry-only", "stub launch pasta-trace", "stub launch entry-only", ""),
+        ("stub launch: with return / empty uprobe+uretprobe", "stub launch pasta-trace",
+         "stub launch empty uprobe+uretprobe", "<= 1.3"),
+        ("stub launch: entry-only / empty uprobe", "stub launch entry-only", "stub launch empty uprobe", "<= 1.3"),
+        ("stub copy: with return / entry-only", "stub copy pasta-trace", "stub copy entry-only", ""),
+        ("stub copy: with return / empty uprobe+uretprobe", "stub copy pasta-trace",
+         "stub copy empty uprobe+uretprobe", "<= 1.3"),
+        ("stub copy: entry-only / empty uprobe", "stub copy entry-only", "stub copy empty uprobe", "<= 1.3"),
+        ("stub runtime+driver launch: with return / entry-only", "stub rtlaunch pasta-trace",
+         "stub rtlaunch entry-only", ""),
     ]  # fmt: skip
     if real:
         rows += [
@@ -410,8 +462,12 @@ def main() -> int:
         print(f"{label:52s} {med(lambda r: cost(num, r)):10.1f} {med(lambda r: cost(den, r)):10.1f} "
               f"{statistics.median(ratios):7.2f} {q1:5.2f}..{q3:<4.2f} {min(ratios):5.2f}..{max(ratios):<4.2f} "
               f"{lowest:7.2f}  {target}")  # fmt: skip
+    print("\nns the return probes add to a call (cpu cost, median over reps of with return - entry-only):")
+    for what in ("launch", "copy", "rtlaunch"):
+        print(f"  {what}: {med(lambda r: cost(f'stub {what} pasta-trace', r) - cost(f'stub {what} entry-only', r)):.1f}")
     print(f"\nlost events: {lost}")
     attach.detach_all(pasta)
+    attach.detach_all(entry_only)
     return 0
 
 
