@@ -194,6 +194,25 @@ def executable_library(path: str) -> Library | None:
     return Library("cudart", real, real, st.st_dev, st.st_ino, 0)
 
 
+def cudart_places(libs: list[Library]) -> str:
+    """Where a process's CUDA runtime lives, in words: the shared
+    libcudart.so.N it maps, or the files it is linked into."""
+    shared = [lib.path for lib in libs if lib.family == "cudart" and family_of(lib.path)]
+    linked = [lib.path for lib in libs if lib.family == "cudart" and not family_of(lib.path)]
+    parts = [f"shared {', '.join(shared)}"] if shared else []
+    parts += [f"static, linked into {', '.join(linked)}"] if linked else []
+    return "; ".join(parts) or "none mapped"
+
+
+def process_cudart(p: ProcessLibraries, proc: Path = Path("/proc")) -> str:
+    """One line: a process and where its CUDA runtime lives."""
+    try:
+        comm = (proc / str(p.pid) / "comm").read_text().strip()
+    except OSError:
+        comm = "?"
+    return f"PID {p.pid} ({comm}): CUDA runtime {cudart_places(p.traced)}"
+
+
 def all_pids(proc: Path = Path("/proc")) -> list[int]:
     return sorted(int(p.name) for p in proc.iterdir() if p.name.isdigit())
 

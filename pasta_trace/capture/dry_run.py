@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from dataclasses import dataclass
 
 from . import discovery, reach
 from .launch import check_command
 from .options import Options
 from .probe_set import program_text
-from .targets import check_pids, launch_candidates, unreadable
+from .needed import needed_files
+from .targets import check_pids, launch_candidates, ld_cache, unreadable
 
 
 def bpf_text(args: argparse.Namespace) -> str:
@@ -48,6 +50,21 @@ def probe_plan(path: str, family: str) -> ProbePlan:
                      aliases)
 
 
+def launch_cudart(argv: list[str], libs: list[discovery.Library]) -> str:
+    """Where the CUDA runtime of a command to launch will live: among the
+    libraries it loads at start (capture.needed), a libcudart.so.N, or those
+    of ``libs`` (launch_candidates) it is linked into."""
+    env = dict(os.environ)
+    exe = shutil.which(argv[0], path=env.get("PATH"))
+    if exe is None:
+        return "none found"
+    start = {os.path.realpath(exe), *needed_files(exe, env, ld_cache())}
+    shared = [discovery.Library("cudart", f, f, 0, 0, 0) for f in sorted(start) if discovery.family_of(f) == "cudart"]
+    linked = [lib for lib in libs if lib.path in start and not discovery.family_of(lib.path)]
+    return discovery.cudart_places(shared + linked).replace("none mapped", "none (a libcudart.so* opened later "
+                                                                          "is caught when opened)")
+
+
 def plan(opts: Options) -> str:
     lines = []
     if opts.mode == "pid":
@@ -64,12 +81,16 @@ def plan(opts: Options) -> str:
                 lines.append(f"PID {pid}: no libcuda/libcudart/libamdhip64/libc10/libnccl mapped yet ({others}); "
                              "would wait for one")
         libs = discovery.unique_libraries(found)
+        lines += [discovery.process_cudart(p) for p in found]
     elif opts.mode == "system":
-        libs = discovery.unique_libraries(discovery.scan_all(skip={os.getpid()}, uid=reach.traced_uid()))
+        found = discovery.scan_all(skip={os.getpid()}, uid=reach.traced_uid())
+        libs = discovery.unique_libraries(found)
+        lines += [discovery.process_cudart(p) for p in found if any(lib.family == "cudart" for lib in p.traced)]
     else:
         check_command(opts.command, dict(os.environ))
         libs = launch_candidates(dict(os.environ), opts.command)
         lines.append(f"would start: {' '.join(opts.command)}")
+        lines.append(f"its CUDA runtime at start: {launch_cudart(opts.command, libs)}")
     lines.append(f"mode {opts.mode}: {len(libs)} libraries")
     for lib in libs:
         p = probe_plan(lib.attach_path, lib.family)

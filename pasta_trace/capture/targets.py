@@ -115,6 +115,30 @@ def _hidepid() -> str | None:
     return None
 
 
+def ld_cache_entries() -> list[tuple[str, str, str]]:
+    """The ld.so cache (`ldconfig -p`): (library name, its flags, path) each."""
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    rows = []
+    for line in out.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        if target:
+            lib, _, flags = name.partition(" ")
+            rows.append((lib, flags, target))
+    return rows
+
+
+def ld_cache(entries: list[tuple[str, str, str]] | None = None) -> dict[str, str]:
+    """Library name -> path from the ld.so cache, a 64-bit entry first (ld.so's choice for our programs)."""
+    best: dict[str, tuple[str, str]] = {}
+    for lib, flags, target in entries if entries is not None else ld_cache_entries():
+        if lib not in best or ("64" in flags and "64" not in best[lib][0]):
+            best[lib] = (flags, target)
+    return {lib: target for lib, (_, target) in best.items()}
+
+
 def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> list[discovery.Library]:
     """Traced library files a launched command can load by name: those in
     LD_LIBRARY_PATH and in the ld.so cache, and, when the command is a Python
@@ -127,17 +151,9 @@ def launch_candidates(env: dict[str, str], argv: list[str] | None = None) -> lis
         p = Path(d)
         if p.is_dir():
             paths += [str(f) for f in sorted(p.iterdir()) if discovery.family_of(f.name)]
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        out = ""
-    cache: dict[str, str] = {}
-    for line in out.splitlines():
-        name, _, target = line.strip().partition(" => ")
-        if target and "x86-64" in name:
-            cache.setdefault(name.split(" ")[0], target)
-        if target and discovery.family_of(name.split(" ")[0]):
-            paths.append(target)
+    entries = ld_cache_entries()
+    paths += [target for name, _, target in entries if discovery.family_of(name)]
+    cache = ld_cache(entries)
     libs: dict[tuple[int, int], discovery.Library] = {}
     for p in paths:
         try:

@@ -167,6 +167,16 @@ def _library_files() -> dict[str, tuple[str, set[str]]]:
     return found
 
 
+def _cudart_checks() -> list[Check]:
+    """Per process that maps a CUDA runtime: where it lives (a shared
+    libcudart.so.N, or linked into which files): a runtime linked into a file
+    is probed there, and a user reading a capture needs to know which."""
+    from ..capture import discovery
+
+    return [Check(True, discovery.process_cudart(p)) for p in discovery.scan_all(skip={os.getpid()})
+            if any(lib.family == "cudart" for lib in p.traced)]
+
+
 def _library_checks(verbose: bool) -> list[Check]:
     from ..capture.dry_run import probe_plan
 
@@ -205,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(Check(True, f"the checks below ran as uid {user[0]}, who ran sudo: they see only what "
                                    "that user may read"))
     results += _library_checks(args.verbose)
+    results += _cudart_checks()
     for c in results:
         print(c.line())
     problems = [c for c in results if not c.ok]
