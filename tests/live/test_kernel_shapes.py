@@ -130,3 +130,37 @@ def test_attached(require_bpf, shapes, driver_env, tracer, mode, tmp_path):
     for cudart, p in procs.items():
         assert _logged(logs[cudart], {"main", "a", "b"}) == _expected({"main", "a", "b"})
         assert _captured(cap, p.pid) == _logged(logs[cudart], _traced_modules(cudart)), cudart
+
+
+@pytest.mark.live
+def test_dry_run_and_doctor_say_where_cudart_lives(require_bpf, shapes, driver_env, tmp_path):
+    procs, gos = {}, []
+    try:
+        for cudart in ("shared", "static"):
+            procs[cudart], _, go = _start(shapes, cudart, tmp_path, driver_env)
+            gos.append(go)
+        static, shared = shapes["static"], procs["shared"].pid
+        libcudart = next(line.split()[5] for line in Path(f"/proc/{shared}/maps").read_text().splitlines()
+                         if "libcudart.so" in line)
+        lines = {
+            procs["static"].pid: f"PID {procs['static'].pid} (shapes_main): CUDA runtime static, linked into "
+                                 f"{static / 'shapes_main'}, {static / 'libshapes_a.so'}",
+            shared: f"PID {shared} (shapes_main): CUDA runtime shared {libcudart}",
+        }
+        r = run_pasta(["--dry-run", "-p", f"{procs['static'].pid},{shared}"], env=driver_env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines()[:2] == [lines[procs["static"].pid], lines[shared]]
+        r = run_pasta(["doctor"], timeout=120, env=driver_env)
+        assert [f"ok   {lines[p.pid]}" in r.stdout.splitlines() for p in procs.values()] == [True, True], r.stdout
+        r = run_pasta(["--dry-run", "--", str(static / "shapes_main"), str(static / "libshapes_b.so"), "1"],
+                      env=driver_env)
+        assert r.returncode == 0, r.stderr
+        assert (f"its CUDA runtime at start: static, linked into {static / 'shapes_main'}, "
+                f"{static / 'libshapes_a.so'}") in r.stdout.splitlines()
+        r = run_pasta(["--dry-run", "--", str(shapes["shared"] / "shapes_main"), "x", "1"], env=driver_env)
+        assert f"its CUDA runtime at start: shared {libcudart}" in r.stdout.splitlines()
+    finally:
+        for go in gos:
+            go.touch()
+        for p in procs.values():
+            p.wait(timeout=60)
