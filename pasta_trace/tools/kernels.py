@@ -7,6 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from .. import merge
+from ..demangle import display_names
 from ..read import Capture
 from .exprs import measured_sum
 from .registry import PID, TOP_CALL_SITE, Tool, columns, returns
@@ -15,6 +16,8 @@ from .span import duration_ns
 
 _KEY = ["pid", "name"]
 _NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")
+_DISPLAY = ("display_name", pl.String, "",
+            "the name's display form: demangled, without return type and parameter list (docs/formats.md)")
 _LAUNCHES = ("launches", pl.UInt64, "count", "launch calls, and each kernel a CUDA graph launch ran")
 _VIA_GRAPH = ("via_graph", pl.UInt64, "count",
               "of the launches: kernels run by a CUDA graph launch (null: none, the column is left out where empty)")
@@ -27,7 +30,7 @@ _TIMES = (
     ("gpu_mean_ns", pl.Float64, "ns", "its mean"),
 )
 KERNELS = columns(
-    PID, _NAME, _LAUNCHES, _VIA_GRAPH,
+    PID, _NAME, _DISPLAY, _LAUNCHES, _VIA_GRAPH,
     ("launches_per_s", pl.Float64, "1/s", "launches over the capture's duration"),
     ("shapes", pl.UInt32, "count", "distinct (grid, block) shapes"),
     ("top_grid", pl.String, "", "the most frequent grid, XxYxZ"),
@@ -36,7 +39,7 @@ KERNELS = columns(
     ("name_reason", pl.String, "", "why the kernel has no name (null when it has one)"),
 )
 KERNEL_SITES = columns(PID, ("call_site", pl.String, "", "the Python line that launched; (no stack): none"),
-                       _NAME, _LAUNCHES, *_TIMES)
+                       _NAME, _DISPLAY, _LAUNCHES, *_TIMES)
 
 
 def _shaped(frame: pl.LazyFrame) -> pl.LazyFrame:
@@ -78,10 +81,19 @@ def _finish(cap: Capture, summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites:
             pl.col("launches").cast(pl.UInt64),  # an --aggregate capture counts beyond 2**32
             (pl.col("launches") / dur_s if dur_s > 0 else pl.lit(None, pl.Float64)).alias("launches_per_s"),
         )
+        .with_columns(pl.lit(None, pl.String).alias("display_name"))
         .select(list(KERNELS))
         .sort(["launches", "pid", "name"], descending=[True, False, False])
         .collect(engine="streaming")
+        .pipe(_with_display)
     )
+
+
+def _with_display(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with display_name filled from name (one c++filt run for its distinct names)."""
+    shown = display_names(df["name"].drop_nulls().unique().to_list())
+    return df.with_columns(pl.col("name").replace_strict(shown, default=None, return_dtype=pl.String)
+                           .alias("display_name"))
 
 
 def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
@@ -148,9 +160,12 @@ def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
     return (
         _executions(cap).group_by("pid", "call_site", "name")
         .agg(pl.len().cast(pl.UInt64).alias("launches"), *_times())
-        .with_columns(pl.col("call_site").cast(pl.String).fill_null(NO_STACK))
+        .with_columns(pl.col("call_site").cast(pl.String).fill_null(NO_STACK),
+                      pl.lit(None, pl.String).alias("display_name"))
+        .select(list(KERNEL_SITES))
         .sort(["launches", "pid", "call_site", "name"], descending=[True, False, False, False])
         .collect(engine="streaming")
+        .pipe(_with_display)
     )
 
 
@@ -162,7 +177,7 @@ TOOLS = [
         compute=kernel_summary,
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
         terminal_columns=(
-            "pid", "name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
+            "pid", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
             "gpu_ns", "gpu_mean_ns", "top_call_site",
         ),
     ),
@@ -171,6 +186,6 @@ TOOLS = [
         title="Launches by call site",
         compute=kernel_by_call_site,
         description="launches, API and GPU time per Python line and kernel",
-        terminal_columns=("pid", "call_site", "name", "launches", "api_ns", "gpu_ns", "gpu_mean_ns"),
+        terminal_columns=("pid", "call_site", "display_name", "launches", "api_ns", "gpu_ns", "gpu_mean_ns"),
     ),
 ]

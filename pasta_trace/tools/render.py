@@ -34,7 +34,7 @@ HEADERS = {
     "api_calls": "calls", "failed_calls": "failed", "device_alloc_bytes": "device alloc",
     "pinned_alloc_bytes": "pinned alloc", "peak_live_bytes": "peak live",
     "copy_bytes": "copied", "sync_ns": "blocked", "gpus": "GPUs", "gpu_ids": "GPU ids",
-    "first_ts_ns": "first at", "last_ts_ns": "last at", "ret": "code", "name": "kernel",
+    "first_ts_ns": "first at", "last_ts_ns": "last at", "ret": "code", "name": "kernel", "display_name": "kernel",
     "launches_per_s": "launches/s", "api_ns": "API time", "api_mean_ns": "API mean", "gpu_ns": "GPU time",
     "gpu_mean_ns": "GPU mean", "peak_bytes": "peak", "peak_ts_ns": "peak at", "end_bytes": "end",
     "alloc_ts_ns": "allocated at", "age_ns": "age", "small_copies": "small copies", "mean_bytes": "mean size",

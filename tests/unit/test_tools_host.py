@@ -148,9 +148,11 @@ def test_synchronisation(cap) -> None:
 
 def test_kernel_summary_host_only(cap) -> None:
     df = REGISTRY["kernels"].compute(cap)
-    assert df.columns == ["pid", "name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block",
+    assert df.columns == ["pid", "name", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block",
                           "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
                           "name_reason"]
+    assert df["display_name"].to_list() == ["axpy", "reduce", "hip_fill"]  # plain C names are shown as they are
+    df = df.drop("display_name")
     # rate = launches / 25 us of capture; no device timing: gpu columns null
     assert rows(df) == [
         (100, "axpy", 2, None, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None, None,
