@@ -12,7 +12,9 @@ latest one before in time (an as-of join per process and handle).
 A graph launch whose exec was instantiated before the capture began (an
 attach after the warm-up of a vLLM or torch.compile program) runs kernels
 this capture never saw: it is one row named `graph@0x<exec>` with the reason,
-never a guess.  Launches made on a stream joined to a capture through an
+never a guess.  So is the graph of a capture that began before the trace (its
+end carries no capture id); the launches made on its stream before that end
+were recorded, not run, and are no launch rows (precaptured_launches).  Launches made on a stream joined to a capture through an
 event (cross-stream capture) are not marked captured by the probes."""
 
 from __future__ import annotations
@@ -139,6 +141,30 @@ def _partial(ev: pl.DataFrame) -> pl.DataFrame:
     return ev.filter(pl.col("api").is_in(_CAPTURE_ENDS) & pl.col("_ok") & pl.col("ptr").is_not_null()
                      & pl.col("dst").is_null()).select("pid", pl.col("ptr").alias("graph"),
                                                        pl.col("ts_ns").alias("def_ts"))
+
+
+def precaptured_launches(cap: Capture) -> pl.DataFrame:
+    """(pid, stream, ts_ns) of the launch events that were made on a stream
+    whose capture began before the trace (its end carries no capture id): the
+    probes saw no begin, so they are kind `launch`, yet they were recorded,
+    not run.  Those after the stream's previous capture end, before this one."""
+    key = ("precaptured_launches",)
+    if key in cap.cache:
+        return cap.cache[key]
+    out = pl.DataFrame(schema={"pid": pl.UInt32, "stream": pl.UInt64, "ts_ns": pl.Int64})
+    ev = _graph_calls(cap)
+    if not ev.is_empty():
+        ends = ev.filter(pl.col("api").is_in(_CAPTURE_ENDS) & (pl.col("kind") == "graph")
+                         & pl.col("stream").is_not_null()).sort("ts_ns").with_columns(
+            pl.col("ts_ns").shift(1).over("pid", "stream").fill_null(-1).alias("since"))
+        blind = ends.filter(pl.col("dst").is_null()).select("pid", "stream", "since", pl.col("ts_ns").alias("until"))
+        if blind.height:
+            launches = cap.events.filter((pl.col("kind") == "launch") & pl.col("stream").is_in(blind["stream"].unique().to_list())
+                                         ).select("pid", "stream", "ts_ns").collect()
+            out = launches.join(blind, on=["pid", "stream"]).filter(
+                (pl.col("ts_ns") > pl.col("since")) & (pl.col("ts_ns") < pl.col("until"))).select(out.columns)
+    cap.cache[key] = out
+    return out
 
 
 def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.DataFrame:

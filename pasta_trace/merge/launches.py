@@ -17,7 +17,7 @@ import polars as pl
 
 from .. import schema
 from ..read import Capture
-from .graphs import graph_kernel_launches
+from .graphs import graph_kernel_launches, precaptured_launches
 
 
 def launch_events(cap: Capture) -> pl.LazyFrame:
@@ -28,6 +28,9 @@ def launch_events(cap: Capture) -> pl.LazyFrame:
     captured launches (kind `captured`) ran only there and are not rows."""
     launches = cap.events.filter(pl.col("kind") == "launch").drop(*schema.TENSOR_PAYLOAD.values()).with_columns(
         pl.lit(False).alias("via_graph"), pl.lit(None, pl.UInt64).alias("graph_exec"))
+    pre = precaptured_launches(cap)
+    if pre.height:  # made under a capture that began before the trace: recorded, not run
+        launches = launches.join(pre.lazy(), on=["pid", "stream", "ts_ns"], how="anti", maintain_order="left")
     key = ("graph_kernel_launches",)
     if key not in cap.cache:
         cap.cache[key] = graph_kernel_launches(cap, launches.collect_schema())

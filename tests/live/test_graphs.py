@@ -18,7 +18,7 @@ import pytest
 from pasta_run import run_pasta, wait_for_file
 from pasta_trace import merge
 from pasta_trace.export import trace_model
-from pasta_trace.merge.graphs import UNKNOWN_REASON
+from pasta_trace.merge.graphs import PARTIAL_REASON, UNKNOWN_REASON
 from pasta_trace.read import open_capture
 from pasta_trace.tools.kernels import kernel_summary
 
@@ -111,12 +111,10 @@ def test_captured_launches_run_in_their_graph_launches(require_bpf, graph_worklo
     assert kernels.group_by("name").len().sort("name").rows() == sorted((k, n) for k, (n, _) in expected.items())
 
 
-@pytest.mark.live
-def test_graph_made_before_the_attach_is_said_unknown(require_bpf, graph_workload, stub_env, tracer, tmp_path):
-    """Captured, built and instantiated before the attach: the graph launches
-    are seen with their execs, their kernels unknown with the reason."""
+def _attached(graph_workload, stub_env, tracer, tmp_path, *flags: str) -> dict:
+    """Run the workload, attach with -p when it says ready, let it go on; its report."""
     report, go = tmp_path / "report.json", tmp_path / "go"
-    proc = subprocess.Popen([str(graph_workload), "--report", str(report), "--go-file", str(go)],
+    proc = subprocess.Popen([str(graph_workload), "--report", str(report), "--go-file", str(go), *flags],
                             env={**os.environ, **stub_env})
     try:
         wait_for_file(report.with_name(report.name + ".ready"), timeout=60, proc=proc)
@@ -129,7 +127,14 @@ def test_graph_made_before_the_attach_is_said_unknown(require_bpf, graph_workloa
         go.touch()
         if proc.poll() is None:
             proc.kill()
-    rep = json.loads(report.read_text())
+    return json.loads(report.read_text())
+
+
+@pytest.mark.live
+def test_graph_made_before_the_attach_is_said_unknown(require_bpf, graph_workload, stub_env, tracer, tmp_path):
+    """Captured, built and instantiated before the attach: the graph launches
+    are seen with their execs, their kernels unknown with the reason."""
+    rep = _attached(graph_workload, stub_env, tracer, tmp_path)
     m, pid = rep["launches"], rep["pid"]
     cap = open_capture(tmp_path / "cap")
     ev = cap.events.filter(pl.col("pid") == pid).collect()
@@ -141,3 +146,28 @@ def test_graph_made_before_the_attach_is_said_unknown(require_bpf, graph_workloa
     summary = kernel_summary(cap).filter(pl.col("pid") == pid)
     assert summary.select("name", "launches", "via_graph", "name_reason").sort("name").rows() == sorted(
         (f"graph@0x{rep['exec'][k]:x}", m[k], m[k], UNKNOWN_REASON) for k in ("rt", "ex", "drv"))
+
+
+@pytest.mark.live
+def test_attach_during_a_capture(require_bpf, graph_workload, stub_env, tracer, tmp_path):
+    """Attached after the runtime capture began: its launches are seen as
+    launches, yet none counts as run, and its graph's kernels are unknown
+    with the reason; the graphs made after the attach are counted exactly."""
+    rep = _attached(graph_workload, stub_env, tracer, tmp_path, "--go-in-capture")
+    m, pid = rep["launches"], rep["pid"]
+    cap = open_capture(tmp_path / "cap")
+    kind = pl.col("kind").cast(pl.String)
+    ev = cap.events.filter(pl.col("pid") == pid).collect()
+    # the probes saw no begin: the launches on the capturing stream are kind launch, the end has no capture id
+    assert ev.filter(kind == "launch").height == sum(rep["captured"].values()) + rep["plain"][PLAIN]
+    ends = ev.filter((pl.col("api").cast(pl.String) == "cudaStreamEndCapture") & (kind == "graph"))
+    assert (ends.height, ends["dst"].null_count()) == (1, 1)
+    ex = merge.kernel_executions(cap).filter(pl.col("pid") == pid).collect()
+    got = ex.group_by("name").agg(pl.len(), pl.col("via_graph").sum()).sort("name").rows()
+    assert got == sorted([
+        (f"graph@0x{rep['exec']['rt']:x}", m["rt"], m["rt"]),
+        (PLAIN, rep["plain"][PLAIN] + rep["child"][PLAIN] * m["ex"], rep["child"][PLAIN] * m["ex"]),
+        (INNER, rep["nodes"][INNER] * m["ex"], rep["nodes"][INNER] * m["ex"]),
+        (SCALE, rep["driver"][SCALE] * m["drv"], rep["driver"][SCALE] * m["drv"])])
+    summary = kernel_summary(cap).filter(pl.col("name").str.starts_with("graph@"))
+    assert summary.select("name", "name_reason").rows() == [(f"graph@0x{rep['exec']['rt']:x}", PARTIAL_REASON)]
