@@ -41,7 +41,7 @@ def stub_env(cudart_stub, cuda_stub) -> dict[str, str]:
 def _expected(report: dict) -> dict[str, tuple[int, int]]:
     """kernel -> (launches, of them via a graph), from what the program did"""
     m = report["launches"]
-    graph = {VECADD: report["captured"][VECADD] * m["rt"],
+    graph = {VECADD: report["captured"][VECADD] * m["rt"] + report["drv_nodes"][VECADD] * m["dn"],
              SCALE: report["captured"][SCALE] * m["rt"] + report["driver"][SCALE] * m["drv"],
              INNER: report["nodes"][INNER] * m["ex"], PLAIN: report["child"][PLAIN] * m["ex"]}
     return {k: (graph[k] + report["plain"].get(k, 0), graph[k]) for k in graph}
@@ -62,12 +62,14 @@ def test_captured_launches_run_in_their_graph_launches(require_bpf, graph_worklo
     # captured: every launch made under capture, each with the id of its capture's begin and end
     captured = ev.filter(kind == "captured")
     assert captured.group_by(api).len().sort("api").rows() == [
-        ("__cudaLaunchKernel", sum(report["captured"].values())), ("cuLaunchKernel", report["driver"][SCALE]),
+        ("__cudaLaunchKernel", sum(report["captured"].values())),
+        ("cuGraphAddKernelNode_v2", report["drv_nodes"][VECADD]), ("cuLaunchKernel", report["driver"][SCALE]),
         ("cudaGraphAddKernelNode", report["nodes"][INNER] + report["child"][PLAIN])]
     begins = ev.filter(api.is_in(["cudaStreamBeginCapture", "cuStreamBeginCapture_v2"]) & (kind == "graph"))
     ends = ev.filter(api.is_in(["cudaStreamEndCapture", "cuStreamEndCapture"]) & (kind == "graph"))
     assert begins["dst"].to_list() == ends["dst"].to_list() == begins["ts_ns"].cast(pl.UInt64).to_list()
-    by_stream = captured.filter(api != "cudaGraphAddKernelNode").group_by("stream", "dst").len().sort("len")
+    by_stream = captured.filter(~api.is_in(["cudaGraphAddKernelNode", "cuGraphAddKernelNode_v2"])).group_by(
+        "stream", "dst").len().sort("len")
     assert by_stream.rows() == [(s, d, n) for s, d, n in zip(
         begins["stream"].to_list()[::-1], begins["dst"].to_list()[::-1],
         [report["driver"][SCALE], sum(report["captured"].values())])]
@@ -78,7 +80,7 @@ def test_captured_launches_run_in_their_graph_launches(require_bpf, graph_worklo
     # each graph launch carries its exec; the instantiations map the execs to the graphs the ends made
     launches = merge.graph_launches(cap).filter(pl.col("pid") == pid)
     assert launches.group_by("exec").len().sort("exec").rows() == sorted(
-        (report["exec"][k], m[k]) for k in ("rt", "ex", "drv"))
+        (report["exec"][k], m[k]) for k in ("rt", "ex", "drv", "dn"))
     assert launches["inst_ts"].null_count() == 0
 
     # the kernels the graph launches ran, one row per kernel per graph launch, named
@@ -90,7 +92,11 @@ def test_captured_launches_run_in_their_graph_launches(require_bpf, graph_worklo
     assert via.group_by("graph_exec").len().sort("graph_exec").rows() == sorted([
         (report["exec"]["rt"], m["rt"] * sum(report["captured"].values())),
         (report["exec"]["ex"], m["ex"] * (report["nodes"][INNER] + report["child"][PLAIN])),
-        (report["exec"]["drv"], m["drv"] * report["driver"][SCALE])])
+        (report["exec"]["drv"], m["drv"] * report["driver"][SCALE]),
+        (report["exec"]["dn"], m["dn"] * report["drv_nodes"][VECADD])])
+    # the driver's node named its kernel by CUkernel (func null): that handle, with the node's shape
+    dn = via.filter(pl.col("graph_exec") == report["exec"]["dn"])
+    assert dn.select("name", "grid_x", "block_x").unique().rows() == [(VECADD, 7, 128)]
     assert via["dur_ns"].null_count() == via.height  # the graph launch's API time is not split over its kernels
     assert ex.filter(pl.col("name").str.starts_with("unknown@")).height == 0
     assert ex["launch_seq"].to_list() == list(range(ex.height))
@@ -141,11 +147,11 @@ def test_graph_made_before_the_attach_is_said_unknown(require_bpf, graph_workloa
     assert ev.filter(pl.col("kind").cast(pl.String) == "captured").height == 0
     launches = merge.graph_launches(cap).filter(pl.col("pid") == pid)
     assert launches.group_by("exec").len().sort("exec").rows() == sorted(
-        (rep["exec"][k], m[k]) for k in ("rt", "ex", "drv"))
+        (rep["exec"][k], m[k]) for k in ("rt", "ex", "drv", "dn"))
     assert launches["inst_ts"].null_count() == launches.height
     summary = kernel_summary(cap).filter(pl.col("pid") == pid)
     assert summary.select("name", "launches", "via_graph", "name_reason").sort("name").rows() == sorted(
-        (f"graph@0x{rep['exec'][k]:x}", m[k], m[k], UNKNOWN_REASON) for k in ("rt", "ex", "drv"))
+        (f"graph@0x{rep['exec'][k]:x}", m[k], m[k], UNKNOWN_REASON) for k in ("rt", "ex", "drv", "dn"))
 
 
 @pytest.mark.live
@@ -168,6 +174,7 @@ def test_attach_during_a_capture(require_bpf, graph_workload, stub_env, tracer, 
         (f"graph@0x{rep['exec']['rt']:x}", m["rt"], m["rt"]),
         (PLAIN, rep["plain"][PLAIN] + rep["child"][PLAIN] * m["ex"], rep["child"][PLAIN] * m["ex"]),
         (INNER, rep["nodes"][INNER] * m["ex"], rep["nodes"][INNER] * m["ex"]),
-        (SCALE, rep["driver"][SCALE] * m["drv"], rep["driver"][SCALE] * m["drv"])])
+        (SCALE, rep["driver"][SCALE] * m["drv"], rep["driver"][SCALE] * m["drv"]),
+        (VECADD, rep["drv_nodes"][VECADD] * m["dn"], rep["drv_nodes"][VECADD] * m["dn"])])
     summary = kernel_summary(cap).filter(pl.col("name").str.starts_with("graph@"))
     assert summary.select("name", "name_reason").rows() == [(f"graph@0x{rep['exec']['rt']:x}", PARTIAL_REASON)]
