@@ -53,15 +53,16 @@ def test_falls_back_to_the_symbol(code, first):
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_real_libcuda_probes_the_je_after_the_cmpl(driver):
-    """Every probed export of each driver (103 on 535, 105 on 550) opens with
-    the same `cmpl` of a global flag and a `je`: each probe goes on the je."""
+    """Every probed export of each driver (130 on 535, 134 on 550, CUDA graphs'
+    included) opens with the same `cmpl` of a global flag and a `je`: each
+    probe goes on the je."""
     path, version = vendor_libcuda(driver)
     exports = elf.exported_symbols(path)
     probed = {a.symbol for a in catalog.for_family("cuda")} - CUDA_ABSENT[driver]
     placed = {s: placement.choose_probe_offset(path, exports[s]) for s in probed}
     je = placement.Placement(10, "je at +10 is emulated; skipped cmp (flags only)")
     assert placed == dict.fromkeys(probed, je), f"driver {version}"
-    assert len(placed) == {"535": 103, "550": 105}[driver]
+    assert len(placed) == {"535": 130, "550": 134}[driver]
 
 
 def test_debian_libamdhip64_probes_the_symbol():
