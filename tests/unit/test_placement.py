@@ -53,9 +53,9 @@ def test_falls_back_to_the_symbol(code, first):
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_real_libcuda_probes_the_je_after_the_cmpl(driver):
-    """Every probed export of each driver (130 on 535, 134 on 550, CUDA graphs'
-    included) opens with the same `cmpl` of a global flag and a `je`: each
-    probe goes on the je."""
+    """Every probed export of each driver (130 on 535, 134 on 550, the CUDA
+    graph entry points included) opens with the same `cmpl` of a global flag
+    and a `je`: each probe goes on the je."""
     path, version = vendor_libcuda(driver)
     exports = elf.exported_symbols(path)
     probed = {a.symbol for a in catalog.for_family("cuda")} - CUDA_ABSENT[driver]
