@@ -268,76 +268,6 @@ static __always_inline void pt_event_out(struct pt_event *e)
         pt_lost(PT_LOST_EVENTS);
 }
 
-static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
-{
-#ifdef PT_AGGREGATE
-    pt_aggregate(e);
-#elif defined(PT_STACKS)
-    pt_stack_tail.call(ctx, 0);
-    /* reached only if the tail call failed: the event without its stack */
-    pt_event_out(e);
-#else
-    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-#endif
-}
-
-/* Write a saved event, completed at its call's return. */
-static __always_inline void pt_emit_saved(struct pt_regs *ctx, struct pt_event *e)
-{
-#ifdef PT_AGGREGATE
-    pt_aggregate(e);
-#elif defined(PT_STACKS)
-    u32 zero = 0;
-    struct pt_event *s = scratch.lookup(&zero);
-    if (!s)
-        return;
-    __builtin_memcpy(s, e, sizeof(*s));
-    pt_stack_tail.call(ctx, 0);
-    pt_event_out(s);
-#else
-    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
-        pt_lost(PT_LOST_EVENTS);
-#endif
-}
-
-static __always_inline void pt_tally(u32 idx)
-{
-    u64 *v = tally.lookup(&idx);
-    if (v)
-        (*v)++;
-}
-
-/* schema.fold_slot */
-static __always_inline u32 pt_fold_slot(u64 func)
-{
-    return ((func >> 4) ^ (func >> 12)) & (PT_FOLD_N - 1);
-}
-
-/* The thread's outer-call mark, made on first use. */
-static __always_inline struct pt_outer *pt_outer_get(void)
-{
-    return outer_call.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-}
-
-static __always_inline int pt_still_in(struct pt_outer *o, u64 sp)
-{
-    u64 v = 0;
-    if (sp > o->sp)
-        return 0;
-    return o->paired || (!bpf_probe_read_user(&v, sizeof(v), (void *)o->sp) && v == o->ret);
-}
-
-/* An inner-layer call: the entry time of the outer call it is nested in, or
- * 0; PT_FOLDED when it is a launch (fold: its handle, else 0) whose pair with
- * the outer launch's function this thread has recorded already. */
-static __always_inline u64 pt_inner(struct pt_regs *ctx, u32 kind, u64 fold)
-{
-    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
-    if (!o || !o->ts || o->kind != kind || !pt_still_in(o, PT_REGS_SP(ctx)))
-        return 0;
-    u64 t = o->ts;
-    o->ts = 0; /* one inner call per outer call: a later one is its own */
-    if (!fold || !o->func)
 /* CUDA stream capture: (process, stream) -> capture id (the entry time of
  * the begin call that started it), set by a successful begin and removed by
  * the end.  A launch on a stream under capture is recorded into a graph, not
@@ -410,9 +340,80 @@ static __always_inline void pt_capture_mark(struct pt_event *e)
     e->valid |= PT_V_DST;
 }
 
+static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
+{
+    pt_capture_mark(e);
+#ifdef PT_AGGREGATE
+    pt_aggregate(e);
+#elif defined(PT_STACKS)
+    pt_stack_tail.call(ctx, 0);
+    /* reached only if the tail call failed: the event without its stack */
+    pt_event_out(e);
+#else
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+#endif
+}
+
+/* Write a saved event, completed at its call's return. */
+static __always_inline void pt_emit_saved(struct pt_regs *ctx, struct pt_event *e)
+{
+    pt_capture_mark(e);
+#ifdef PT_AGGREGATE
+    pt_aggregate(e);
+#elif defined(PT_STACKS)
+    u32 zero = 0;
+    struct pt_event *s = scratch.lookup(&zero);
+    if (!s)
+        return;
+    __builtin_memcpy(s, e, sizeof(*s));
+    pt_stack_tail.call(ctx, 0);
+    pt_event_out(s);
+#else
+    if (events.ringbuf_output(e, sizeof(*e), BPF_RB_NO_WAKEUP))
+        pt_lost(PT_LOST_EVENTS);
+#endif
+}
+
+static __always_inline void pt_tally(u32 idx)
+{
+    u64 *v = tally.lookup(&idx);
+    if (v)
+        (*v)++;
+}
+
+/* schema.fold_slot */
+static __always_inline u32 pt_fold_slot(u64 func)
+{
+    return ((func >> 4) ^ (func >> 12)) & (PT_FOLD_N - 1);
+}
+
+/* The thread's outer-call mark, made on first use. */
+static __always_inline struct pt_outer *pt_outer_get(void)
+{
+    return outer_call.task_storage_get(bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+}
+
+static __always_inline int pt_still_in(struct pt_outer *o, u64 sp)
+{
+    u64 v = 0;
+    if (sp > o->sp)
+        return 0;
+    return o->paired || (!bpf_probe_read_user(&v, sizeof(v), (void *)o->sp) && v == o->ret);
+}
+
+/* An inner-layer call: the entry time of the outer call it is nested in, or
+ * 0; PT_FOLDED when it is a launch (fold: its handle, else 0) whose pair with
+ * the outer launch's function this thread has recorded already. */
+static __always_inline u64 pt_inner(struct pt_regs *ctx, u32 kind, u64 fold)
+{
+    struct pt_outer *o = outer_call.task_storage_get(bpf_get_current_task_btf(), 0, 0);
+    if (!o || !o->ts || o->kind != kind || !pt_still_in(o, PT_REGS_SP(ctx)))
+        return 0;
+    u64 t = o->ts;
+    o->ts = 0; /* one inner call per outer call: a later one is its own */
+    if (!fold || !o->func)
         return t;
     u32 i = pt_fold_slot(o->func);
-    pt_capture_mark(e);
     if (o->seen[i].outer == o->func && o->seen[i].inner == fold) {
         pt_tally(PT_TALLY_FOLDED_LAUNCHES);
         return PT_FOLDED;
@@ -777,95 +778,6 @@ static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
         E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
     })
 
-/* (stream, fn, userData) */
-#define PT_H_HOST_FUNC(name, id, kind, arg)                                      \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->stream = PT_P1;                                                     \
-        E->func = PT_P2;                                                       \
-        E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
-    })
-
-/* ------------------------------------------------------------- allocations */
-
-/* (T **out, size_t size, ...): ptr = *out at return */
-#define PT_ALLOC_BODY(...)                                                     \
-    {                                                                          \
-        u64 p;                                                                 \
-        E->size = IN.a[1];                                                     \
-        E->valid = PT_V_SIZE;                                                  \
-        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
-            E->ptr = p;                                                        \
-            E->valid |= PT_V_PTR;                                              \
-        }                                                                      \
-        __VA_ARGS__;                                                           \
-    }
-
-#define PT_H_ALLOC(name, id, kind, arg)                                          \
-    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, PT_ALLOC_BODY({}))
-
-/* (out, size, unsigned flags): aux = flags */
-#define PT_H_ALLOC_FLAGS(name, id, kind, arg)                                    \
-    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
-        E->aux = IN.a[2];                                                      \
-        E->valid |= PT_V_AUX;                                                  \
-    }))
-
-/* (out, size, stream) */
-#define PT_H_ALLOC_STREAM(name, id, kind, arg)                                   \
-    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
-        E->stream = IN.a[2];                                                   \
-        E->valid |= PT_V_STREAM;                                               \
-    }))
-
-/* (out, size, pool, stream) */
-#define PT_H_ALLOC_POOL(name, id, kind, arg)                                     \
-    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, PT_ALLOC_BODY({            \
-        E->stream = IN.a[2];                                                   \
-        E->valid |= PT_V_STREAM;                                               \
-    }))
-
-/* (out, size_t *pitch, width, height[, elemsize]): size = *pitch x height */
-#define PT_H_ALLOC_PITCH(name, id, kind, arg)                                    \
-    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, {                          \
-        u64 p, pitch;                                                          \
-        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
-            E->ptr = p;                                                        \
-            E->valid |= PT_V_PTR;                                              \
-        }                                                                      \
-        if (!pt_read_out(E, IN.a[1], &pitch)) {                                \
-            E->size = pitch * IN.a[2];                                         \
-            E->valid |= PT_V_SIZE;                                             \
-        }                                                                      \
-    })
-
-/* VMM address ranges: (ptr, size, ...) */
-#define PT_H_RANGE(name, id, kind, arg)                                          \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->ptr = PT_P1;                                                        \
-        E->size = PT_P2;                                                       \
-        E->valid = PT_V_PTR | PT_V_SIZE;                                       \
-    })
-
-/* (ptr, size, offset, handle, flags): src = the physical handle mapped */
-#define PT_H_VMM_MAP(name, id, kind, arg)                                        \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->ptr = PT_P1;                                                        \
-        E->size = PT_P2;                                                       \
-        E->src = PT_P4;                                                        \
-        E->valid = PT_V_PTR | PT_V_SIZE | PT_V_SRC;                            \
-    })
-
-#define PT_H_FREE(name, id, kind, arg)                                           \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->ptr = PT_P1;                                                        \
-        E->valid = PT_V_PTR;                                                   \
-    })
-
-#define PT_H_FREE_STREAM(name, id, kind, arg)                                    \
-    PT_ENTRY(name, id, kind, {                                                 \
-        E->ptr = PT_P1;                                                        \
-        E->stream = PT_P2;                                                     \
-        E->valid = PT_V_PTR | PT_V_STREAM;                                     \
 /* ------------------------------------------------------------ CUDA graphs */
 
 /* (stream, ...): dst = the capture id (this call's entry time) */
@@ -972,6 +884,95 @@ static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
         E->valid = PT_V_PTR | PT_V_SRC;                                        \
     })
 
+/* (stream, fn, userData) */
+#define PT_H_HOST_FUNC(name, id, kind, arg)                                      \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->stream = PT_P1;                                                     \
+        E->func = PT_P2;                                                       \
+        E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
+    })
+
+/* ------------------------------------------------------------- allocations */
+
+/* (T **out, size_t size, ...): ptr = *out at return */
+#define PT_ALLOC_BODY(...)                                                     \
+    {                                                                          \
+        u64 p;                                                                 \
+        E->size = IN.a[1];                                                     \
+        E->valid = PT_V_SIZE;                                                  \
+        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
+            E->ptr = p;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+        __VA_ARGS__;                                                           \
+    }
+
+#define PT_H_ALLOC(name, id, kind, arg)                                          \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, 0, 0, PT_ALLOC_BODY({}))
+
+/* (out, size, unsigned flags): aux = flags */
+#define PT_H_ALLOC_FLAGS(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
+        E->aux = IN.a[2];                                                      \
+        E->valid |= PT_V_AUX;                                                  \
+    }))
+
+/* (out, size, stream) */
+#define PT_H_ALLOC_STREAM(name, id, kind, arg)                                   \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P3, 0, PT_ALLOC_BODY({            \
+        E->stream = IN.a[2];                                                   \
+        E->valid |= PT_V_STREAM;                                               \
+    }))
+
+/* (out, size, pool, stream) */
+#define PT_H_ALLOC_POOL(name, id, kind, arg)                                     \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, PT_ALLOC_BODY({            \
+        E->stream = IN.a[2];                                                   \
+        E->valid |= PT_V_STREAM;                                               \
+    }))
+
+/* (out, size_t *pitch, width, height[, elemsize]): size = *pitch x height */
+#define PT_H_ALLOC_PITCH(name, id, kind, arg)                                    \
+    PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, {                          \
+        u64 p, pitch;                                                          \
+        if (!pt_read_out(E, IN.a[0], &p)) {                                    \
+            E->ptr = p;                                                        \
+            E->valid |= PT_V_PTR;                                              \
+        }                                                                      \
+        if (!pt_read_out(E, IN.a[1], &pitch)) {                                \
+            E->size = pitch * IN.a[2];                                         \
+            E->valid |= PT_V_SIZE;                                             \
+        }                                                                      \
+    })
+
+/* VMM address ranges: (ptr, size, ...) */
+#define PT_H_RANGE(name, id, kind, arg)                                          \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->size = PT_P2;                                                       \
+        E->valid = PT_V_PTR | PT_V_SIZE;                                       \
+    })
+
+/* (ptr, size, offset, handle, flags): src = the physical handle mapped */
+#define PT_H_VMM_MAP(name, id, kind, arg)                                        \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->size = PT_P2;                                                       \
+        E->src = PT_P4;                                                        \
+        E->valid = PT_V_PTR | PT_V_SIZE | PT_V_SRC;                            \
+    })
+
+#define PT_H_FREE(name, id, kind, arg)                                           \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->valid = PT_V_PTR;                                                   \
+    })
+
+#define PT_H_FREE_STREAM(name, id, kind, arg)                                    \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->stream = PT_P2;                                                     \
+        E->valid = PT_V_PTR | PT_V_STREAM;                                     \
     })
 
 /* ------------------------------------------------------------------ copies */
