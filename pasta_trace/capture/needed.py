@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from elftools.common.exceptions import ELFError
 
 from ..elf_tables import ElfImage
 from ..regular_file import open_library
@@ -63,7 +64,7 @@ def needed_files(exe: str, env: dict[str, str], cache: dict[str, str]) -> list[s
         done.add(path)
         try:
             needed, rpath, runpath = _dynamic(path)
-        except (OSError, ValueError):
+        except (OSError, ValueError, ELFError):  # a script, a damaged file: ld.so would not load it either
             continue
         origin = os.path.dirname(path)
         # DT_RPATH applies to the object's own needs and, without DT_RUNPATH, to those below it

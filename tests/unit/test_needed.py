@@ -54,3 +54,14 @@ def test_unfound_library_is_left_out(tree: Path):
 def test_ld_cache_is_used(tree: Path):
     found = needed_files(str(tree / "bin" / "prog"), {}, {"libz.so": str(tree / "elsewhere" / "libz.so")})
     assert str(tree / "elsewhere" / "libz.so") in found
+
+
+def test_script_and_damaged_files(tree: Path):
+    """A script to launch has no libraries of its own; a damaged library is left out, with what it needs."""
+    script = tree / "run.sh"
+    script.write_text("#!/bin/sh\nexec true\n")
+    assert needed_files(str(script), {}, {}) == []
+    (tree / "lib" / "libx.so").write_bytes(b"\x7fELF" + b"\xff" * 60)
+    found = needed_files(str(tree / "bin" / "prog"), {"LD_LIBRARY_PATH": str(tree / "elsewhere")}, {})
+    assert [f for f in found if f.startswith(str(tree))] == [str(tree / "lib" / "libx.so"),
+                                                               str(tree / "elsewhere" / "libz.so")]
