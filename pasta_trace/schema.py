@@ -187,11 +187,11 @@ class Kind(enum.IntEnum):
     #: thing (cuLaunchKernel inside cudaLaunchKernel): that outer call counts
     #: it; `outer_ts_ns` names it (format 1.4)
     nested = 15
-
     #: a launch made on a stream under capture, or a kernel node added to a
     #: graph: recorded into a graph, not run; the graph's launches run it
     #: (format 1.6)
     captured = 16
+
 
 KIND_NAMES = [k.name for k in Kind]
 
@@ -1378,12 +1378,12 @@ TIMELINE_FRAMES: dict[str, dict[str, pl.DataType]] = {
         "block_z": pl.UInt32,
         "shmem": pl.UInt32,
         "launch_seq": pl.Int64,  # 0-based order of the launch among its process's launches
-        "match": pl.Enum(MATCH_NAMES),  # null: no device execution matched
-        "launch_id": pl.UInt64,
-        "device": pl.UInt32,
         # timeline 1.2: a kernel a CUDA graph launch ran (one row per kernel per graph launch), and its exec
         "via_graph": pl.Boolean,
         "graph_exec": pl.UInt64,
+        "match": pl.Enum(MATCH_NAMES),  # null: no device execution matched
+        "launch_id": pl.UInt64,
+        "device": pl.UInt32,
         "grid_id": pl.Int64,
         "correlation_id": pl.UInt32,
         "gpu_start_ns": pl.Int64,  # CLOCK_MONOTONIC

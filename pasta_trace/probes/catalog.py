@@ -84,12 +84,6 @@ SHAPES: dict[str, str] = {
     "launch_cfg_rt": "common",
     "launch_hcc": "hip",
     "graph_launch": "common",
-    "host_func": "common",
-    "alloc": "common",
-    "alloc_flags": "common",
-    "alloc_stream": "common",
-    "alloc_pool": "common",
-    "alloc_pitch": "common",
     "capture_begin": "common",
     "capture_end": "common",
     "graph_instantiate": "common",
@@ -99,6 +93,12 @@ SHAPES: dict[str, str] = {
     "graph_kernel_node": "common",
     "graph_node": "common",
     "graph_child_node": "common",
+    "host_func": "common",
+    "alloc": "common",
+    "alloc_flags": "common",
+    "alloc_stream": "common",
+    "alloc_pool": "common",
+    "alloc_pitch": "common",
     "range": "common",
     "vmm_map": "common",
     "free": "common",
@@ -260,6 +260,7 @@ def _cuda() -> list[Api]:
     add(["cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz"], L, "launch_cu", "launch")
     add(["cuLaunchHostFunc", "cuLaunchHostFunc_ptsz"], L, "host_func", "launch")
     add(["cuGraphLaunch", "cuGraphLaunch_ptsz"], Kind.graph, "graph_launch", "launch")
+    _graphs(add, "cu")
 
     add(["cuMemAlloc_v2"], A, "alloc", "alloc")
     add(["cuMemAllocPitch_v2"], A, "alloc_pitch", "alloc")
@@ -277,7 +278,6 @@ def _cuda() -> list[Api]:
     add(["cuMemCreate"], A, "alloc", "vmm")
     add(["cuMemRelease"], F, "free", "vmm")
     add(["cuMemAddressReserve"], Kind.other, "alloc", "vmm")
-    _graphs(add, "cu")
     add(["cuMemMap"], Kind.other, "vmm_map", "vmm")
     add(["cuMemUnmap", "cuMemSetAccess", "cuMemAddressFree"], Kind.other, "range", "vmm")
 
@@ -488,6 +488,7 @@ def _cudart() -> list[Api]:
     add(["cudaLaunchKernelExC", "cudaLaunchKernelExC_ptsz"], L, "launch_cfg_rt_caller", "launch")
     add(["cudaLaunchHostFunc", "cudaLaunchHostFunc_ptsz"], L, "host_func", "launch")
     add(["cudaGraphLaunch", "cudaGraphLaunch_ptsz"], Kind.graph, "graph_launch", "launch")
+    _graphs(add, "cuda")
 
     add(["cudaMalloc", "cudaMallocHost"], A, "alloc", "alloc")
     add(["cudaMallocManaged", "cudaHostAlloc"], A, "alloc_flags", "alloc")
@@ -518,7 +519,6 @@ def _cudart() -> list[Api]:
 
     add(["cudaDeviceSynchronize"], S, "sync_none", "sync")
     add(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], S, "sync_stream", "sync")
-    _graphs(add, "cuda")
     add(["cudaEventSynchronize"], S, "sync_handle", "sync")
 
     # (T *out, const void *hostStub): the handle aliases the stub, named offline from the ELF

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HIP_LIB = Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5")
 
 #: Entry points newer than each real NVIDIA driver (cuCtxSynchronize_v2: 13.0;
-#: the name getters: 12.3+; 535 is CUDA 12.2, 550 is CUDA 12.4).
+#: the name getters and capture into a graph: 12.3+; 535 is CUDA 12.2, 550 is CUDA 12.4).
 CUDA_ABSENT = {
     "535": {"cuCtxCreate_v4", "cuCtxSynchronize_v2", "cuFuncGetName", "cuKernelGetName",
             "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz"},
