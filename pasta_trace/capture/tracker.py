@@ -22,14 +22,20 @@ from .targets import alive, unreadable
 RESCAN_INTERVAL_S = 1.0
 
 
-def _mapped(maps: str, addr: int) -> bool:
-    """Whether a /proc/PID/maps text maps ``addr`` from a file."""
-    for line in maps.splitlines():
-        fields = line.split(None, 5)
-        start, _, end = fields[0].partition("-")
-        if int(start, 16) <= addr < int(end, 16):
-            return len(fields) == 6 and fields[5].startswith("/")
-    return False
+def _ranges(maps: str) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of every mapping of a /proc/PID/maps text, sorted."""
+    bounds = [line.split(None, 1)[0].partition("-") for line in maps.splitlines() if line]
+    starts = np.array([int(a, 16) for a, _, _ in bounds], dtype=np.uint64)
+    ends = np.array([int(b, 16) for _, _, b in bounds], dtype=np.uint64)
+    return starts, ends
+
+
+def _unmapped(ranges: tuple[np.ndarray, np.ndarray], addrs: np.ndarray) -> np.ndarray:
+    """The ``addrs`` in no mapping of ``ranges``."""
+    starts, ends = ranges
+    i = np.searchsorted(starts, addrs, side="right") - 1
+    inside = (i >= 0) & (addrs < ends[np.maximum(i, 0)])
+    return addrs[~inside]
 
 
 class ProcessTracker:
@@ -49,7 +55,9 @@ class ProcessTracker:
         self.maps: dict[int, str] = {}
         self._seen_pids: set[int] = set()
         self._recent_pids: set[int] = set()
-        self._looked: dict[int, set[int]] = {}  # launch addresses looked for in the saved maps, per process
+        #: per process: the saved maps text and its parsed ranges
+        self._ranges_of: dict[int, tuple[str, tuple[np.ndarray, np.ndarray]]] = {}
+        self._unmappable: dict[int, set[int]] = {}  # launch addresses in no mapping even after a re-read
         self._last_rescan = 0.0
 
     # ------------------------------------------------------------------ the start
@@ -157,19 +165,31 @@ class ProcessTracker:
             self._python(pid)
 
     def seen_launches(self, recs: np.ndarray) -> None:
-        """Re-read the maps of a process that launched from an address outside
-        the maps saved for it (a runtime launch's host stub in a library opened
-        since): offline naming reads the saved maps once the process is gone,
-        and a process may open a library, launch from it and exit between two
-        flushes.  Each address is looked for once: a driver handle, in no file,
-        costs one read."""
-        at = recs[(recs["kind"] == int(schema.Kind.launch)) & (recs["func"] != 0)]
+        """Re-read the maps of a process that launched from an address in no
+        mapping of the maps saved for it (a runtime launch's host stub, or the
+        code that called the runtime, in a library mapped since): offline
+        naming reads the saved maps once the process is gone, and a process
+        may open a library, launch from it and exit between two flushes.  A
+        driver handle lies in memory mapped already (the heap): it costs
+        nothing; an address still in no mapping after a re-read is not looked
+        for again."""
+        at = recs[recs["kind"] == int(schema.Kind.launch)]
         for pid in np.unique(at["pid"]).tolist() if at.size else ():
-            looked = self._looked.setdefault(pid, set())
-            new = [f for f in np.unique(at["func"][at["pid"] == pid]).tolist() if f not in looked]
-            if new and pid in self.maps and any(not _mapped(self.maps[pid], f) for f in new):
+            if pid not in self.maps:
+                continue
+            mine = at[at["pid"] == pid]
+            addrs = np.unique(np.concatenate([mine["func"], mine["caller"], mine["caller_fp"]]))
+            gone = self._unmappable.setdefault(pid, set())
+            missing = [a for a in self._unmapped(pid, addrs[addrs != 0]).tolist() if a not in gone]
+            if missing:
                 self.save_maps([pid])
-            looked.update(new)
+                gone.update(self._unmapped(pid, np.array(missing, dtype=np.uint64)).tolist())
+
+    def _unmapped(self, pid: int, addrs: np.ndarray) -> np.ndarray:
+        saved = self.maps[pid]
+        if self._ranges_of.get(pid, (None,))[0] is not saved:
+            self._ranges_of[pid] = (saved, _ranges(saved))
+        return _unmapped(self._ranges_of[pid][1], addrs)
 
     def save_recent_maps(self) -> None:
         self.save_maps(self._recent_pids)
