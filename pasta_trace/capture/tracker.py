@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+import polars as pl
 
 from .. import schema
 from . import discovery, reach
@@ -173,14 +174,20 @@ class ProcessTracker:
         driver handle lies in memory mapped already (the heap): it costs
         nothing; an address still in no mapping after a re-read is not looked
         for again."""
-        at = recs[recs["kind"] == int(schema.Kind.launch)]
-        for pid in np.unique(at["pid"]).tolist() if at.size else ():
+        # columns, never whole records, and a hash unique: this runs on every drained batch
+        at = np.flatnonzero(recs["kind"] == int(schema.Kind.launch))
+        if not at.size:
+            return
+        pids = recs["pid"][at]
+        each = pl.Series(pids).unique().to_list()
+        for pid in each:
             if pid not in self.maps:
                 continue
-            mine = at[at["pid"] == pid]
-            addrs = np.unique(np.concatenate([mine["func"], mine["caller"], mine["caller_fp"]]))
+            mine = at if len(each) == 1 else at[pids == pid]
+            addrs = pl.Series(np.concatenate([recs[c][mine] for c in ("func", "caller", "caller_fp")])).unique()
+            addrs = addrs.filter(addrs != 0).to_numpy()
             gone = self._unmappable.setdefault(pid, set())
-            missing = [a for a in self._unmapped(pid, addrs[addrs != 0]).tolist() if a not in gone]
+            missing = [a for a in self._unmapped(pid, addrs).tolist() if a not in gone]
             if missing:
                 self.save_maps([pid])
                 gone.update(self._unmapped(pid, np.array(missing, dtype=np.uint64)).tolist())
