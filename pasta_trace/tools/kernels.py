@@ -177,8 +177,8 @@ TOOLS = [
         compute=kernel_summary,
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
         terminal_columns=(
-            "pid", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block", "api_ns",
-            "gpu_ns", "gpu_mean_ns", "top_call_site",
+            "pid", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block",
+            "api_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
         ),
     ),
     Tool(
