@@ -251,8 +251,11 @@ def resolve_aliases(frame: pl.DataFrame) -> pl.DataFrame:
         .agg(pl.col("name").sort_by("ts_ns").last().alias("_alias_name"))
         .rename({"handle": "alias"})
     )
+    # alias 0 is no alias: a record whose string could not be read (a __cudaRegisterFunction name
+    # on a page not faulted in yet) must not take the name of a handle-0 row (a cuGetProcAddress miss)
     filled = frame.join(named, on=["pid", "alias"], how="left").with_columns(
-        pl.when(pl.col("name") == "").then(pl.col("_alias_name")).otherwise(pl.col("name")).alias("name")
+        pl.when((pl.col("name") == "") & (pl.col("alias") != 0)).then(pl.col("_alias_name"))
+        .otherwise(pl.col("name")).alias("name")
     )
     return (
         filled.filter(pl.col("name").is_not_null() & (pl.col("name") != ""))
