@@ -92,8 +92,9 @@ def _start(shapes, cudart: str, tmp_path: Path, env: dict[str, str]) -> tuple[su
 @pytest.mark.parametrize("cudart", ["shared", "static"])
 def test_launched(require_bpf, shapes, driver_env, cudart, tmp_path):
     d = shapes[cudart]
-    log, out = tmp_path / "log", tmp_path / "cap"
-    r = run_pasta(["-o", str(out), "--", str(d / "shapes_main"), str(d / "libshapes_b.so"), str(ROUNDS)],
+    log, out, go = tmp_path / "log", tmp_path / "cap", tmp_path / "go"
+    go.touch()  # no wait; the program lives on 0.3 s after its launches (README: one that exits sooner)
+    r = run_pasta(["-o", str(out), "--", str(d / "shapes_main"), str(d / "libshapes_b.so"), str(ROUNDS), str(go)],
                   timeout=180, env={**driver_env, "SHAPES_LOG": str(log)})
     assert r.returncode == 0, r.stderr
     cap = open_capture(out)
