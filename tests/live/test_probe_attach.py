@@ -136,6 +136,12 @@ def _hip():
     return lib
 
 
+def _with_ret(rows: list[dict], rc: dict) -> list[dict]:
+    """``rows`` with the return code the call gave added where the probe reads
+    it at return for that alone (launches, copies, memsets, frees: catalog.Api.saved)."""
+    return [r | {"ret": rc[r["api"]]} if catalog.APIS[API[r["api"]]].saved else r for r in rows]
+
+
 def _rows(ev: np.ndarray) -> list[dict]:
     """Events as dicts of the fields the probe set (per `valid`), plus the
     header fields that do not depend on time."""
@@ -228,18 +234,19 @@ def _attach_and_capture_return_codes(t: Tracer, driver: str, path: str, version:
     assert rc["cuMemAlloc_v2"] != 0 and rc["cuGetProcAddress_v2"] == 0  # no device, but the table lookup works
     assert proc_fn == C.cast(cu.cuLaunchKernel, C.c_void_p).value  # the exported (probed) address itself
     assert _rows(ev) == [
-        {"api": "cuLaunchKernel", "kind": "launch", "func": 0x1234, "grid": (1, 2, 3), "block": (4, 5, 6),
-         "shmem": 7, "stream": 0x99},
-        {"api": "cuLaunchKernelEx", "kind": "launch", "func": 0x4321, "grid": (2, 3, 4), "block": (32, 8, 1),
+        # launches, copies, memsets and frees carry their return code too (PT_RET_SAVED)
+        {"api": "cuLaunchKernel", "kind": "launch", "ret": rc["cuLaunchKernel"], "func": 0x1234, "grid": (1, 2, 3),
+         "block": (4, 5, 6), "shmem": 7, "stream": 0x99},
+        {"api": "cuLaunchKernelEx", "kind": "launch", "ret": rc["cuLaunchKernelEx"], "func": 0x4321, "grid": (2, 3, 4), "block": (32, 8, 1),
          "shmem": 1024, "stream": 0x77},
         {"api": "cuMemAlloc_v2", "kind": "alloc", "ret": rc["cuMemAlloc_v2"], "size": 4096},
         {"api": "cuMemAllocPitch_v2", "kind": "alloc", "ret": rc["cuMemAllocPitch_v2"]},
-        {"api": "cuMemFree_v2", "kind": "free", "ptr": 0xABC000},
-        {"api": "cuMemcpyHtoD_v2", "kind": "memcpy", "dst": 0x7000, "src": 0x8000, "size": 333,
+        {"api": "cuMemFree_v2", "kind": "free", "ret": rc["cuMemFree_v2"], "ptr": 0xABC000},
+        {"api": "cuMemcpyHtoD_v2", "kind": "memcpy", "ret": rc["cuMemcpyHtoD_v2"], "dst": 0x7000, "src": 0x8000, "size": 333,
          "copy_kind": schema.CopyKind.h2d},
-        {"api": "cuMemcpy2D_v2", "kind": "memcpy", "dst": 0x6000, "src": 0x5000, "size": 768,
+        {"api": "cuMemcpy2D_v2", "kind": "memcpy", "ret": rc["cuMemcpy2D_v2"], "dst": 0x6000, "src": 0x5000, "size": 768,
          "copy_kind": schema.CopyKind.h2d},
-        {"api": "cuMemsetD32_v2", "kind": "memset", "ptr": 0x9000, "size": 40, "aux": 0xFF},
+        {"api": "cuMemsetD32_v2", "kind": "memset", "ret": rc["cuMemsetD32_v2"], "ptr": 0x9000, "size": 40, "aux": 0xFF},
         {"api": "cuStreamSynchronize", "kind": "sync", "ret": rc["cuStreamSynchronize"], "stream": 0x99},
         {"api": "cuCtxSynchronize", "kind": "sync", "ret": rc["cuCtxSynchronize"]},
         {"api": "cuModuleGetFunction", "kind": "module", "ret": rc["cuModuleGetFunction"], "src": 0x55},
@@ -247,7 +254,7 @@ def _attach_and_capture_return_codes(t: Tracer, driver: str, path: str, version:
     ]  # fmt: skip
     assert set(ev["comm"]) == {COMM} and set(ev["pid"]) == {os.getpid()}
     paired = ev["flags"] == schema.FLAG_HAS_RET | schema.FLAG_HAS_DUR
-    assert paired.sum() == 6 and (ev["dur_ns"][paired] > 0).all()
+    assert paired.sum() == 12 and (ev["dur_ns"][paired] > 0).all()  # every call: its return code is read
     assert [(catalog.APIS[n["api"]].symbol, schema.NameSource(n["source"]).name, int(n["ret"]),
              int(n["handle"]), n["name"]) for n in names] == [
         ("cuModuleGetFunction", "module_get_function", rc["cuModuleGetFunction"], 0, b"vecAdd"),
@@ -276,7 +283,7 @@ def test_attach_real_libamdhip64_and_capture_return_codes(tracer):
         "hipModuleGetFunction": hip.hipModuleGetFunction(C.byref(p), 0x55, b"kern"),
     }
     ev, names = t.drain()
-    assert _rows(ev) == [
+    assert _rows(ev) == _with_ret([
         {"api": "hipLaunchKernel", "kind": "launch", "func": 0x1234, "grid": (1, 2, 3), "block": (4, 5, 6),
          "shmem": 7, "stream": 0x99},
         {"api": "hipModuleLaunchKernel", "kind": "launch", "func": 0x4321, "grid": (8, 9, 10),
@@ -289,7 +296,7 @@ def test_attach_real_libamdhip64_and_capture_return_codes(tracer):
         {"api": "hipMemset", "kind": "memset", "ptr": 0x3000, "size": 50, "aux": 7},
         {"api": "hipStreamSynchronize", "kind": "sync", "ret": rc["hipStreamSynchronize"], "stream": 0x97},
         {"api": "hipModuleGetFunction", "kind": "module", "ret": rc["hipModuleGetFunction"], "src": 0x55},
-    ]  # fmt: skip
+    ], rc)  # fmt: skip
     assert rc["hipMalloc"] != 0
     assert [(int(n["ret"]), n["name"]) for n in names] == [(rc["hipModuleGetFunction"], b"kern")]
     assert t.lost() == [0, 0, 0, 0]
@@ -367,23 +374,22 @@ def test_aggregate_mode_counts_in_the_kernel(tracer, libcuda):
     apis = tuple(catalog.APIS[API[s]] for s in ("cuLaunchKernel", "cuMemcpyHtoD_v2", "cuModuleGetFunction"))
     t = tracer(ring_pages=16, names_pages=16, aggregate=True, apis=apis)
     attach.attach_library(t.bpf, path, "cuda", apis)
-    for _ in range(5):
-        cu.cuLaunchKernel(0x10, 2, 1, 1, 64, 1, 1, 0, None, None, None)
-    for _ in range(3):
-        cu.cuLaunchKernel(0x20, 4, 1, 1, 64, 1, 1, 0, None, None, None)
-    for i in range(4):
-        cu.cuMemcpyHtoD_v2(0x7000, 0x8000, 100 + i)
+    launched = {f: {cu.cuLaunchKernel(f, g, 1, 1, 64, 1, 1, 0, None, None, None) for _ in range(n)}
+                for f, g, n in ((0x10, 2, 5), (0x20, 4, 3))}
+    copied = {cu.cuMemcpyHtoD_v2(0x7000, 0x8000, 100 + i) for i in range(4)}
+    assert launched[0x10] == launched[0x20] == copied == {3}  # no device: every call fails
     fn = C.c_void_p(0)
     cu.cuModuleGetFunction(C.byref(fn), 0x55, b"k")
     rows = sorted(
-        (catalog.APIS[k.api].symbol, k.func, k.grid_x, k.block_x, v.count, v.bytes)
+        (catalog.APIS[k.api].symbol, k.func, k.grid_x, k.block_x, k.ret, v.count, v.bytes)
         for k, v in t.bpf[b"agg"].items()
     )
+    # failed calls are their own rows, and a failed copy moved no bytes
     assert rows == [
-        ("cuLaunchKernel", 0x10, 2, 64, 5, 0),
-        ("cuLaunchKernel", 0x20, 4, 64, 3, 0),
-        ("cuMemcpyHtoD_v2", 0, 0, 0, 4, 406),
-        ("cuModuleGetFunction", 0, 0, 0, 1, 0),
+        ("cuLaunchKernel", 0x10, 2, 64, 3, 5, 0),
+        ("cuLaunchKernel", 0x20, 4, 64, 3, 3, 0),
+        ("cuMemcpyHtoD_v2", 0, 0, 0, 3, 4, 0),
+        ("cuModuleGetFunction", 0, 0, 0, 3, 1, 0),
     ]
     _, names = t.drain()
     assert [n["name"] for n in names] == [b"k"]
@@ -412,6 +418,7 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
     m3d = CUDA_MEMCPY3D(srcMemoryType=4, srcDevice=0x7000, dstMemoryType=2, dstDevice=0x8000, WidthInBytes=8,
                         Height=4, Depth=2)  # fmt: skip
     image = C.create_string_buffer(64)
+    count = C.c_int(-1)
     P = schema.CopyKind.peer
     calls = [  # (symbol, args, expected fields; "ret" is added from the call for paired shapes)
         ("cuLaunchHostFunc", (V(0x11), V(0x22), V(0x33)), {"kind": "launch", "stream": 0x11, "func": 0x22}),
@@ -454,6 +461,14 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
         ("cuKernelGetFunction", (C.byref(h), V(0x34)), {"kind": "module", "src": 0x34}),
         ("cuModuleLoadData", (C.byref(h), image), {"kind": "module", "src": C.addressof(image)}),
         ("cuGetProcAddress", (b"cuMemFree", C.byref(h), 12000, U64(0)), {"kind": "other", "aux": 12000}),
+        # devices, not initialized (3): no count, device or context out.  cuInit is not called in this
+        # process: once it has been (and failed), the driver dereferences the bogus handles later tests
+        # launch; test_real_libs and test_failed_calls call it, each in a process of its own
+        ("cuDeviceGetCount", (C.byref(count),), {"kind": "other"}),
+        ("cuDeviceGet", (C.byref(count), 5), {"kind": "other", "aux": 5}),
+        ("cuDevicePrimaryCtxRetain", (C.byref(h), 2), {"kind": "other", "aux": 2}),
+        ("cuCtxCreate_v2", (C.byref(h), C.c_uint(0), 3), {"kind": "other", "aux": 3}),
+        ("cuCtxCreate_v3", (C.byref(h), V(0), 0, C.c_uint(0), 4), {"kind": "other", "aux": 4}),
     ]  # fmt: skip
     # The name getters (545 on).  Before cuInit the driver reads a handle
     # unchecked (a made-up one crashes), but tests a NULL name pointer first
@@ -488,7 +503,7 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
     ] + [(g, "func_get_name", args[1].value, 0, b"") for g, args, _ in getters]  # fmt: skip
     exercised = {catalog.APIS[API[s]].shape for s, _, _ in calls} | {
         "launch_cu", "launch_cfg_cu", "alloc", "alloc_pitch", "free", "copy", "copy_2d_cu", "memset",
-        "sync_stream", "sync_none", "name_lookup", "get_proc_address"}  # fmt: skip
+        "sync_stream", "sync_none", "name_lookup", "get_proc_address", "init"}  # fmt: skip
     cuda_shapes = {a.shape for a in catalog.for_family("cuda") if a.symbol not in CUDA_ABSENT[driver]}
     assert cuda_shapes - exercised == set()
 
@@ -513,7 +528,8 @@ def test_hip_specific_shapes_on_libamdhip64(tracer):
         "hipDeviceSynchronize": hip.hipDeviceSynchronize(),
     }
     ev, _ = t.drain()
-    assert _rows(ev) == [
+    rc[catalog.HIP_EXT_MODULE_LAUNCH_MANGLED[0]] = rc["ext"]
+    assert _rows(ev) == _with_ret([
         {"api": catalog.HIP_EXT_MODULE_LAUNCH_MANGLED[0], "kind": "launch", "func": 0x1234, "grid": (4, 4, 2),
          "block": (64, 16, 4), "shmem": 100, "stream": 0x99},
         {"api": "hipMemcpy3D", "kind": "memcpy", "dst": 0x2000, "src": 0x1000, "size": 24,
@@ -522,7 +538,7 @@ def test_hip_specific_shapes_on_libamdhip64(tracer):
         {"api": "hipMemcpyAsync", "kind": "memcpy", "dst": 1, "src": 2, "size": 3, "copy_kind": schema.CopyKind.h2d,
          "stream": 5},
         {"api": "hipDeviceSynchronize", "kind": "sync", "ret": rc["hipDeviceSynchronize"]},
-    ]  # fmt: skip
+    ], rc)  # fmt: skip
     assert rc["ext"] != 0 and t.lost() == [0, 0, 0, 0]
 
 
