@@ -1,7 +1,9 @@
 """What a call's return code says: whether it failed, and the code's name.
 
-`ret` is null where no uretprobe ran (entry-only probes: launches, copies,
-memsets, frees): such a call is not known to have failed, and counts as done.
+`ret` is null where no uretprobe ran (the calls still probed at entry only, such
+as a VMM range or a graph launch, and every launch, copy, memset and free of a
+capture made before those had return probes): such a call is not known to have
+failed, and counts as done.
 Every API family returns 0 for success.  The family is read from the API's
 name, NVIDIA's and AMD's naming being strict: `hip*` (and `__hip*`) are HIP,
 `cuda*` (and `__cuda*`) the CUDA runtime, `nccl*` NCCL, any other `cu*` the
