@@ -419,6 +419,12 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
                         Height=4, Depth=2)  # fmt: skip
     image = C.create_string_buffer(64)
     count = C.c_int(-1)
+    # CUDA_KERNEL_NODE_PARAMS: func, grid x y z, block x y z, shared bytes, params, extra
+    g = C.c_void_p(0)  # the graph calls' out value (h keeps cuGetProcAddress's, checked below)
+    kernel_node = C.create_string_buffer(64)
+    C.c_uint64.from_buffer(kernel_node, 0).value = 0x71
+    for i, v in enumerate((1, 2, 3, 4, 5, 6, 7)):
+        C.c_uint32.from_buffer(kernel_node, 8 + 4 * i).value = v
     P = schema.CopyKind.peer
     calls = [  # (symbol, args, expected fields; "ret" is added from the call for paired shapes)
         ("cuLaunchHostFunc", (V(0x11), V(0x22), V(0x33)), {"kind": "launch", "stream": 0x11, "func": 0x22}),
@@ -469,6 +475,20 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
         ("cuDevicePrimaryCtxRetain", (C.byref(h), 2), {"kind": "other", "aux": 2}),
         ("cuCtxCreate_v2", (C.byref(h), C.c_uint(0), 3), {"kind": "other", "aux": 3}),
         ("cuCtxCreate_v3", (C.byref(h), V(0), 0, C.c_uint(0), 4), {"kind": "other", "aux": 4}),
+        # CUDA graphs, not initialized (3): nothing comes out, so no graph, exec or capture is read back;
+        # the capture id of a begin is its own entry time (checked below)
+        ("cuStreamBeginCapture_v2", (V(0x21), C.c_int(0)), {"kind": "graph", "stream": 0x21}),
+        ("cuStreamEndCapture", (V(0x21), C.byref(g)), {"kind": "graph", "stream": 0x21}),
+        ("cuGraphCreate", (C.byref(g), C.c_uint(0)), {"kind": "graph"}),
+        ("cuGraphInstantiateWithFlags", (C.byref(g), V(0x31), U64(0)), {"kind": "graph", "ptr": 0x31}),
+        ("cuGraphAddKernelNode", (C.byref(g), V(0x61), None, SZ(0), C.byref(kernel_node)),
+         {"kind": "captured", "ptr": 0x61, "func": 0x71, "grid": (1, 2, 3), "block": (4, 5, 6), "shmem": 7}),
+        ("cuGraphAddMemcpyNode", (C.byref(g), V(0x62), None, SZ(0), C.byref(m3d), V(0)),
+         {"kind": "graph", "ptr": 0x62}),
+        ("cuGraphAddChildGraphNode", (C.byref(g), V(0x63), None, SZ(0), V(0x64)),
+         {"kind": "graph", "ptr": 0x63, "src": 0x64}),
+        ("cuGraphExecDestroy", (V(0x41),), {"kind": "graph", "func": 0x41}),
+        ("cuGraphDestroy", (V(0x51),), {"kind": "graph", "ptr": 0x51}),
     ]  # fmt: skip
     # The name getters (545 on).  Before cuInit the driver reads a handle
     # unchecked (a made-up one crashes), but tests a NULL name pointer first
@@ -493,8 +513,14 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
         expected.append(row | fields)
     got_names = [r["ret"] for r in expected if r["api"] in ("cuFuncGetName", "cuKernelGetName")]
     assert got_names == {"535": [], "550": [1, 0, 1, 0]}[driver]
+    graph_rcs = [r["ret"] for r in expected if r["kind"] in ("graph", "captured") and "ret" in r]
+    assert graph_rcs and all(rc != 0 for rc in graph_rcs)  # nothing made, so nothing read back
     ev, names = t.drain()
-    assert _rows(ev) == expected, f"driver {version}"
+    rows = _rows(ev)
+    for row, e in zip(rows, ev):
+        if row["api"].startswith("cuStreamBeginCapture"):
+            assert row.pop("dst") == int(e["ts_ns"])  # the capture id
+    assert rows == expected, f"driver {version}"
     assert [(catalog.APIS[n["api"]].symbol, schema.NameSource(n["source"]).name, int(n["handle"]),
              int(n["alias"]), n["name"]) for n in names] == [
         ("cuLibraryGetKernel", "library_get_kernel", 0, 0, b"kern2"),
