@@ -196,14 +196,8 @@ class StackCollector:
         is looked at now (a library already traced is not reported when it
         opens it) and again when it opens a traced library or shows up in the
         events."""
-        p = self._procs.pop(pid, None)
         self.status.pop(pid, None)
-        if p is not None:
-            p.mem.close()
-            try:
-                del self._procs_map[self._procs_map.Key(pid)]
-            except KeyError:
-                pass
+        self._forget(pid)
         self.register(pid, final=False)
         if pid not in self._procs and pid not in self.status and _runs_python(pid):
             self._exec_pending[pid] = time.monotonic() + EXEC_RETRY_S

@@ -6,17 +6,15 @@ device staging directory left beside it."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from pasta_run import descendants, tracer_env
-from users import temporary_user, unavailable  # tests/fixtures/users.py
+from users import temporary_user, unavailable, users_directory  # tests/fixtures/users.py
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf"),
               pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
@@ -49,11 +47,8 @@ def user():
 
 @pytest.fixture
 def base(user):
-    d = Path(tempfile.mkdtemp(prefix="pasta-err-"))
-    d.chmod(0o755)
-    os.chown(d, user.uid, user.gid)
-    yield d
-    shutil.rmtree(d)
+    with users_directory(user, "pasta-err-") as d:
+        yield d
 
 
 def _run_failing(args: list[str], env: dict[str, str]) -> tuple[int, str, set[int]]:

@@ -7,16 +7,14 @@ and the threads that make them are root's again after."""
 from __future__ import annotations
 
 import os
-import shutil
 import stat
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from users import temporary_user, unavailable  # tests/fixtures/users.py
+from users import temporary_user, unavailable, users_directory  # tests/fixtures/users.py
 
 from pasta_trace import schema
 from pasta_trace.capture.writer import CaptureWriter
@@ -37,11 +35,8 @@ def user():
 
 @pytest.fixture
 def home(user):
-    d = Path(tempfile.mkdtemp(prefix="pasta-writer-"))
-    d.chmod(0o755)
-    os.chown(d, user.uid, user.gid)
-    yield d
-    shutil.rmtree(d)
+    with users_directory(user, "pasta-writer-") as d:
+        yield d
 
 
 def _launch(ts: int) -> np.ndarray:
