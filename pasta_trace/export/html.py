@@ -62,8 +62,10 @@ def _findings_html(findings: list[Finding]) -> str:
 
 
 def _table_html(r: ToolResult, t0: int | None) -> str:
-    df = r.frame.select([c for c in r.frame.columns if c not in LAST_COLUMNS]
-                        + [c for c in LAST_COLUMNS if c in r.frame.columns])
+    df = r.frame
+    if {"name", "display_name"} <= set(df.columns):  # a kernel is shown once, as the terminal shows it
+        df = df.with_columns(pl.coalesce("display_name", "name").alias("display_name")).drop("name")
+    df = df.select([c for c in df.columns if c not in LAST_COLUMNS] + [c for c in LAST_COLUMNS if c in df.columns])
     cols = format_frame(df, t0, TABLE_ROWS)
     shown = df.head(TABLE_ROWS)
     # headers say what and in which unit; their title is the column's name in --json and CSV
