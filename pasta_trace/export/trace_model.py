@@ -227,29 +227,12 @@ def _host_kernels(cap: Capture, api: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
     launches = api.select(
         *(pl.col(c).cast(KERNEL_SCHEMA[c]) for c in ("pid", "stream", "func", "ts_ns")),
         *(pl.col(c).cast(KERNEL_SCHEMA[c]) for c in KERNEL_COLUMNS if c.startswith(("grid_", "block_"))))[rows]
-    named = merge.kernel_names(cap, launches.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort(
-        "_i").collect()["name"]
-    name = named.fill_null(hex_series(launches["func"], "unknown@")) if named.null_count() else named
     corr = np.zeros(api.height, dtype=np.uint32)
     corr[rows] = np.arange(1, len(rows) + 1, dtype=np.uint32)
     has = np.zeros(api.height, dtype=bool)
     has[rows] = True
     api = api.with_columns(pl.Series("corr", corr, dtype=pl.UInt32).set(pl.Series(~has), None))
-    none = {c: pl.lit(None, dtype=KERNEL_SCHEMA[k]) for c, k in (("cupti_correlation", "correlation_id"),
-                                                                 ("device", "device"))}
-    kernels = launches.select(
-        "pid",
-        label=hex_series(launches["stream"], "GPU stream ").fill_null("GPU stream (unknown)"),
-        stream="stream",
-        name=name.cast(pl.String),
-        ts_ns="ts_ns",
-        dur_ns=pl.lit(None, dtype=pl.Int64),
-        corr=pl.int_range(1, pl.len() + 1, dtype=pl.UInt32),
-        cupti_correlation=none["cupti_correlation"],
-        device=none["device"],
-        grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
-        block_x="block_x", block_y="block_y", block_z="block_z",
-    )
+    kernels = _kernel_rows(cap, launches, 0)
     return api, pl.concat([kernels, _graph_kernels(cap, kernels, len(rows))], how="vertical")
 
 
@@ -262,12 +245,19 @@ def _graph_kernels(cap: Capture, kernels: pl.DataFrame, first_corr: int) -> pl.D
     graph = merge.graph_kernel_launches(cap, cols)
     if not graph.height:
         return kernels.clear()
-    named = merge.kernel_names(cap, graph.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort(
+    return _kernel_rows(cap, graph, first_corr).select(kernels.columns).cast(kernels.schema)
+
+
+def _kernel_rows(cap: Capture, launches: pl.DataFrame, first_corr: int) -> pl.DataFrame:
+    """Kernel rows without device timing, one per launch row (pid, stream, func,
+    ts_ns, grid, block), on its stream's track, named as merge.kernel_executions
+    names them, numbered from `first_corr` + 1."""
+    named = merge.kernel_names(cap, launches.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort(
         "_i").collect()["name"]
-    name = named.fill_null(hex_series(graph["func"], "unknown@")) if named.null_count() else named
-    return graph.select(
+    name = named.fill_null(hex_series(launches["func"], "unknown@")) if named.null_count() else named
+    return launches.select(
         "pid",
-        label=hex_series(graph["stream"], "GPU stream ").fill_null("GPU stream (unknown)"),
+        label=hex_series(launches["stream"], "GPU stream ").fill_null("GPU stream (unknown)"),
         stream="stream",
         name=name.cast(pl.String),
         ts_ns="ts_ns",
@@ -277,7 +267,7 @@ def _graph_kernels(cap: Capture, kernels: pl.DataFrame, first_corr: int) -> pl.D
         device=pl.lit(None, dtype=KERNEL_SCHEMA["device"]),
         grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
         block_x="block_x", block_y="block_y", block_z="block_z",
-    ).select(kernels.columns).cast(kernels.schema)
+    )
 
 
 def _memops(cap: Capture, ex: pl.LazyFrame) -> pl.DataFrame:
