@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/as_root.sh
 scripts/setup.sh
-exec .venv/bin/python -m pytest -q -ra "$@"
+exec .venv/bin/python -m pytest -q -ra --durations=40 "$@"
