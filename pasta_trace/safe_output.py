@@ -327,17 +327,6 @@ class OutputDir:
             os.close(fd)
         self.created.add(final)
 
-    def copy_in(self, final: str, src_fd: int) -> None:
-        """Copy an open file (see open_adoptable) in as `final`: a copy, not a
-        rename, so that what lands here is a file of ours."""
-        def copy(path: str) -> None:
-            with open(path, "wb") as out:
-                offset = 0
-                while n := os.sendfile(out.fileno(), src_fd, offset, 1 << 24):
-                    offset += n
-
-        self.write_atomic(final, copy)
-
     def write_bytes(self, final: str, data: bytes) -> None:
         def write(path: str) -> None:
             with open(path, "wb") as f:
