@@ -10,7 +10,8 @@ import polars as pl
 
 from .. import schema
 from ..call_result import api_errors, calls, done
-from ..lifetimes import MEMORY_NAMES, aggregate_totals, host_allocs, host_frees, pair, totals
+from ..lifetimes import (MEMORY_NAMES, RELEASE_APIS, aggregate_totals, has_address, host_allocs, host_frees, pair,
+                         totals)
 
 
 def _human(n: int) -> str:
@@ -99,12 +100,25 @@ def _memory_line(what: str, row: dict | None, freed_known: bool) -> str:
     return text
 
 
+def paired(events: pl.LazyFrame) -> pl.LazyFrame:
+    """The allocations of ``events`` with the free that ended each, paired
+    apart in their own spaces as merge.allocations does: VMM physical memory
+    by its handle, released only by a release of that handle, and every other
+    allocation by its address, freed by a free (never a release) of it.  A
+    handle and an address are different things that may hold the same value."""
+    allocs, frees = host_allocs(events), host_frees(events)
+    handle = ~has_address()
+    release = pl.col("free_api").cast(pl.String).is_in(RELEASE_APIS)
+    return pl.concat([pair(allocs.filter(handle), frees.filter(release)),
+                      pair(allocs.filter(~handle), frees.filter(~release))], how="vertical_relaxed")
+
+
 def byte_lines(events: pl.LazyFrame, aggregate: pl.LazyFrame | None) -> list[str]:
     """Bytes by what they count: device memory, pinned host memory, copies.
     Failed calls count nowhere.  From the events, each free releases its own
-    allocation's bytes (lifetimes.pair); --aggregate keeps no per-free sizes."""
+    allocation's bytes (paired); --aggregate keeps no per-free sizes."""
     if aggregate is None:
-        per_pid = totals(pair(host_allocs(events), host_frees(events)))
+        per_pid = totals(paired(events))
     else:
         per_pid = aggregate_totals(aggregate)
     copied_from = calls(events if aggregate is None else aggregate)
