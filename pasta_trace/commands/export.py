@@ -13,6 +13,7 @@ from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
 from ..safe_output import OutputDir, OutputFile, invoking_user
+from .report import add_call_site_arguments, apply_call_site
 
 HELP = "a capture or timeline as a Perfetto trace, Chrome trace JSON, or CSV files"
 EXAMPLES = """\
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output file (a directory for csv); default: PATH's name + .pftrace/.json/-csv, "
                         "in the current directory")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    add_call_site_arguments(p)
 
 
 def output_path(path: str, fmt: str, out: Path | None) -> Path:
@@ -88,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     target = _target(out, args.format, args.force)
     try:
         with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
+            apply_call_site(args, cap)
             for problem in cap.problems:
                 if problem not in cap.damaged:  # those end the run, as its error
                     print(f"pasta-trace: warning: {problem}", file=sys.stderr)

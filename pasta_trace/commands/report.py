@@ -23,6 +23,7 @@ from ..reporters.terminal import TerminalReporter
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
 from ..tools.run import ToolResult, incomplete_banner
+from ..tools.sites import MODES, set_policy
 
 HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
 EXAMPLES = """\
@@ -30,6 +31,8 @@ EXAMPLES = """\
   pasta-trace report timeline.parquet --tool kernels --tool memory_peaks
   pasta-trace report pasta-host-20261202T1200/ --json > report.json
   pasta-trace report pasta-host-20261202T1200/ --html report.html
+  pasta-trace report pasta-host-20261202T1200/ --stacks --call-site innermost
+  pasta-trace report pasta-host-20261202T1200/ --user-code ~/src/mylib --user-code train.py
   pasta-trace report cluster.parquet --cluster tcp://scheduler:8786
 """
 
@@ -49,7 +52,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "timeline on this Dask scheduler (tcp://host:8786); PATH must be readable by its workers; "
                         "needs pasta-trace[cluster]")
     p.add_argument("--stacks", action="store_true",
-                   help="also print the top --limit caller stacks in full (most time blocked, then most calls)")
+                   help="also print the top --limit caller stacks in full: by bytes allocated (driver and tensor "
+                        "memory) and by time blocked in syncs")
+    add_call_site_arguments(p)
+
+
+def add_call_site_arguments(p: argparse.ArgumentParser) -> None:
+    """--call-site and --user-code (report and export)."""
+    p.add_argument("--call-site", choices=MODES, default="user",
+                   help="which frame of a stack names its call site: user (default: the innermost frame in your "
+                        "code, outside the standard library, site-packages/dist-packages and frozen modules) or "
+                        "innermost (the frame that made the call, inside a library or not)")
+    p.add_argument("--user-code", action="append", metavar="PATH", default=[],
+                   help="a file or directory that is your code (repeatable); then only frames there are yours")
+
+
+def apply_call_site(args: argparse.Namespace, cap: Capture) -> None:
+    set_policy(cap, args.call_site, args.user_code)
 
 
 @contextmanager
@@ -76,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> None:
+    apply_call_site(args, cap)
     if args.cluster is not None:
         results = _on_cluster(args, cap)
     else:

@@ -58,6 +58,36 @@ def _folded(results: list[ToolResult]) -> list[str]:
     return lines + [f"{reason}: {', '.join(names)}" for reason, names in by_reason.items()]
 
 
+def _trim_call_sites(frame):
+    from ..tools.call_sites import render_call_sites
+
+    return render_call_sites(frame)
+
+
+#: tools whose terminal table leaves out the columns that are zero on every row
+_TRIMMED = {"call_sites": _trim_call_sites}
+
+#: --stacks: each view's heading
+_STACK_VIEWS = (("bytes", "by bytes allocated"), ("time", "by time blocked in syncs"))
+
+
+def _stacks(results: Results, limit: int) -> list[RenderableType]:
+    """The top caller stacks in full, ranked by bytes allocated and by time
+    blocked in syncs; said once when the capture has none."""
+    from ..tools.call_sites import render_stacks, top_stacks
+
+    out: list[RenderableType] = []
+    for by, heading in _STACK_VIEWS:
+        top = top_stacks(results.cap, limit, by)
+        if top.height:
+            out += [Text(""), Text(f"Top {limit} caller stacks {heading} (innermost frame first, > the call site)",
+                                   style="bold"), Text(render_stacks(top, by))]
+    if not out:
+        out = [Text(""), Text("No caller stacks allocated or blocked (recorded with --no-stacks, or no Python "
+                              "callers)")]
+    return out
+
+
 class TerminalReporter:
     def __init__(self, limit: int = 20, stacks: bool = False, width: int | None = None) -> None:
         self.limit = limit
@@ -84,16 +114,15 @@ class TerminalReporter:
             else:
                 cols = r.tool.terminal_columns or r.frame.columns
                 frame = r.frame.select([c for c in cols if c in r.frame.columns])
+                if r.tool.name in _TRIMMED:
+                    frame = _TRIMMED[r.tool.name](frame)
                 out.append(table(frame, r.tool.title, t0, self.limit, width))
         folded = _folded(results.tools)
         if folded:
             out.append(Text(""))
             out += [Text(line) for line in folded]
         if self.stacks:
-            from ..tools.call_sites import render_stacks, top_stacks
-
-            out += [Text(""), Text(f"Top {self.limit} caller stacks (innermost frame first)", style="bold"),
-                    Text(render_stacks(top_stacks(results.cap, self.limit)))]
+            out += _stacks(results, self.limit)
         return out
 
     def render(self, results: Results, out: TextIO) -> None:

@@ -2,9 +2,15 @@
 bytes live at the peak) summed over the call stacks that made the calls.
 
 Each stack in stacks.parquet is folded outermost frame first, under a frame
-for its process; calls without a stack fold under NO_STACK.  One node per
-distinct path from the root: its x offset and width are in the weight's
-units, so that each node spans exactly the calls beneath it."""
+for its process, down to the frame that names its call site (tools.sites:
+the user's line by default, so the library frames inside it fold into it;
+every frame with --call-site innermost); calls without a stack fold under
+NO_STACK.  One node per distinct path from the root: its x offset and width
+are in the weight's units, so that each node spans exactly the calls beneath it.
+
+Memory is weighed at one layer per process: its tensors (PyTorch's
+allocators) where it has tensor events, else its driver allocations; the two
+are views of the same bytes and are never summed."""
 
 from __future__ import annotations
 
@@ -14,8 +20,9 @@ import polars as pl
 
 from ..call_result import done
 from ..read import Capture
+from . import tensors
 from .memory import live_at_peak
-from .sites import NO_STACK
+from .sites import NO_STACK, site_depth
 
 ROOT = "all"
 _SEP = "\x1f"  # joins a path's labels into one key; sorts below any character of a label
@@ -48,7 +55,9 @@ def fold(cap: Capture, weights: pl.LazyFrame) -> pl.DataFrame:
         .group_by("pid", "stack_id").agg(pl.col("weight").sum())
     )
     frames = (
-        cap.stacks.select(
+        cap.stacks.join(site_depth(cap), on=["pid", "stack_id"], how="left")
+        .filter(pl.col("depth") >= pl.col("site_depth").fill_null(0))
+        .select(
             "pid", "stack_id", "depth",
             frame_label(pl.col("function"), pl.col("file"), pl.col("line"), pl.col("module")).alias("label"),
             pl.col("kind").cast(pl.String),
@@ -95,15 +104,27 @@ def sync_weights(cap: Capture) -> pl.LazyFrame:
     return cap.events.filter(pl.col("kind") == "sync").select("pid", "stack_id", pl.col("dur_ns").alias("weight"))
 
 
+def _one_layer(driver: pl.LazyFrame, tensor: pl.LazyFrame, cap: Capture) -> pl.LazyFrame:
+    """``tensor`` weights for the processes with tensor events, ``driver`` ones for the others."""
+    with_tensors = tensors.tensor_events(cap).select("pid").unique()
+    return pl.concat([driver.join(with_tensors, on="pid", how="anti"), tensor])
+
+
 def allocated_weights(cap: Capture) -> pl.LazyFrame:
-    """Bytes of each allocation call that succeeded."""
-    return cap.events.filter((pl.col("kind") == "alloc") & done()).select(
+    """Bytes of each allocation call that succeeded, or of each tensor allocated."""
+    driver = cap.events.filter((pl.col("kind") == "alloc") & done()).select(
         "pid", "stack_id", pl.col("size").cast(pl.Int64).alias("weight"))
+    tensor = tensors.tensor_lifetimes(cap).select("pid", "stack_id", pl.col("size").cast(pl.Int64).alias("weight"))
+    return _one_layer(driver, tensor, cap)
 
 
 def peak_weights(cap: Capture) -> pl.LazyFrame:
-    """Bytes of each device allocation live at its process's peak."""
-    return live_at_peak(cap).select("pid", "stack_id", pl.col("size").cast(pl.Int64).alias("weight"))
+    """Bytes of each device allocation live at its process's peak, or of
+    each tensor live at its (process, device)'s peak of tensor memory."""
+    driver = live_at_peak(cap).select("pid", "stack_id", pl.col("size").cast(pl.Int64).alias("weight"))
+    tensor = tensors.live_at_peak(cap, tensors.peak_rows(cap)).select(
+        "pid", "stack_id", pl.col("size").cast(pl.Int64).alias("weight"))
+    return _one_layer(driver, tensor, cap)
 
 
 def flames(cap: Capture) -> list[Flame]:
