@@ -33,6 +33,7 @@ import numpy as np
 from .. import schema
 from ..probes import uprobe_link
 from ..stacks import native
+from . import reach
 from .ringbuf import open_table
 from .stack_collector import StackCollector, StackRows
 
@@ -55,6 +56,8 @@ class NativeCollector:
         self._verbose = verbose
         self._proc = proc
         self._saved_maps = saved_maps
+        #: under sudo, the only uid whose processes are read (capture.reach)
+        self._uid = reach.traced_uid()
         self._ring = open_table(bpf, "nativestacks", schema.NATIVE_SAMPLE.dtype)
         self._modules = native.ModuleCache(cache, background=True)
         self._spaces: dict[int, native.AddressSpace] = {}
@@ -75,6 +78,8 @@ class NativeCollector:
         self.samples = 0
         self.truncated = 0
         self.unresolved = 0
+        #: samples of processes that were no longer the user's when they were unwound
+        self.not_read = 0
         self._install_tail_call()
 
     def _install_tail_call(self) -> None:
@@ -196,9 +201,16 @@ class NativeCollector:
     def _stack_id(self, rec) -> int:
         pid = int(rec["pid"])
         size = int(rec["size"])
+        # the sample was the user's when the kernel took it (bpf/reach.h); unwinding reads the
+        # process's maps and mapped files now, so the rule is checked again before and after
+        # (a setuid exec in between): what was read of another uid's process is dropped
+        if not self._readable(pid):
+            return self._not_read(pid, rec)
         frames, truncated = native.Unwinder(self._space(pid)).unwind(
             ip=int(rec["ip"]), sp=int(rec["sp"]), bp=int(rec["bp"]), stack=rec["stack"][:size].tobytes(),
             at_entry=bool(rec["flags"] & schema.NATIVE_AT_ENTRY))
+        if not self._readable(pid):
+            return self._not_read(pid, rec)
         self.truncated += truncated
         self._report_problems()
         py = int(rec["py_stack_id"])
@@ -207,6 +219,16 @@ class NativeCollector:
         if sid is None:
             sid = self._ids[key] = self._new_stack(pid, py, frames, truncated)
         return sid
+
+    def _readable(self, pid: int) -> bool:
+        return not reach.foreign(pid, self._uid, self._proc)
+
+    def _not_read(self, pid: int, rec) -> int:
+        """A sample of a process that is not the user's any more: its event keeps its
+        Python stack only, and nothing read of the process is kept."""
+        self._spaces.pop(pid, None)
+        self.not_read += 1
+        return int(rec["py_stack_id"])
 
     def _python_groups(self, pid: int, py: int) -> tuple[list, bool]:
         if not py or self._python is None:
@@ -261,6 +283,7 @@ class NativeCollector:
         out["native_stacks"] = len(self._ids)
         out["truncated_native_stacks"] = self.truncated
         out["unresolved_native_stacks"] = self.unresolved
+        out["native_stacks_not_read"] = self.not_read
         return out
 
     def close(self) -> None:

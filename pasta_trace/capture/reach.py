@@ -46,6 +46,16 @@ def may_trace(pid: int, uid: int | None, proc: Path = Path("/proc")) -> bool:
     return ids is not None and set(ids) == {uid}
 
 
+def foreign(pid: int, uid: int | None, proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` runs now as another uid than ``uid`` (a setuid exec, say).
+    A process that is gone is not: what is read of it then comes from copies
+    made while it was the user's (its saved maps)."""
+    if uid is None:
+        return False
+    ids = uids(pid, proc)
+    return ids is not None and set(ids) != {uid}
+
+
 def user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name

@@ -24,6 +24,7 @@ from ..stacks import interpreter
 from ..stacks.native import Frame, activations
 from ..stacks.offsets import Unsupported
 from ..stacks.pycode import Code, ProcessMemory, Unreadable, read_code
+from . import reach
 from .ringbuf import open_table
 
 
@@ -56,6 +57,9 @@ class StackCollector:
         self.say = say
         self.verbose = verbose
         self.proc = proc
+        #: under sudo, the only uid whose processes are read (capture.reach): a process
+        #: looked at again after an exec may have exec'd a setuid program meanwhile
+        self._uid = reach.traced_uid()
         self.record = schema.py_stack_record(depth)
         self._ring = open_table(bpf, "pystacks", self.record.dtype)
         self._procs_map = bpf["py_procs"]
@@ -71,6 +75,8 @@ class StackCollector:
         #: put each group in place of its activation (stacks.native.interleave)
         self._groups: dict[tuple[int, int], tuple[list[list[Frame]], bool]] = {}
         self.rows = StackRows()
+        #: told (pid, interpreter file) of each Python process registered (capture.finalize_probe)
+        self.on_python: Callable[[int, str], None] | None = None
         self._unsymbolized = 0
         #: pid -> until when: just exec'd, not (yet) seen as Python: its loader may still be mapping
         #: libpython, so it is looked at again at every drain until then
@@ -96,6 +102,8 @@ class StackCollector:
         kept, the next look decides."""
         if pid in self._procs or pid in self.status:
             return
+        if not reach.may_trace(pid, self._uid, self.proc):
+            return  # no longer the user's (a setuid exec): nothing of it is read
         try:
             interp = self._finder.find(pid)
         except interpreter.NotPython:
@@ -120,6 +128,12 @@ class StackCollector:
         except OSError:
             self._count_unregistered(pid)  # gone, but it was Python: its events had no stack
             return
+        # checked again once its memory is open: the descriptor holds the image the
+        # process had at the open, so a setuid exec before it shows here, and one after
+        # it leaves the descriptor on the old, dead image (nothing of the new is read)
+        if reach.foreign(pid, self._uid, self.proc):
+            mem.close()
+            return
         if not self._put(pid, interp):
             mem.close()
             self._full += 1
@@ -131,6 +145,8 @@ class StackCollector:
             return
         self._procs[pid] = _Process(interp, mem)
         self._count_unregistered(pid)  # after the registration: its later events have stacks
+        if self.on_python is not None:
+            self.on_python(pid, interp.path)
         self.status[pid] = {"python": interp.version_text, "interpreter": interp.path, "stacks": True}
         if self.verbose:
             self.say(f"PID {pid}: Python {interp.version_text} ({interp.path}), _PyRuntime at 0x{interp.runtime:x}:"
