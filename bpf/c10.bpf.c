@@ -13,6 +13,33 @@
 
 #define PT_C10_CPU 0 /* c10::DeviceType::CPU */
 
+/* Processes whose Python interpreter is finalizing: tgid -> when it began
+ * (the entry of Py_FinalizeEx / Py_Finalize, capture/finalize_probe.py).
+ * CPython frees every tensor left at exit then; their events are marked
+ * PT_FLAG_AT_EXIT so that the tools count them as never freed.  Entries go
+ * at exec and exit (discover.bpf.c); an LRU, so a full table forgets the
+ * oldest instead of failing. */
+#define PT_FINALIZING_MAX 8192
+BPF_TABLE("lru_hash", u32, u64, py_finalizing, PT_FINALIZING_MAX);
+
+int pt_py_finalize(struct pt_regs *ctx)
+{
+    if (pt_skip())
+        return 0;
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u64 ts = bpf_ktime_get_ns();
+    py_finalizing.insert(&tgid, &ts); /* the first entry: Py_Finalize may call Py_FinalizeEx */
+    return 0;
+}
+
+/* One hash lookup per tensor event. */
+static __always_inline void pt_tensor_at_exit(struct pt_event *e)
+{
+    u32 tgid = e->pid;
+    if (py_finalizing.lookup(&tgid))
+        e->flags |= PT_FLAG_AT_EXIT;
+}
+
 /* A negative size is a free.  (A function: `kind` is a parameter of the
  * handler macros, so the field cannot be named inside them.) */
 static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
@@ -37,6 +64,7 @@ static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
         E->valid = PT_V_PTR | PT_V_SIZE | PT_V_DST | PT_V_AUX;                 \
         if ((dev & 0xff) != PT_C10_CPU)                                        \
             E->valid |= PT_V_SRC;                                              \
+        pt_tensor_at_exit(E);                                                  \
     })
 
 /* CPU reporter events: ptr and size (none for a Delete), on the CPU device (index -1). */
@@ -46,6 +74,7 @@ static __always_inline u64 pt_tensor_signed(struct pt_event *e, s64 n)
         e->size = n;                                                           \
         e->aux = PT_C10_CPU | (0xff << 8);                                     \
         e->valid = PT_V_PTR | PT_V_AUX | (n ? PT_V_SIZE : 0);                  \
+        pt_tensor_at_exit(e);                                                  \
     } while (0)
 
 /* c10::ProfiledCPUMemoryReporter::New(this, void *ptr, size_t nbytes): every

@@ -353,3 +353,5 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     pt_own.delete(&tgid);
     return 0;
 }
+    py_finalizing.delete(&tgid); /* c10.bpf.c: a new image is not finalizing */
+    py_finalizing.delete(&tgid); /* c10.bpf.c: a pid used again is another process */

@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 6)
+CAPTURE_FORMAT_VERSION = (1, 7)
 
 #: Version of the device record file (TLV) format, written in its file header.
 DEVICE_FORMAT_VERSION = (1, 0)
@@ -254,6 +254,9 @@ FLAG_HAS_RET = 1 << 0  # `ret` holds the return code (a uretprobe ran)
 FLAG_HAS_DUR = 1 << 1  # `dur_ns` is entry->return
 FLAG_OUTPTR_FAULT = 1 << 2  # the out-pointer could not be read at return
 FLAG_NATIVE_STACK = 1 << 3  # stack_id is a native sample number (pt_native), replaced by the tracer before writing
+#: made while the process's Python interpreter was finalizing (from the entry of
+#: Py_FinalizeEx/Py_Finalize on): the `at_exit` column (tensor events, format 1.7)
+FLAG_AT_EXIT = 1 << 4
 
 #: Bit positions in the event's `valid` mask: which payload columns the probe
 #: set.  The decoder turns unset ones into nulls.
@@ -1183,6 +1186,9 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
 DELTA_ENCODED_COLUMNS: tuple[str, ...] = ("ts_ns", "outer_ts_ns", "end_ts_ns")
 
 #: communicators.parquet (format 1.3): one row per NCCL communicator a traced
+    # format 1.7: tensor_alloc / tensor_free made during interpreter finalization (FLAG_AT_EXIT):
+    # CPython frees every tensor left at exit; true: this one was; null: no finalization probe saw it
+    "at_exit": pl.Boolean,
 #: process created, keyed across captures by comm_id (rank r of nranks).
 COMMUNICATORS_SCHEMA: dict[str, pl.DataType] = {
     "host": pl.String,  # the machine that recorded it (manifest's host)
@@ -1524,6 +1530,7 @@ def bpf_c_header() -> str:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"
 
+        f"#define PT_FLAG_AT_EXIT {FLAG_AT_EXIT}",
 
 def device_c_header() -> str:
     """C/C++ header for gpu_probes (checked in as include/gpu_probes/record.h)."""

@@ -194,6 +194,9 @@ def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[st
         **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) for col, (src, ks) in named.items()},
         **_nccl_exprs(has),
         "seq": pl.lit(None, pl.Int64),
+        # tensor events only: made while the interpreter was finalizing (bpf/c10.bpf.c)
+        "at_exit": pl.when(pl.col("_kind").is_in([int(schema.Kind.tensor_alloc), int(schema.Kind.tensor_free)]))
+        .then(flag(schema.FLAG_AT_EXIT)),
     }
     exprs["device"] = pl.when(exprs["device"].is_not_null()).then(torch_device(pl.col("aux")))
     frame = raw.select([exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()])

@@ -27,6 +27,7 @@ from .launch import HeldCommand, check_command
 from .native_collector import NativeCollector
 from .options import CAPTURE_FILES, Options, Result
 from .probe_set import ProbeSet, load_program
+from .finalize_probe import FinalizeProbes
 from .stack_collector import StackCollector, write_stacks
 from .targets import check_pids, check_readable, launch_candidates
 from .tracker import ProcessTracker
@@ -53,6 +54,7 @@ class Session:
         self._native: NativeCollector | None = None
         self._writer: CaptureWriter | None = None
         self._device = None
+        self._finalize: FinalizeProbes | None = None
 
     def check(self) -> None:
         """Everything that can refuse the capture before anything is loaded:
@@ -87,6 +89,9 @@ class Session:
         if opts.native_stacks_loaded is not None:
             self._native = NativeCollector(self.bpf, opts.native_stacks_loaded, python=self._stacks, say=self.say,
                                            verbose=opts.verbose, saved_maps=self._saved_maps)
+            # tensors a program leaves are freed when its interpreter finalizes: marked at_exit
+            self._finalize = FinalizeProbes(self.bpf, say=self.say, verbose=opts.verbose)
+            self._stacks.on_python = self._finalize.watch
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
@@ -282,7 +287,9 @@ class Session:
         if self._drain is not None:
             self._drain.close()
         if self._probes is not None:
-            self._probes.detach()
+            self._probes.detach()  # every uprobe of the program, the finalization probes too
+        if self._finalize is not None:
+            self._finalize.close()
 
 
 def _written_by_others(out: OutputDir) -> list[str]:

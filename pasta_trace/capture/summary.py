@@ -131,6 +131,26 @@ def byte_lines(events: pl.LazyFrame, aggregate: pl.LazyFrame | None) -> list[str
     return lines
 
 
+def tensor_lines(events: pl.LazyFrame, out_dir: Path) -> list[str]:
+    """Tensor memory per device (PyTorch's allocators, one source per process
+    and device as the tools read it): allocated, peak, held at the end, and
+    what the program left to the interpreter's finalization; none without
+    tensor events."""
+    from ..tensor_source import device_totals
+
+    lines = []
+    for r in device_totals(events).iter_rows(named=True):
+        n = r["tensors"]
+        lines.append(f"tensor memory on {r['device']}: allocated {_human(r['allocated_bytes'])} in {n:,} "
+                     f"tensor{'' if n == 1 else 's'}, peak {_human(r['peak_bytes'])}, held at the end "
+                     f"{_human(r['end_bytes'])}")
+        if r["at_exit"]:
+            k = r["at_exit"]
+            lines.append(f"  freed only at exit: {_human(r['at_exit_bytes'])} in {k:,} tensor{'' if k == 1 else 's'}"
+                         f" (left by the program: pasta-trace report {out_dir} --tool tensors_never_freed)")
+    return lines
+
+
 def loss_lines(lost: dict[str, int], settings: dict[str, int]) -> list[str]:
     """Each loss that counted (schema.LOSSES): how many of what, and why, then
     what cures it, with the option's value now; "lost: 0" when nothing was."""
@@ -187,6 +207,8 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
     lines += unnamed_lines(names)
     lines += failures(all_calls, Path(out_dir))
     lines += byte_lines(events, aggregate)
+    if aggregate is None:
+        lines += tensor_lines(events, Path(out_dir))
     lines += known_full_line(counts)
     lines += tally_lines(counts)
     lines += loss_lines({loss.name: loss.count_in(counts) for loss in schema.LOSSES}, settings)

@@ -1,6 +1,7 @@
 """Key findings: the few facts a report opens with (the kernel with the most
 GPU time, time blocked in syncs, the peak of live device memory, the peak of
-tensor memory, a failed CUDA initialization, failed calls, leaks, and with NCCL: hangs and the rank that
+tensor memory, a failed CUDA initialization, failed calls, leaks of driver memory and of tensors (those
+freed only by the interpreter's finalization included), and with NCCL: hangs and the rank that
 kept the others waiting most), each read from the table of the tool that has
 the details."""
 
@@ -149,14 +150,33 @@ def _init_failed(f: pl.DataFrame) -> Finding | None:
     return Finding("init", "; ".join(parts), "api_errors")
 
 
-def _leaks(f: pl.DataFrame, by_name: dict[str, ToolResult]) -> Finding:
+def _leaks(f: pl.DataFrame, by_name: dict[str, ToolResult]) -> Finding | None:
     if f.height == 0:
+        if _frame(by_name, "tensors_never_freed") is not None:
+            return None  # a tensor capture: "tensor leaks" says what was left, from its own table
         return Finding("leaks", "no allocation left unfreed", "leaks")
     text = f"{_n(f.height, 'allocation', 'allocations')} never freed, {human_bytes(f['size'].sum())}"
     top = _top_site(by_name, "leak_call_sites", "leaked_bytes")
     if top is None:
         return Finding("leaks", text, "leaks")
     return Finding("leaks", f"{text}; most from {{subject}} ({human_bytes(top[1])})", "leaks", top[0])
+
+
+def _tensor_leaks(f: pl.DataFrame) -> Finding:
+    """From tensors_never_freed, the table the leak tools show: tensors left
+    at the end, those the interpreter freed only at exit included."""
+    if f.height == 0:
+        return Finding("tensor leaks", "no tensor left unfreed", "tensors_never_freed")
+    n, k = f.height, int(f["freed_at_exit"].sum())
+    at_exit = "" if k == 0 else " (freed only at exit)" if k == n else f" ({k} freed only at exit)"
+    text = f"{_n(n, 'tensor', 'tensors')} never freed{at_exit}, {human_bytes(f['size'].sum())}"
+    sites = (f.filter(pl.col("call_site").is_not_null()).group_by("call_site").agg(pl.col("size").sum())
+             .sort(["size", "call_site"], descending=[True, False]))
+    if sites.height == 0:
+        return Finding("tensor leaks", text, "tensors_never_freed")
+    site, size = sites.row(0)
+    return Finding("tensor leaks", f"{text}; most from {{subject}} ({human_bytes(size)})", "tensors_never_freed",
+                   site)
 
 
 def _hangs(f: pl.DataFrame) -> Finding | None:
@@ -200,6 +220,8 @@ def key_findings(results: list[ToolResult], t0: int | None) -> list[Finding]:
         out.append(_errors(f))
     if (f := _frame(by_name, "leaks")) is not None:
         out.append(_leaks(f, by_name))
+    if (f := _frame(by_name, "tensors_never_freed")) is not None:
+        out.append(_tensor_leaks(f))
     if (f := _frame(by_name, "hangs")) is not None:
         out.append(_hangs(f))
     if (f := _frame(by_name, "straggler_ranks")) is not None:

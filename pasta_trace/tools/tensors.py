@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import polars as pl
 
-from .. import lifetimes
-from ..probes import catalog
+from .. import tensor_source
 from ..read import Capture
+from ..tensor_source import CPU_APIS, REPORT_API, TENSOR_KINDS, left_at_exit  # noqa: F401 - the tools' names
 from . import render
 from .memory import sparkline
 from .registry import PID, TID, TOP_CALL_SITE, Tool, columns, returns
 from .sites import NO_STACK, top_site, with_site
 from .span import bounds
 
-_NAMES = {a.symbol: a.api_name for a in catalog.for_family("c10")}
-REPORT_API = _NAMES[catalog.C10_REPORT]
-CPU_APIS = (_NAMES[catalog.C10_CPU_NEW], _NAMES[catalog.C10_CPU_DELETE])
-TENSOR_KINDS = ("tensor_alloc", "tensor_free")
 #: the call site of the bytes an allocator's total held at the peak that no
 #: tensor of the capture accounts for (allocated before it began)
 BEFORE = "(allocated before the capture)"
@@ -44,35 +40,14 @@ _DEVICE = ("device", pl.String, "", 'where the tensor memory is: "cpu", "cuda:0"
 
 
 def tensor_events(cap: Capture) -> pl.LazyFrame:
-    """The tensor events of `cap`, one source per (pid, device) (see the
-    module's doc): pid, tid, ts_ns, api, kind, ptr, size, device,
-    allocated_bytes, reserved_bytes, stack_id; api, kind and device as strings."""
-    api, device = pl.col("api"), pl.col("device")
-    rank = (
-        pl.when(device == "cpu").then(pl.when(api.is_in(CPU_APIS)).then(0).when(api == REPORT_API).then(1).otherwise(2))
-        .otherwise(pl.when(api == REPORT_API).then(0).otherwise(1))
-    )
-    return (
-        cap.events.filter(pl.col("kind").is_in(TENSOR_KINDS) & device.is_not_null())  # on the Enum: no text per event
-        .select("pid", "tid", "ts_ns", pl.col("api").cast(pl.String), pl.col("kind").cast(pl.String), "ptr", "size",
-                pl.col("device").cast(pl.String), "allocated_bytes", "reserved_bytes", "stack_id")
-        .with_columns(rank.alias("_rank"))
-        .filter(pl.col("_rank") == pl.col("_rank").min().over("pid", "device"))
-        .drop("_rank")
-    )
+    """The tensor events of `cap`, one source per (pid, device) (tensor_source.tensor_events)."""
+    return tensor_source.tensor_events(cap.events)
 
 
 def tensor_lifetimes(cap: Capture) -> pl.LazyFrame:
-    """One row per tensor allocated during the capture: pid, tid, device,
-    base, size, api, alloc_ts_ns, stack_id, free_ts_ns and free_api (null:
-    not freed by the end).  An address handed out again is a new tensor."""
-    ev = tensor_events(cap)
-    allocs = ev.filter((pl.col("kind") == "tensor_alloc") & pl.col("ptr").is_not_null()).select(
-        "pid", "tid", "device", pl.col("ptr").alias("base"), pl.col("size").fill_null(0), "api",
-        pl.col("ts_ns").alias("alloc_ts_ns"), "stack_id")
-    frees = ev.filter(pl.col("kind") == "tensor_free").select(
-        "pid", "device", pl.col("ptr").alias("base"), pl.col("ts_ns").alias("free_ts_ns"), pl.col("api").alias("free_api"))
-    return lifetimes.pair(allocs, frees, by=("pid", "device", "base"))
+    """One row per tensor allocated during the capture (tensor_source.tensor_lifetimes):
+    a tensor freed only by the interpreter's finalization has freed_at_exit."""
+    return tensor_source.tensor_lifetimes(tensor_events(cap))
 
 
 def _held() -> pl.Expr:
@@ -241,17 +216,19 @@ NEVER_FREED = columns(
     ("alloc_ts_ns", pl.Int64, "ts", "when it was allocated"),
     ("age_ns", pl.Int64, "ns", "capture end minus allocation time"),
     ("call_site", pl.String, "", "the Python line that allocated it; null: no stack"),
+    ("freed_at_exit", pl.Boolean, "", "freed only by the interpreter's finalization at exit"),
 )
 
 
 @returns(NEVER_FREED)
 def tensors_never_freed(cap: Capture) -> pl.DataFrame:
-    """Tensors allocated during the capture and still live at its end, largest first."""
+    """Tensors allocated during the capture and still live at its end, or
+    freed only when the interpreter finalized (what the program left), largest first."""
     _, end = bounds(cap)
     return (
-        with_site(tensor_lifetimes(cap).filter(pl.col("free_ts_ns").is_null()), cap, None)
+        with_site(tensor_lifetimes(cap).filter(left_at_exit()), cap, None)
         .select("pid", "tid", "device", "api", pl.col("base").alias("ptr"), "size", "alloc_ts_ns",
-                (pl.lit(end, pl.Int64) - pl.col("alloc_ts_ns")).alias("age_ns"), "call_site")
+                (pl.lit(end, pl.Int64) - pl.col("alloc_ts_ns")).alias("age_ns"), "call_site", "freed_at_exit")
         .sort(["size", "alloc_ts_ns", "pid", "ptr"], descending=[True, False, False, False])
         .collect(engine="streaming")
     )
@@ -261,8 +238,8 @@ LEAKS = columns(
     PID, _DEVICE, ("call_site", pl.String, "", f"the Python line that allocated; {NO_STACK}: none"),
     ("growth_bytes", pl.Int64, "bytes", "its tensor bytes live at the end minus those live at the capture's midpoint"),
     ("new_live_tensors", pl.UInt32, "count", "its tensors allocated after the midpoint and live at the end"),
-    ("live_bytes", pl.Int64, "bytes", "its tensor bytes live at the end"),
-    ("live_tensors", pl.UInt32, "count", "its tensors live at the end"),
+    ("live_bytes", pl.Int64, "bytes", "its tensor bytes live at the end (or freed only at exit)"),
+    ("live_tensors", pl.UInt32, "count", "its tensors live at the end (or freed only at exit)"),
     ("tensors", pl.UInt32, "count", "tensors it allocated during the capture"),
 )
 
@@ -276,7 +253,7 @@ def tensor_leaks(cap: Capture) -> pl.DataFrame:
     tensors_never_freed for every tensor left.)  Most growth first."""
     start, end = bounds(cap)
     mid = pl.lit(((start or 0) + (end or 0)) // 2, pl.Int64)
-    at_end = pl.col("free_ts_ns").is_null()
+    at_end = left_at_exit()
     at_mid = (pl.col("alloc_ts_ns") <= mid) & (at_end | (pl.col("free_ts_ns") > mid))
     size = pl.col("size").cast(pl.Int64)
     return (
@@ -369,6 +346,7 @@ TOOLS = [
         title="Tensors never freed by the end",
         compute=tensors_never_freed,
         needs_tensors=True,
-        description="tensors allocated during the capture and still live at its end, largest first",
+        description="tensors allocated during the capture and still live at its end, or freed only by the "
+                    "interpreter's finalization at exit, largest first",
     ),
 ]

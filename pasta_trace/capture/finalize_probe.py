@@ -1,0 +1,96 @@
+"""The interpreter-finalization probe: a uprobe on the entry of CPython's
+Py_FinalizeEx and Py_Finalize in the file that holds the interpreter (the
+python executable, static like Debian's /usr/bin/python3.11, or
+libpython3.X.so of pyenv and conda builds).
+
+From that entry on, the process is finalizing: CPython frees every object
+left, so the tensors a program leaked are freed then, as if the program had
+freed them.  bpf/c10.bpf.c marks the tensor events of a finalizing process
+(FLAG_AT_EXIT, the events' `at_exit` column) and the tools count a tensor
+freed only at exit as never freed.
+
+Both names are probed: CPython 3.10-3.13 call Py_FinalizeEx from Py_RunMain
+(through the PLT in a shared build, directly in a static one), an embedding
+program may call Py_Finalize, and in 3.13 Py_Finalize jumps past
+Py_FinalizeEx to the function both share.  One probe per file (pid -1): a
+process that maps it later is covered, and the probe's pid filter
+(pt_skip) keeps other processes out."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ..probes import elf, pinned
+
+SYMBOLS = ("Py_FinalizeEx", "Py_Finalize")
+HANDLER = "pt_py_finalize"
+
+
+class FinalizeProbes:
+    """Attach the probe to each interpreter file once, as processes using it are registered."""
+
+    def __init__(self, bpf, *, say: Callable[[str], None], verbose: bool = False):
+        self.bpf = bpf
+        self.say = say
+        self.verbose = verbose
+        #: (dev, inode) of each interpreter file tried -> the symbols probed there (empty: none)
+        self.files: dict[tuple[int, int], list[str]] = {}
+        self.notes: list[str] = []
+        self._pins: list[pinned.PinnedFile] = []
+
+    def watch(self, pid: int, path: str) -> None:
+        """Probe the interpreter file ``path`` as ``pid`` mapped it, unless done."""
+        found = _mapped(pid, path)
+        if found is None or found in self.files:
+            return
+        dev, inode = found
+        self.files[found] = []
+        try:
+            pin = pinned.pin(dev, inode, pinned.mapped_files(pid, dev, inode))
+        except pinned.IdentityError:
+            return  # the process exited before its file could be opened
+        try:
+            syms = elf.probe_symbols(pin.path, set(SYMBOLS))
+            seen: set[int] = set()
+            for name in SYMBOLS:
+                sym = syms.get(name)
+                if sym is None or sym.vaddr in seen:
+                    continue
+                seen.add(sym.vaddr)
+                self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=HANDLER.encode(), pid=-1)
+                self.files[found].append(name)
+        except Exception as e:  # noqa: BLE001 - BCC raises bare Exception; a damaged file stays traced without it
+            self.notes.append(f"{path}: interpreter finalization not probed ({type(e).__name__}: {e}); tensors "
+                              "freed at exit count as freed")
+            self.say(f"warning: {self.notes[-1]}")
+        if self.files[found]:
+            self._pins.append(pin)  # held until the probes go (pinned: a reused fd number)
+            if self.verbose:
+                self.say(f"PID {pid}: interpreter finalization probed at {', '.join(self.files[found])} ({path})")
+        else:
+            pin.close()
+            if not self.notes or not self.notes[-1].startswith(path):
+                self.notes.append(f"{path}: no {' or '.join(SYMBOLS)}; tensors freed at exit count as freed")
+
+    def close(self) -> None:
+        """After the probes were removed (ProbeSet.detach takes every uprobe of the program)."""
+        for pin in self._pins:
+            pin.close()
+        self._pins.clear()
+
+
+def _mapped(pid: int, path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the file ``pid`` mapped at ``path``; None: gone."""
+    d = f"/proc/{pid}/map_files"
+    try:
+        for name in sorted(os.listdir(d)):
+            try:
+                if os.readlink(f"{d}/{name}") == path:
+                    st = os.stat(f"{d}/{name}")
+                    return st.st_dev, st.st_ino
+            except OSError:
+                continue
+    except OSError:
+        return None
+    return None
