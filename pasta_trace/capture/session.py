@@ -36,12 +36,15 @@ from .writer import CaptureWriter
 
 class Session:
     """``check()`` then ``run()`` records a capture; ``top`` uses ``check()``,
-    ``setup()``, ``poll()``, ``aggregate()`` and ``detach()``."""
+    ``setup()``, ``poll()``, ``libraries()``, ``lost()`` and ``detach()``, and
+    drains the events ring itself."""
 
-    def __init__(self, opts: Options, *, say: Callable[[str], None], status: Callable[[str], None] | None = None):
+    def __init__(self, opts: Options, *, say: Callable[[str], None], status: Callable[[str], None] | None = None,
+                 banner: bool = True):
         self.opts = opts
         self.say = say
         self.status = status
+        self.banner = banner  # False: the caller says what it watches (top)
         self.owner = invoking_user()
         self._stop = False
         self.bpf = None
@@ -146,18 +149,26 @@ class Session:
         self.say(f"warning: {msg}")
 
     def _banner(self, what: str) -> None:
+        if not self.banner:
+            return
         verb = "Aggregating" if self.opts.aggregate else "Tracing"
         self.say(f"{verb} {what}... Ctrl-C to end.")
 
     # ------------------------------------------------------------------ live views (top)
 
     def poll(self) -> None:
-        """Handle late-loaded libraries, forks and exits (attach, resume)."""
+        """Handle late-loaded libraries, forks and exits (attach, resume), and
+        (-a) look for processes that appeared since the last scan."""
         self._watcher.poll()
+        self._tracker.rescan_if_due()
 
     def aggregate(self) -> tuple[np.ndarray, np.ndarray]:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
         return read_aggregate(self.bpf)
+
+    def libraries(self) -> list[str]:
+        """The paths of the library files probed so far, in the order they were."""
+        return [e.path for e in self._probes.attached.values()] if self._probes is not None else []
 
     def lost(self) -> dict[str, int]:
         """Every BPF loss counter so far, by name (schema.LOSSES)."""

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 
 from .. import schema
+from ..arg_types import depth, pages, pids, rows, seconds
 from ..errors import PastaError, UsageError
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
@@ -31,106 +31,43 @@ EXAMPLES = """\
 """
 
 
-def _pids(text: str) -> list[int]:
-    try:
-        pids = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a PID list: {text!r}: try -p 1234 or -p 1234,1240") from None
-    if not pids:
-        raise argparse.ArgumentTypeError("empty PID list: try -p 1234 or -p 1234,1240")
-    return pids
-
-
-def _whole(text: str, what: str, example: int) -> int:
-    """``text`` as an integer, or a usage error naming ``what`` with an example."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of {what}: {text!r}: try {example}") from None
-
-
-def _pages(text: str) -> int:
-    """A BPF ring buffer size in pages: a power of two the kernel accepts."""
-    from ..capture.options import MAX_RING_PAGES
-
-    n = _whole(text, "pages", 4096)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} pages: give at least 1 (a power of two): try 4096")
-    if n > MAX_RING_PAGES:
-        raise argparse.ArgumentTypeError(
-            f"{n} pages is more than a BPF ring buffer can hold (2 GiB): try {MAX_RING_PAGES}")
-    if n & (n - 1):
-        raise argparse.ArgumentTypeError(f"{n} is not a power of two: try {min(1 << n.bit_length(), MAX_RING_PAGES)}")
-    return n
-
-
-def _rows(text: str) -> int:
-    """Rows of the --aggregate map (allocated whole when the program loads)."""
-    default, most = schema.DEFAULT_AGGREGATE_MAX, schema.MAX_AGGREGATE_MAX
-    n = _whole(text, "rows", default)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} rows: give at least 1: try {default}")
-    if n > most:
-        raise argparse.ArgumentTypeError(f"{n} rows is more than the map may take (about 512 MiB of kernel "
-                                         f"memory): try {most}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}: try 10") from None
-    if not math.isfinite(s) or s <= 0:  # nan compares false with everything: it would never end
-        raise argparse.ArgumentTypeError(f"{text} is not a positive finite number of seconds: try 10")
-    return s
-
-
-def _depth(text: str) -> int:
-    n = _whole(text, "frames", schema.DEFAULT_STACK_DEPTH)
-    if not 1 <= n <= schema.MAX_STACK_DEPTH:
-        raise argparse.ArgumentTypeError(f"{n} is not in 1..{schema.MAX_STACK_DEPTH}: "
-                                         f"try {min(max(n, 1), schema.MAX_STACK_DEPTH)}")
-    return n
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
 
     who = p.add_argument_group("what to trace (one of)")
-    who.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]",
+    who.add_argument("-p", "--pid", type=pids, metavar="PID[,PID...]",
                      help="running processes; events from these PIDs (and children they start) only")
     who.add_argument("-a", "--system-wide", action="store_true",
                      help="every process that uses libcuda, libamdhip64 or libnccl, including later ones and containers")
     who.add_argument("command", nargs="*", metavar="-- CMD ARGS",
                      help="start CMD (as SUDO_USER under sudo), trace it and its children, stop when it exits")
-    p.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="stop after SEC seconds")
+    p.add_argument("-d", "--duration", type=seconds, metavar="SEC", help="stop after SEC seconds")
     p.add_argument("-o", "--output", type=Path, metavar="DIR",
                    help="capture directory (default pasta-<host>-<YYYYmmddTHHMMSS>)")
     p.add_argument("--force", action="store_true", help="overwrite the capture in an existing DIR")
-    p.add_argument("--buffer-pages", type=_pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
+    p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES} = "
                         f"{DEFAULT_BUFFER_PAGES * os.sysconf('SC_PAGE_SIZE') >> 20} MiB, at most {MAX_RING_PAGES}); "
                         "raise it when events are lost")
     p.add_argument("--aggregate", action="store_true",
                    help="count calls per (pid, API, kernel, grid, block) in the kernel instead of recording "
                         "events; writes aggregate.parquet")
-    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
+    p.add_argument("--aggregate-max", type=rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
                    help=f"rows the --aggregate map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
                         "raise it when calls are not counted")
     p.add_argument("--no-stacks", action="store_true",
                    help="do not record the caller's Python stack on each event (on by default)")
-    p.add_argument("--stack-depth", type=_depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
+    p.add_argument("--stack-depth", type=depth, default=schema.DEFAULT_STACK_DEPTH, metavar="N",
                    help=f"Python frames kept per stack, innermost first (default {schema.DEFAULT_STACK_DEPTH}, "
                         f"at most {schema.MAX_STACK_DEPTH}); deeper stacks are marked truncated")
-    p.add_argument("--stack-buffer-pages", type=_pages, default=DEFAULT_STACK_PAGES, metavar="N",
+    p.add_argument("--stack-buffer-pages", type=pages, default=DEFAULT_STACK_PAGES, metavar="N",
                    help=f"ring buffer for new stacks, in pages, a power of two (default {DEFAULT_STACK_PAGES}); "
                         "raise it when stacks are lost")
     p.add_argument("--native-stacks", nargs="?", const="default", choices=("default", "all"), metavar="all",
                    help="also record the caller's native (C/C++) stack, unwound by the tracer from .eh_frame: of "
                         "allocations, frees, copies, syncs and failed calls; =all: of every event, launches "
                         f"included.  Costly: an {schema.NATIVE_STACK_BYTES // 1024} KiB stack copy per event")
-    p.add_argument("--native-stack-buffer-pages", type=_pages, default=DEFAULT_NATIVE_PAGES, metavar="N",
+    p.add_argument("--native-stack-buffer-pages", type=pages, default=DEFAULT_NATIVE_PAGES, metavar="N",
                    help=f"ring buffer for native stacks, in pages, a power of two (default {DEFAULT_NATIVE_PAGES}); "
                         "raise it when native stacks are lost")
     p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),

@@ -1,96 +1,43 @@
-"""`pasta-trace top`: a live per-process view of GPU API activity."""
+"""`pasta-trace top`: a live per-process view of GPU API activity.
+
+The probes run as for a recording without stacks; top drains their events
+itself (no capture is written), counts them per refresh (capture/top_counts)
+and draws the screen (reporters/top_screen)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
-import polars as pl
+from ..arg_types import pages, pids, seconds
 
-from ..call_result import failed
-
-HELP = "live per-process view: launches/s, bytes allocated, copies, syncs, failed calls (refreshes every second)"
+HELP = "live per-process view: calls per second by kind, and the memory each process holds (refreshes every second)"
 
 EXAMPLES = """\
-  sudo pasta-trace top                 every process using libcuda, libamdhip64 or libnccl
+  sudo pasta-trace top                 every process using libcuda, libamdhip64, libc10 or libnccl
   sudo pasta-trace top -p 1234 -d 30   one process, for 30 s
-  sudo pasta-trace top | tee top.log   plain lines when stdout is not a terminal
+  sudo pasta-trace top | tee top.log   plain lines, every column, when stdout is not a terminal
 """
 
-COLUMNS = ("pid", "comm", "launches/s", "allocs/s", "device_alloc_bytes", "pinned_alloc_bytes", "copies/s",
-           "copy_bytes/s", "syncs/s", "failed/s")
-_KEY = ["pid", "kind", "failed", "memory"]
+POLL_S = 0.01  # as the recording's drain: a ring of the default size holds ~0.1 s of a 1 M calls/s flood
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .. import schema
-    from .record import _pids, _rows, _seconds
+    from ..capture.options import DEFAULT_BUFFER_PAGES
 
-    p.add_argument("-p", "--pid", type=_pids, metavar="PID[,PID...]", help="only these processes")
-    p.add_argument("-d", "--duration", type=_seconds, metavar="SEC", help="stop after SEC seconds")
-    p.add_argument("-i", "--interval", type=_seconds, default=1.0, metavar="SEC", help="refresh interval (1 s)")
-    p.add_argument("--aggregate-max", type=_rows, default=schema.DEFAULT_AGGREGATE_MAX, metavar="N",
-                   help=f"rows the in-kernel counting map holds (default {schema.DEFAULT_AGGREGATE_MAX}); "
-                        "raise it when calls are not counted")
-
-
-def snapshot(session) -> pl.DataFrame:
-    """Totals of the in-kernel aggregation so far, per process, call kind,
-    failed or not, and memory (device or pinned host) for allocations."""
-    from ..capture.decode import aggregate_frame
-    from ..probes.catalog import API_NAMES
-
-    keys, vals = session.aggregate()  # one row per (pid, api, kernel, shape, ret): a few thousand at most
-    return snapshot_frame(aggregate_frame(keys, vals, list(API_NAMES)))
-
-
-def snapshot_frame(aggregate: pl.DataFrame) -> pl.DataFrame:
-    """snapshot() of the aggregation's rows (schema.AGGREGATE_SCHEMA): a
-    failed call's row is its own and holds no bytes (bpf/pasta.h,
-    pt_aggregate), so bytes count the calls that succeeded only."""
-    from ..lifetimes import kind_from_api, memory
-
-    return (
-        aggregate
-        .group_by("pid", pl.col("kind").cast(pl.String), failed().alias("failed"),
-                  memory(kind_from_api(pl.col("api"))).cast(pl.String).alias("memory"))
-        .agg(pl.col("count").sum(), pl.col("bytes").sum())
-    )
-
-
-def rates(prev: pl.DataFrame, now: pl.DataFrame, dt: float, comms: dict[int, str]) -> pl.DataFrame:
-    """Per process: calls per second since `prev`, and bytes allocated so far.
-    Failed calls count only in failed/s (and moved no bytes)."""
-    d = now.join(prev, on=_KEY, how="left", suffix="_prev").with_columns(
-        ((pl.col("count") - pl.col("count_prev").fill_null(0)) / dt).alias("rate"),
-        ((pl.col("bytes") - pl.col("bytes_prev").fill_null(0)) / dt).alias("byte_rate"),
-    )
-
-    def of(kind: str, col: str, name: str, mem: str | None = None) -> pl.Expr:
-        keep = (pl.col("kind") == kind) & ~pl.col("failed")
-        if mem is not None:
-            keep &= pl.col("memory") == mem
-        return pl.col(col).filter(keep).sum().alias(name)
-
-    return (
-        d.group_by("pid")
-        .agg(
-            of("launch", "rate", "launches/s"),
-            of("alloc", "rate", "allocs/s"),
-            of("alloc", "bytes", "device_alloc_bytes", "device"),
-            of("alloc", "bytes", "pinned_alloc_bytes", "pinned host"),
-            of("memcpy", "rate", "copies/s"),
-            of("memcpy", "byte_rate", "copy_bytes/s"),
-            of("sync", "rate", "syncs/s"),
-            pl.col("rate").filter(pl.col("failed")).sum().alias("failed/s"),
-        )
-        .with_columns(pl.col("pid").replace_strict(comms, default="?", return_dtype=pl.String).alias("comm"))
-        .sort("launches/s", "pid", descending=[True, False])
-        .select(COLUMNS)
-    )
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("-p", "--pid", type=pids, metavar="PID[,PID...]", help="only these processes")
+    who.add_argument("-a", "--system-wide", action="store_true",
+                     help="every process that uses a traced library, including later ones (the default)")
+    p.add_argument("-d", "--duration", type=seconds, metavar="SEC", help="stop after SEC seconds")
+    p.add_argument("-i", "--interval", type=seconds, default=1.0, metavar="SEC", help="refresh interval (1 s)")
+    p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
+                   help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
+                        "raise it when calls are lost")
 
 
 def loss_line(lost: dict[str, int], settings: dict[str, int]) -> str | None:
@@ -102,23 +49,44 @@ def loss_line(lost: dict[str, int], settings: dict[str, int]) -> str | None:
     return "; ".join(line.strip() for line in loss_lines(lost, settings))
 
 
-def _comm(pid: int) -> str:
+def watching(pid_list: list[int], comms: dict[int, str], libraries: list[str]) -> str:
+    """What top watches: the processes, and the libraries probed so far."""
+    if pid_list:
+        who = "PID " + ", ".join(f"{p} ({comms[p]})" if p in comms else str(p) for p in pid_list)
+    else:
+        who = "every process (-a)"
+    names = list(dict.fromkeys(Path(lib).name for lib in libraries))
+    if not names:
+        return (f"{who}: no libcuda, libcudart, libamdhip64, libc10 or libnccl loaded yet, "
+                "each probed as soon as it is")
+    return f"{who}: {', '.join(names)}"
+
+
+def _comm(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
-        return "(exited)"
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import schema
     from ..capture.options import Options
+    from ..capture.ringbuf import open_table
     from ..capture.session import Session
+    from ..capture.top_counts import TopCounts
+    from ..probes.catalog import API_NAMES
+    from ..reporters import top_screen
 
     opts = Options(mode="pid" if args.pid else "system", out_dir=Path("."), command_line=sys.argv[:],
-                   pids=args.pid or [], aggregate=True, aggregate_max=args.aggregate_max, verbose=args.verbose)
+                   pids=args.pid or [], buffer_pages=args.buffer_pages, stacks=False, verbose=args.verbose)
     tty = sys.stdout.isatty()
-    session = Session(opts, say=lambda m: print(m, file=sys.stderr, flush=True))
+    session = Session(opts, say=lambda m: print(m, file=sys.stderr, flush=True), banner=False)
     session.check()
     session.setup()
+    comms: dict[int, str] = {p: c for p in opts.pids if (c := _comm(p)) is not None}
+    print(f"Watching {watching(opts.pids, comms, session.libraries())}; refreshing every {args.interval:g} s. "
+          "Ctrl-C to end.", file=sys.stderr, flush=True)
     stop = False
 
     def _stop(*_: object) -> None:
@@ -128,52 +96,70 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     deadline = time.monotonic() + args.duration if args.duration else None
-    prev, t_prev = snapshot(session), time.monotonic()
-    comms: dict[int, str] = {}
-    live = None
-    if tty:
-        from rich.live import Live
-
-        live = Live("", refresh_per_second=2, screen=False)
-        live.__enter__()
+    events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype, reuse=True)
+    names = open_table(session.bpf, "names", schema.HOST_NAME.dtype, reuse=True)  # drained so as not to fill
+    counts = TopCounts(list(API_NAMES))
+    since, t_prev = time.strftime("%H:%M:%S"), time.monotonic()
+    ever: set[str] = set()
+    screen = _Screen() if tty else None
     try:
         while not stop and (deadline is None or time.monotonic() < deadline):
             end = time.monotonic() + args.interval
             while not stop and time.monotonic() < end:
+                counts.add(events.drain())
+                names.drain()
                 session.poll()  # late-loaded libraries: attach, resume
-                time.sleep(0.02)
-            now, t_now = snapshot(session), time.monotonic()
-            for pid in now["pid"].unique().to_list():
-                comms.setdefault(pid, _comm(pid))
-            table = rates(prev, now, t_now - t_prev, comms)
-            prev, t_prev = now, t_now
+                time.sleep(POLL_S)
+            counts.add(events.drain())
+            interval, totals, held = counts.take()
+            t_now = time.monotonic()
+            for pid in set(interval["pid"].to_list()) | set(held["pid"].to_list()):
+                if pid not in comms and (c := _comm(pid) or counts.comms.get(pid)) is not None:
+                    comms[pid] = c
+            frame = top_screen.table_frame(interval, held, t_now - t_prev, comms)
+            t_prev = t_now
+            ever |= {c for c in totals.columns if c != "pid" and totals[c].sum()}
+            ever |= {c for c in held.columns if c != "pid" and held[c].sum()}
             lost = loss_line(session.lost(), opts.settings)
-            if live is not None:
-                live.update(_rich_table(table, lost))
+            if screen is not None:
+                title = (f"pasta-trace top  {time.strftime('%H:%M:%S')}  "
+                         f"{watching(opts.pids, comms, session.libraries())}  (Ctrl-C to end)")
+                screen.show(frame, title, top_screen.totals_line(totals, since), ever, [lost] if lost else [])
             else:
-                _print_plain(table, lost)
+                stamp = time.strftime("%H:%M:%S")
+                for line in top_screen.plain_lines(frame, stamp):
+                    print(line, flush=True)
+                if lost is not None:
+                    print(stamp, lost, flush=True)
     finally:
-        if live is not None:
-            live.__exit__(None, None, None)
+        if screen is not None:
+            screen.close()
+        events.close()
+        names.close()
         session.detach()
     return 0
 
 
-def _rich_table(frame: pl.DataFrame, lost: str | None):
-    from rich.table import Table
+class _Screen:
+    """The table redrawn in place on the terminal (rich), sized to it at each refresh."""
 
-    t = Table(title=f"pasta-trace top  {time.strftime('%H:%M:%S')}  (Ctrl-C to end)", caption=lost)
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c == "comm" else "right")
-    for row in frame.iter_rows():
-        t.add_row(*(f"{v:,.0f}" if isinstance(v, float) else str(v) for v in row))
-    return t
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
 
+        self._console = Console()
+        self._live = Live("", console=self._console, auto_refresh=False)
+        self._live.__enter__()
 
-def _print_plain(frame: pl.DataFrame, lost: str | None) -> None:
-    stamp = time.strftime("%H:%M:%S")
-    for row in frame.iter_rows(named=True):
-        print(stamp, " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-              flush=True)
-    if lost is not None:
-        print(stamp, lost, flush=True)
+    def show(self, frame, title: str, totals: str, ever: set[str], notes: list[str]) -> None:
+        from rich.text import Text
+
+        from ..reporters import top_screen
+
+        size = os.get_terminal_size(sys.stdout.fileno())
+        screen = top_screen.render(frame, width=size.columns, height=size.lines, title=title, totals=totals,
+                                   ever=ever, notes=notes)
+        self._live.update(Text("\n".join(screen.lines), no_wrap=True, overflow="crop"), refresh=True)
+
+    def close(self) -> None:
+        self._live.__exit__(None, None, None)

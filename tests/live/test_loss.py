@@ -2,7 +2,7 @@
 flood it with launches from several threads, every probed call is either in
 the capture or counted as lost, exactly (manifest counts); with a tiny
 --aggregate map, every call of a row it could not hold is counted as lost
-(manifest, summary, report and `top`)."""
+(manifest, summary and report); `top` says what its ring buffer lost."""
 
 from __future__ import annotations
 
@@ -89,17 +89,35 @@ def test_a_full_aggregate_map_counts_each_call_it_could_not_hold(cuda_stub, tmp_
     assert [(k["name"], k["launches"], k["shapes"]) for k in kernels] == [("unknown@0x10", 12, 4)]
 
 
-def test_top_shows_the_aggregate_overflow(cuda_stub, tmp_path, tracer):
-    go = tmp_path / "go"
-    proc = subprocess.Popen([sys.executable, "-c", AGG_WORKLOAD, str(cuda_stub), str(go)])
+#: launches as fast as ctypes makes them: a one-page ring holds about 20
+FLOOD_WORKLOAD = """
+import ctypes, os, sys, time
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+lib = ctypes.CDLL(sys.argv[1])
+lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+for _ in range(int(sys.argv[3])):
+    lib.cuLaunchKernel(0x10, 1, 1, 1, 64, 1, 1, 0, None, None, None)
+"""
+
+
+def test_top_shows_lost_events_with_their_remedy(cuda_stub, tmp_path, tracer):
+    """top counts the events it drains: those a full ring buffer dropped are
+    a loss line, with the option that cures it."""
+    go, calls = tmp_path / "go", 50_000
+    proc = subprocess.Popen([sys.executable, "-c", FLOOD_WORKLOAD, str(cuda_stub), str(go), str(calls)])
     try:
-        t = tracer(["top", "-p", str(proc.pid), "--aggregate-max", "4", "-i", "0.2"])
+        t = tracer(["top", "-p", str(proc.pid), "--buffer-pages", "1", "-i", "0.2"])
         t.wait_ready()
         go.touch()
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=120) == 0
         time.sleep(1)  # a few refreshes after the last call
     finally:
         proc.kill()
     assert t.stop() == 0, t.stderr()
     lost = [line.split(" ", 1)[1] for line in t.stdout.splitlines() if " LOST: " in line]
-    assert lost[-1] == "LOST: 18 aggregated calls: the --aggregate map was full; raise --aggregate-max (now 4)"
+    n = int(lost[-1].split()[1].replace(",", ""))
+    assert 0 < n < calls
+    assert lost[-1] == f"LOST: {n:,} events: the events ring buffer was full; raise --buffer-pages (now 1)"
+    rows = [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in t.stdout.splitlines() if " pid=" in line]
+    assert {r["pid"] for r in rows} == {str(proc.pid)} and any(float(r["launches/s"]) > 0 for r in rows)
