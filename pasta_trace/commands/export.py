@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import polars as pl
+
 from .. import merge, schema
 from ..damage import left_out, reading
 from ..errors import UsageError
@@ -80,7 +82,20 @@ def _trace(cap: Capture, out: OutputFile, fmt: str) -> tuple[str, list[str]]:
               "may not load; --format perfetto is smaller and faster", file=sys.stderr)
     written: list[int] = []
     out.write(lambda path: written.append((perfetto if fmt == "perfetto" else chrome).write_file(model, Path(path))))
-    return f"{written[0]} events", [OPEN_HINT[fmt]]
+    return f"{written[0]} events", [OPEN_HINT[fmt], *(_hta_notes(model) if fmt == "chrome" else [])]
+
+
+def _hta_notes(model) -> list[str]:
+    """What Holistic Trace Analysis can make of a Chrome export: its
+    breakdowns need GPU kernels with device timing, and its parser needs at
+    least one event with a duration."""
+    if model.kernels.filter(pl.col("dur_ns").is_not_null()).height:
+        return []
+    if model.api.filter(pl.col("dur_ns").is_not_null()).height == 0:
+        return ["note: no event in it has a duration (only instants: tensor events, entry-only calls), so "
+                "HolisticTraceAnalysis cannot load it; chrome://tracing and ui.perfetto.dev show it"]
+    return ["note: host only (no GPU kernel with device timing): HolisticTraceAnalysis loads it but has no kernel "
+            "or temporal breakdown to give; record with --device cupti for one"]
 
 
 def run(args: argparse.Namespace) -> int:

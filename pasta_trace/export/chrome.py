@@ -7,7 +7,11 @@ traces (HTA and others) read it.
   kernels          ph X, cat kernel, on a "GPU stream 0x..." thread of the process
   copies, memsets  ph X, cat gpu_memcpy / gpu_memset (CUPTI records only)
   launch -> kernel ph s / f, cat and name ac2g, id = args.correlation on both ends
-  live memory      ph C, one counter per process (and device)
+  live memory      ph C, one counter per process (and device): the driver's live bytes, and the
+                   tensor bytes held per device ("tensor memory (cuda:0)")
+  tensor memory    "[memory]" instants as PyTorch's profiler writes them (ph i, cat cpu_instant_event,
+                   args Total Allocated, Total Reserved, Bytes, Addr, Device Type, Device Id), so tools
+                   made for PyTorch traces (HTA's memory views) read the curve
   names            ph M process_name / thread_name
   caller stacks    "stackFrames" (one node per frame, "function file:line", parent = its caller)
                    and "sf" on each API call that has a stack
@@ -24,6 +28,7 @@ from typing import BinaryIO
 
 import polars as pl
 
+from .. import schema
 from ..hexfmt import hex_series
 from .trace_model import TraceModel
 
@@ -196,6 +201,31 @@ def _counters(model: TraceModel) -> list[Part]:
     ]))]
 
 
+def _device_type(device: pl.Expr) -> pl.Expr:
+    """c10::DeviceType number of a "cuda:0" spelling (schema.TORCH_DEVICE_TYPES)."""
+    return device.str.split(":").list.first().replace_strict(
+        {name: i for i, name in enumerate(schema.TORCH_DEVICE_TYPES)}, default=-1, return_dtype=pl.Int64)
+
+
+def _torch_memory(model: TraceModel) -> list[Part]:
+    """One "[memory]" instant per tensor event, in the form of PyTorch's
+    profiler (profile_memory=True): Bytes is + for an allocation and - for a
+    free, the totals are the allocator's after it (Total Reserved 0 where the
+    allocator gives none, as the profiler writes for the CPU)."""
+    t = model.tensors.with_columns(
+        _type=_device_type(pl.col("device")),
+        _id=pl.col("device").str.split(":").list.get(1, null_on_oob=True).cast(pl.Int64, strict=False).fill_null(-1))
+    return [(t, _event("i", [
+        pl.lit('"cat":"cpu_instant_event","s":"t","name":"[memory]"'), *_common(), _arg("ts", _us(pl.col("ts_ns"))),
+        _arg("args", _object(
+            _arg("Total Reserved", pl.col("reserved_bytes").cast(pl.String)),
+            _arg("Total Allocated", pl.col("allocated_bytes").cast(pl.String)),
+            _arg("Bytes", pl.col("delta_bytes").cast(pl.String)),
+            _arg("Device Id", pl.col("_id").cast(pl.String)), _arg("Device Type", pl.col("_type").cast(pl.String)),
+            _arg("Addr", pl.col("ptr").cast(pl.String)))),
+    ]))]
+
+
 def stream_tids(model: TraceModel) -> pl.DataFrame:
     """pid, label, tid: the thread id each drawn GPU stream track gets (a
     stream whose kernels all lack device timing has nothing on it)."""
@@ -212,7 +242,8 @@ def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int
     unquoted column, ",\n" after each line); the last separator is then
     overwritten by the end of the array."""
     streams = stream_tids(model)
-    parts = [*_metadata(model, streams), *_api(model), *_gpu(model, streams), *_counters(model)]
+    parts = [*_metadata(model, streams), *_api(model), *_gpu(model, streams), *_counters(model),
+             *_torch_memory(model)]
     out.write(b'{"displayTimeUnit":"ns",')
     if model.distributed:  # the rank that trace-analysis tools (HTA) key a file on
         out.write(b'"distributedInfo":' + json.dumps(model.distributed, separators=(",", ":")).encode() + b",")

@@ -74,10 +74,17 @@ class TraceModel:
     #: rank, local_rank, world_size of the distributed job the traced processes
     #: belong to, where one rank made every call (empty: unknown or several ranks)
     distributed: dict[str, int] = field(default_factory=dict)
+    #: pid, tid, device ("cpu", "cuda:0"), ts_ns, ptr, delta_bytes (+ allocated, - freed: the event's bytes),
+    #: allocated_bytes (the allocator's total where given, else the tensors seen live),
+    #: reserved_bytes (0: none given): each tensor event, one source per process and
+    #: device (tools.tensors), in time order: PyTorch profiler's "[memory]" events
+    tensors: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(
+        schema={"pid": pl.UInt32, "tid": pl.UInt32, "device": pl.String, "ts_ns": pl.Int64, "ptr": pl.UInt64,
+                "delta_bytes": pl.Int64, "allocated_bytes": pl.Int64, "reserved_bytes": pl.Int64}))
 
     @property
     def n_events(self) -> int:
-        return self.api.height + self.kernels.height + self.memops.height + self.memory.height
+        return self.api.height + self.kernels.height + self.memops.height + self.memory.height + self.tensors.height
 
 
 def _api_calls(cap: Capture) -> pl.DataFrame:
@@ -320,6 +327,33 @@ def _memory(cap: Capture) -> pl.DataFrame:
     )
 
 
+def _tensors(cap: Capture) -> pl.DataFrame:
+    """TraceModel.tensors: the tensor memory timeline with each event's thread."""
+    from ..tools.tensors import tensor_events, tensor_timeline
+
+    tl = tensor_timeline(cap)
+    tids = tensor_events(cap).select("pid", "device", "ts_ns", "ptr", "kind", "tid").unique(
+        ["pid", "device", "ts_ns", "ptr", "kind"], keep="first").collect()
+    return (tl.join(tids, on=["pid", "device", "ts_ns", "ptr", "kind"], how="left", maintain_order="left")
+            .select("pid", pl.col("tid").fill_null(pl.col("pid")), "device", "ts_ns", "ptr",
+                    # the event's own bytes, signed as PyTorch's profiler writes them (a free of a
+                    # tensor from before the capture too); the timeline's delta where it has none
+                    pl.when(pl.col("kind") == "tensor_alloc").then(pl.col("size").cast(pl.Int64))
+                    .otherwise(-pl.col("size").cast(pl.Int64)).fill_null(pl.col("delta_bytes")).alias("delta_bytes"),
+                    pl.col("held_bytes").alias("allocated_bytes"),
+                    pl.col("reserved_bytes").cast(pl.Int64).fill_null(0)))
+
+
+def _memory_with_tensors(cap: Capture, tensors: pl.DataFrame) -> pl.DataFrame:
+    """`_memory`, and a counter per process and device of the tensor bytes held
+    ("tensor memory (cuda:0)"), from the same timeline as the [memory] events."""
+    driver = _memory(cap)
+    held = (tensors.select("pid", label=pl.format("tensor memory ({})", "device"), ts_ns="ts_ns",
+                           live_bytes="allocated_bytes")
+            .unique(["pid", "label", "ts_ns"], keep="last", maintain_order=True))
+    return pl.concat([driver, held.cast(dict(driver.schema))]) if held.height else driver
+
+
 def _processes(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
     """pid, name, cmdline; in a cluster timeline the name leads with the
     process's node and rank, one process group per rank."""
@@ -400,6 +434,7 @@ def build(cap: Capture) -> TraceModel:
         .unique(maintain_order=True)
         .sort("pid", "label")
     )
+    tensors = _tensors(cap)
     return TraceModel(
         processes=_processes(cap, api),
         threads=_threads(cap),
@@ -407,7 +442,8 @@ def build(cap: Capture) -> TraceModel:
         api=api,
         kernels=kernels,
         memops=memops,
-        memory=_memory(cap),
+        memory=_memory_with_tensors(cap, tensors),
         stacks=cap.stacks.select("pid", "stack_id", "depth", "function", "file", "line").collect(),
         distributed=_distributed(cap, api),
+        tensors=tensors,
     )

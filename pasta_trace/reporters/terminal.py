@@ -80,8 +80,8 @@ def _stacks(results: Results, limit: int) -> list[RenderableType]:
     for by, heading in _STACK_VIEWS:
         top = top_stacks(results.cap, limit, by)
         if top.height:
-            out += [Text(""), Text(f"Top {limit} caller stacks {heading} (innermost frame first, > the call site)",
-                                   style="bold"), Text(render_stacks(top, by))]
+            out += [Text(""), Text(f"Top {limit} caller stacks {heading} (> the call site)", style="bold"),
+                    Text(render_stacks(top, by))]
     if not out:
         out = [Text(""), Text("No caller stacks allocated or blocked (recorded with --no-stacks, or no Python "
                               "callers)")]

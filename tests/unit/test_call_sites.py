@@ -81,12 +81,12 @@ def test_report_stacks_prints_the_top_stacks_in_full(tmp_path: Path, capsys) -> 
     out = capsys.readouterr().out
     tail = out[out.index("Top 2 caller stacks"):].rstrip("\n").splitlines()
     assert tail == [
-        "Top 2 caller stacks by bytes allocated (innermost frame first, > the call site)",
+        "Top 2 caller stacks by bytes allocated (> the call site)",
         "#1  PID 7  cuMemAlloc_v2: 2 calls, 96 B allocated",
         "  > make_buffer  train.py:12",
         "    main  train.py:80",
         "",
-        "Top 2 caller stacks by time blocked in syncs (innermost frame first, > the call site)",
+        "Top 2 caller stacks by time blocked in syncs (> the call site)",
         "#1  PID 7  cuCtxSynchronize: 2 calls, 0.4 µs blocked",
         "  > Model.step  train.py:40",
         "    main  train.py:90",
