@@ -45,8 +45,8 @@ def test_events_csv(tmp_path: Path) -> None:
     assert len(lines) == 1 + 10
     # ts, dur, pid, tid, comm, api, kind, ret, stream, func, kernel, grid, block, shmem, ptr, size, ..., aux, stack_id,
     # layer, device, allocated_bytes, reserved_bytes (format 1.2), then the NCCL columns (1.3) and outer_ts_ns,
-    # caller, caller_fp (1.4): none in this file
-    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096{',' * 22}"
+    # caller, caller_fp (1.4), at_exit (1.7): none in this file
+    assert lines[1] == f"{T0 + 1000},100,100,101,train,cuMemAlloc_v2,alloc,0,,,,,,,,,,,0x1000,4096{',' * 23}"
     events = pl.read_csv(out / "events.csv", infer_schema=False)
     assert events.filter(pl.col("kind") != "alloc").select("api", "stream", "func", "kernel", "ptr", "dst", "src").rows() == [
         # in the capture's row order
