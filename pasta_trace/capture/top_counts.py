@@ -58,11 +58,10 @@ class TopCounts:
         api = np.minimum(cols["api"], len(self._pool) - 1)  # an index past the table: never from our program
         cols["pool"] = np.where(tensor, np.uint8(_TENSOR), self._pool[api])
         self._batches.append(cols)
-        last = {}
-        for pid, comm in zip(recs["pid"][::-1].tolist(), recs["comm"][::-1].tolist()):
-            last.setdefault(pid, comm)
-        for pid, comm in last.items():
-            self.comms[pid] = comm.split(b"\0", 1)[0].decode(errors="replace")
+        # each process's latest comm: one per process, never a loop over the events
+        pids, back = np.unique(cols["pid"][::-1], return_index=True)
+        for pid, i in zip(pids.tolist(), (len(recs) - 1 - back).tolist()):
+            self.comms[pid] = bytes(recs["comm"][i]).split(b"\0", 1)[0].decode(errors="replace")
 
     def take(self) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """(counts of the interval, counts since the start, bytes held now):
