@@ -104,6 +104,15 @@ class TopCounts:
         )
         return interval, self._totals.clone(), held
 
+    def holding(self) -> list[int]:
+        """The processes that hold memory top saw allocated."""
+        return self._live["pid"].unique().to_list()
+
+    def forget(self, pids: list[int]) -> None:
+        """Processes that exited: they hold nothing any more (their totals stay)."""
+        if pids:
+            self._live = self._live.filter(~pl.col("pid").is_in(pids))
+
     def _interval(self) -> pl.DataFrame:
         """The interval's events that count: a call nested in a traced call
         of a higher layer is that call's, a launch captured into a graph ran

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 session.poll()  # late-loaded libraries: attach, resume
                 time.sleep(POLL_S)
             counts.add(events.drain())
+            counts.forget([p for p in counts.holding() if not os.path.exists(f"/proc/{p}")])
             interval, totals, held = counts.take()
             t_now = time.monotonic()
             for pid in set(interval["pid"].to_list()) | set(held["pid"].to_list()):

@@ -118,11 +118,15 @@ def _watch(workload: list[str], tmp_path: Path, rates: dict[str, float], held: d
         done = json.loads(wait_for_file(tmp_path / "done", timeout=60, proc=proc))
         time.sleep(2.3)  # two refreshes after the last call: the rates are 0
         after = [p.text() for p in panes]
+        proc.kill()
+        proc.wait()
+        time.sleep(1.3)  # a refresh after its exit: it holds nothing any more
+        gone = [p.text() for p in panes]
     finally:
         proc.kill()
         for p in panes:
             p.close()
-    for p, text, end in zip(panes, running, after):
+    for p, text, end, empty in zip(panes, running, after, gone):
         row, lines = _table(text, p.width, pid)
         shown = [h for h in row if h not in ("PID", "COMMAND")]
         left_out = _left_out(lines, p.width)
@@ -151,6 +155,8 @@ def _watch(workload: list[str], tmp_path: Path, rates: dict[str, float], held: d
         title = " ".join(lines[:2])
         assert f"PID {pid} ({comm}): " in title, title
         assert all(lib in title for lib in libraries), title
+        screen = empty[empty.rindex("pasta-trace top  "):]
+        assert "(no traced call in the last refresh)" in screen and f"\n{pid}  " not in screen, screen
 
 
 def test_top_shows_the_workloads_rates_and_held_memory_at_80_and_120_columns(cuda_stub, c10_stub, nccl_stub,

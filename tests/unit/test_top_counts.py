@@ -74,6 +74,10 @@ def test_counts_held_bytes_and_failed_calls_of_two_intervals() -> None:
     assert _by_pid(held) == {7: dict(zip(HELD, (64, 0, MIB)))}
     interval, totals, held = c.take()  # nothing drained: no process counted anything
     assert interval.is_empty() and _by_pid(totals)[7]["launches"] == 1
+    assert c.holding() == [7]
+    c.forget([7])  # exited: holds nothing, its totals stay
+    interval, totals, held = c.take()
+    assert held.is_empty() and c.holding() == [] and _by_pid(totals)[7]["launches"] == 1
 
 
 @pytest.mark.parametrize("fmt, value, shown", [
