@@ -314,6 +314,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     py_procs.delete(&tgid);
     py_unregistered.delete(&tgid);
 #endif
+    py_finalizing.delete(&tgid); /* c10.bpf.c: a new image is not finalizing */
     if (!pt_traced(tgid))
         return 0;
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
@@ -350,8 +351,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #ifdef PT_PYSTACKS
     py_procs.delete(&tgid);
 #endif
+    py_finalizing.delete(&tgid); /* c10.bpf.c: a pid used again is another process */
     pt_own.delete(&tgid);
     return 0;
 }
-    py_finalizing.delete(&tgid); /* c10.bpf.c: a new image is not finalizing */
-    py_finalizing.delete(&tgid); /* c10.bpf.c: a pid used again is another process */

@@ -1176,6 +1176,9 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "outer_ts_ns": pl.Int64,  # kind "nested": ts_ns of the call (same pid, tid) it is part of
     "caller": pl.UInt64,  # runtime launches: return address at entry (in the host stub)
     "caller_fp": pl.UInt64,  # runtime launches: return address one frame up, through the frame pointer
+    # format 1.7: tensor_alloc / tensor_free made during interpreter finalization (FLAG_AT_EXIT):
+    # CPython frees every tensor left at exit; true: this one was; null: no finalization probe saw it
+    "at_exit": pl.Boolean,
 }
 
 #: Columns of events*.parquet (and communicators.parquet) stored DELTA_BINARY_PACKED:
@@ -1186,9 +1189,6 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
 DELTA_ENCODED_COLUMNS: tuple[str, ...] = ("ts_ns", "outer_ts_ns", "end_ts_ns")
 
 #: communicators.parquet (format 1.3): one row per NCCL communicator a traced
-    # format 1.7: tensor_alloc / tensor_free made during interpreter finalization (FLAG_AT_EXIT):
-    # CPython frees every tensor left at exit; true: this one was; null: no finalization probe saw it
-    "at_exit": pl.Boolean,
 #: process created, keyed across captures by comm_id (rank r of nranks).
 COMMUNICATORS_SCHEMA: dict[str, pl.DataType] = {
     "host": pl.String,  # the machine that recorded it (manifest's host)
@@ -1520,6 +1520,7 @@ def bpf_c_header() -> str:
         f"#define PT_FLAG_HAS_RET {FLAG_HAS_RET}",
         f"#define PT_FLAG_HAS_DUR {FLAG_HAS_DUR}",
         f"#define PT_FLAG_OUTPTR_FAULT {FLAG_OUTPTR_FAULT}",
+        f"#define PT_FLAG_AT_EXIT {FLAG_AT_EXIT}",
         f"#define PT_COMM_LEN {COMM_LEN}",
         f"#define PT_NAME_LEN {NAME_LEN}",
         f"#define PT_DEPTH {INFLIGHT_DEPTH}",
@@ -1530,7 +1531,6 @@ def bpf_c_header() -> str:
         out.append(r.c_struct())
     return "\n".join(out) + "\n"
 
-        f"#define PT_FLAG_AT_EXIT {FLAG_AT_EXIT}",
 
 def device_c_header() -> str:
     """C/C++ header for gpu_probes (checked in as include/gpu_probes/record.h)."""

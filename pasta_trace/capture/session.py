@@ -26,8 +26,8 @@ from .late_load import LateLoadWatcher
 from .launch import HeldCommand, check_command
 from .native_collector import NativeCollector
 from .options import CAPTURE_FILES, Options, Result
-from .probe_set import ProbeSet, load_program
 from .finalize_probe import FinalizeProbes
+from .probe_set import ProbeSet, load_program
 from .stack_collector import StackCollector, write_stacks
 from .targets import check_pids, check_readable, launch_candidates
 from .tracker import ProcessTracker
@@ -89,12 +89,12 @@ class Session:
         opts = self.opts
         if opts.stack_depth_loaded is not None:
             self._stacks = StackCollector(self.bpf, opts.stack_depth_loaded, say=self.say, verbose=opts.verbose)
-        if opts.native_stacks_loaded is not None:
-            self._native = NativeCollector(self.bpf, opts.native_stacks_loaded, python=self._stacks, say=self.say,
-                                           verbose=opts.verbose, saved_maps=self._saved_maps)
             # tensors a program leaves are freed when its interpreter finalizes: marked at_exit
             self._finalize = FinalizeProbes(self.bpf, say=self.say, verbose=opts.verbose)
             self._stacks.on_python = self._finalize.watch
+        if opts.native_stacks_loaded is not None:
+            self._native = NativeCollector(self.bpf, opts.native_stacks_loaded, python=self._stacks, say=self.say,
+                                           verbose=opts.verbose, saved_maps=self._saved_maps)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
