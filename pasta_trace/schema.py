@@ -31,8 +31,9 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 #: Readers refuse a newer major with a clear message.
 CAPTURE_FORMAT_VERSION = (1, 7)
 
-#: Version of the device record file (TLV) format, written in its file header.
-DEVICE_FORMAT_VERSION = (1, 0)
+#: Version of the device record file (TLV) format, written in its file header
+#: (1.1: TOOL_STATUS, what the injection library's set-up calls returned).
+DEVICE_FORMAT_VERSION = (1, 1)
 
 #: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
 #: 1.2: kernels' via_graph and graph_exec).
@@ -837,6 +838,7 @@ class DeviceRecordType(enum.IntEnum):
     CUPTI_KERNEL = 13
     CUPTI_MEMCPY = 14
     CUPTI_MEMSET = 15
+    TOOL_STATUS = 16  # format 1.1
 
 
 class DeviceBackend(enum.IntEnum):
@@ -1093,6 +1095,62 @@ DEV_CUPTI_MEMOP = Record(
     "CUPTI_MEMCPY and CUPTI_MEMSET share this payload",
 )
 
+#: `rc_*` of TOOL_STATUS for a call not made (yet); other values are SanitizerResult codes.
+TOOL_STATUS_NOT_CALLED = -1
+
+
+class ToolStage(enum.IntEnum):
+    """When a TOOL_STATUS record was written: the last one of a file is the run's final word."""
+
+    init = 1  # after the subscribe
+    module = 2  # after a module was patched (or failed to be)
+    final = 3  # at exit, with the device fallback counters read back
+
+
+class LoadingMode(enum.IntEnum):
+    """CUDA_MODULE_LOADING as the process saw it (unset: the driver's default, lazy since CUDA 12.2)."""
+
+    unset = 0
+    lazy = 1
+    eager = 2
+    other = 3
+
+
+class InjectionMode(enum.IntEnum):
+    """How the injection library came in: LD_PRELOAD (its static initializer) or the driver's CUDA_INJECTION64_PATH."""
+
+    preload = 1
+    injection = 2
+
+
+DEV_TOOL_STATUS = Record(
+    "gp_tool_status",
+    _fields(
+        [
+            ("host_mono", "u64", "ns CLOCK_MONOTONIC", ""),
+            ("stage", "u32", "", "ToolStage"),
+            ("injection_mode", "u32", "", "InjectionMode"),
+            ("loading_mode", "u32", "", "LoadingMode"),
+            ("rc_subscribe", "i32", "", "sanitizerSubscribe's SanitizerResult"),
+            ("rc_add_patches", "i32", "", "sanitizerAddPatches: the first failure, else 0; -1 not called"),
+            ("rc_patch_instructions", "i32", "", "sanitizerPatchInstructions: the first failure, else 0; -1 not called"),
+            ("rc_patch_module", "i32", "", "sanitizerPatchModule: the first failure, else 0; -1 not called"),
+            ("rc_set_callback_data", "i32", "", "sanitizerSetCallbackData(function): the first failure, else 0"),
+            ("rc_set_launch_data", "i32", "", "sanitizerSetLaunchCallbackData: the first failure, else 0"),
+            ("rc_loaded_status", "i32", "", "sanitizerGetFunctionLoadedStatus: the first failure, else 0"),
+            ("rc_fallback_read", "i32", "", "reading the patches' fallback counters back; -1 never published"),
+            ("modules_patched", "u32", "", "modules sanitizerPatchModule instrumented"),
+            ("modules_failed", "u32", "", "modules whose patching failed"),
+            ("functions_not_loaded", "u32", "", "launches whose function was not fully loaded at LAUNCH_BEGIN"),
+            ("launches", "u64", "", "LAUNCH_BEGIN callbacks seen"),
+            ("launches_with_data", "u64", "", "launches given their buffer"),
+            ("patch_null_calls", "u64", "", "patch calls that got no buffer (device fallback counter)"),
+            ("patch_data_calls", "u64", "", "block entries that got their buffer (device fallback counter)"),
+        ]
+    ),
+    "what the Sanitizer injection's set-up calls returned (format 1.1)",
+)
+
 #: Fixed payload (or payload header) of each device record type.
 DEVICE_PAYLOADS: dict[DeviceRecordType, Record] = {
     DeviceRecordType.CLOCK_SYNC: DEV_CLOCK_SYNC,
@@ -1110,6 +1168,7 @@ DEVICE_PAYLOADS: dict[DeviceRecordType, Record] = {
     DeviceRecordType.CUPTI_KERNEL: DEV_CUPTI_KERNEL,
     DeviceRecordType.CUPTI_MEMCPY: DEV_CUPTI_MEMOP,
     DeviceRecordType.CUPTI_MEMSET: DEV_CUPTI_MEMOP,
+    DeviceRecordType.TOOL_STATUS: DEV_TOOL_STATUS,
 }
 
 #: Variable-length arrays that follow a payload header: type -> entry record.
@@ -1344,6 +1403,7 @@ DEVICE_FRAMES: dict[str, dict[str, pl.DataType]] = {
     "cupti_kernels": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_KERNEL), "name": pl.String},
     "cupti_memcpy": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_MEMOP)},
     "cupti_memset": {**_PER_PROCESS, **_record_columns(DEV_CUPTI_MEMOP)},
+    "tool_status": {**_PER_PROCESS, **_record_columns(DEV_TOOL_STATUS)},
 }
 
 
@@ -1550,6 +1610,9 @@ def device_c_header() -> str:
         out.append(f"#define GP_BACKEND_{b.name.upper()} {int(b)}")
     for k in DeviceAllocKind:
         out.append(f"#define GP_ALLOC_{k.name.rstrip('_').upper()} {int(k)}")
+    for prefix, e in (("GP_STAGE", ToolStage), ("GP_LOADING", LoadingMode), ("GP_INJECTION", InjectionMode)):
+        out.extend(f"#define {prefix}_{k.name.upper()} {int(k)}" for k in e)
+    out.append(f"#define GP_RC_NOT_CALLED ({TOOL_STATUS_NOT_CALLED})")
     for r in DEVICE_RECORDS:
         out.append(r.c_struct())
         out.append(

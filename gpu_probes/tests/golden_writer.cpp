@@ -93,6 +93,14 @@ void j_memop(const gp_cupti_memop &s) {
     obj_begin("payload"); F(s, start); F(s, end); F(s, bytes); F(s, stream_id); F(s, correlation_id); F(s, device);
     F(s, copy_kind); js += "}";
 }
+void j_tool_status(const gp_tool_status &s) {
+    bool first = true;
+    obj_begin("payload"); F(s, host_mono); F(s, stage); F(s, injection_mode); F(s, loading_mode);
+    FI(s, rc_subscribe); FI(s, rc_add_patches); FI(s, rc_patch_instructions); FI(s, rc_patch_module);
+    FI(s, rc_set_callback_data); FI(s, rc_set_launch_data); FI(s, rc_loaded_status); FI(s, rc_fallback_read);
+    F(s, modules_patched); F(s, modules_failed); F(s, functions_not_loaded); F(s, launches); F(s, launches_with_data);
+    F(s, patch_null_calls); F(s, patch_data_calls); js += "}";
+}
 
 /* The slot's records, described from the same bytes the writer gets. */
 void j_slot_record(const std::vector<uint8_t> &r) {
@@ -297,6 +305,11 @@ int main(int argc, char **argv) {
     gp_cupti_memop ms{1000002700ull, 1000002750ull, N * 4ull, 7, 98, 0, 0};
     w->submit(gp::Rec(GP_REC_CUPTI_MEMSET, 0).put(ms));
     open_rec("CUPTI_MEMSET", 0); j_memop(ms); close_rec();
+    /* A run whose patches got no buffer: every field distinct, a failure code, a call never made. */
+    gp_tool_status st{1000002800ull, GP_STAGE_FINAL, GP_INJECTION_PRELOAD, GP_LOADING_LAZY, 0, 0, 0, 0,
+                      0, 6, 0, GP_RC_NOT_CALLED, 2, 1, 3, 5, 4, 96, 0};
+    w->submit(gp::Rec(GP_REC_TOOL_STATUS, 0).put(st));
+    open_rec("TOOL_STATUS", 0); j_tool_status(st); close_rec();
 
     for (int i = 0; i < 3; ++i) {
         gp_alloc a{1000004000ull + 10 * i, bases[i], N * 4ull, 0x5000, 0, 0, 0};
@@ -306,7 +319,7 @@ int main(int argc, char **argv) {
 
     /* Fill the queue: what does not fit is dropped and counted. */
     uint32_t id = 5, dropped = 0;
-    const size_t queued = 1 + 2 + 3 + 1 + img.records(1).size() + 3 + 1 + 3 + 3;
+    const size_t queued = 1 + 2 + 3 + 1 + img.records(1).size() + 3 + 1 + 3 + 3 + 1;
     for (size_t q = queued; q < o.queue_capacity; ++q) string_rec(*w, id++, "filler", true);
     for (int i = 0; i < 3; ++i, ++dropped) string_rec(*w, id++, "lost", false);
     w->close();

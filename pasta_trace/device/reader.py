@@ -48,6 +48,7 @@ _FIXED_FRAMES: dict[RT, str] = {
     RT.CUPTI_KERNEL: "cupti_kernels",
     RT.CUPTI_MEMCPY: "cupti_memcpy",
     RT.CUPTI_MEMSET: "cupti_memset",
+    RT.TOOL_STATUS: "tool_status",
 }
 #: record types followed by ``n`` entries -> the frame of their entries
 _ENTRY_FRAMES: dict[RT, str] = {

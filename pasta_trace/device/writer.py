@@ -161,6 +161,11 @@ class DeviceFileWriter:
         head = pack(schema.DEV_WS_BITMAP_HEADER, alloc_base=alloc_base, page_shift=shift, nbits=nbits, encoding=0)
         self._f.write(encode(RT.WS_BITMAP, head, words, launch_id=launch_id))
 
+    def tool_status(self, **fields: int) -> None:
+        """A TOOL_STATUS record; the ``rc_*`` fields not given are TOOL_STATUS_NOT_CALLED, as the C side starts them."""
+        rcs = {f.name: schema.TOOL_STATUS_NOT_CALLED for f in schema.DEV_TOOL_STATUS.fields if f.name.startswith("rc_")}
+        self.record(RT.TOOL_STATUS, **{**rcs, **fields})
+
     # ------------------------------------------------------------------ lifetime
 
     def flush(self) -> None:

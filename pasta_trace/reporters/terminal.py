@@ -42,6 +42,7 @@ def _facts(facts: dict) -> list[tuple[str, str]]:
     rows = [(k, str(v)) for k, v in head if v is not None]
     if facts["merge"]:
         rows += [("merge", line) for line in merge.MergeStats(**facts["merge"]).lines()]
+    rows += [("tool status", line) for line in facts.get("device_status") or ()]
     return rows
 
 

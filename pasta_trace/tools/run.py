@@ -11,6 +11,7 @@ from typing import Callable
 import polars as pl
 
 from .. import merge, schema
+from ..device.status import status_lines
 from ..read import Capture
 from .calls import capture_calls
 from .registry import REGISTRY, Tool
@@ -108,6 +109,8 @@ def capture_facts(cap: Capture) -> dict:
         "device_backend": m.get("device"),
         # what the host <-> device merge matched and what it could not (never dropped silently)
         "merge": merge.stats(cap).as_dict() if cap.has_device_data else None,
+        # the Sanitizer injection's own account of its set-up calls, one line per process (device format 1.1)
+        "device_status": status_lines(cap.device["tool_status"]) if "tool_status" in cap.device else [],
     }
 
 

@@ -92,6 +92,7 @@ def write_sample(path: Path, seed: int = 7, per_type: int = 2) -> Sample:
                 (RT.CUPTI_KERNEL, "cupti_kernels"),
                 (RT.CUPTI_MEMCPY, "cupti_memcpy"),
                 (RT.CUPTI_MEMSET, "cupti_memset"),
+                (RT.TOOL_STATUS, "tool_status"),
             ]:
                 vals = random_fields(rng, schema.DEVICE_PAYLOADS[rt])
                 if "name_id" in vals:
@@ -167,7 +168,7 @@ def test_every_record_type_round_trips(tmp_path):
     assert {k: len(v) for k, v in d.frames.items()} == {
         "clock_sync": 3, "launches": 3, "kernel_summaries": 3, "page_hist": 3 + 4 + 5, "alloc_touch": 12,
         "ws_bitmaps": 3, "allocs": 3, "frees": 3, "opcode_hist": 2 + 3 + 2, "access_samples": 5 + 6 + 7,
-        "dropped": 3, "cupti_kernels": 3, "cupti_memcpy": 3, "cupti_memset": 3,
+        "dropped": 3, "cupti_kernels": 3, "cupti_memcpy": 3, "cupti_memset": 3, "tool_status": 3,
     }
     # names resolved through STRING records; an id never defined stays null
     assert d.frames["launches"]["name"].to_list() == [
@@ -302,7 +303,7 @@ def test_unknown_types_are_skipped_by_length(tmp_path):
     rng = np.random.default_rng(3)
     out = bytearray(data[: s.boundaries[0]])
     for a, b in zip(s.boundaries, s.boundaries[1:]):
-        t = int(rng.choice([0, 16, 200, 0xFFFF]))
+        t = int(rng.choice([0, 250, 200, 0xFFFF]))
         out += W.encode(t, rng.bytes(int(rng.integers(0, 100))), launch_id=9)
         out += data[a:b]
     p = tmp_path / "unknown.bin"
@@ -310,7 +311,7 @@ def test_unknown_types_are_skipped_by_length(tmp_path):
     d = read_device_file(p)
     assert_frames_equal(d.frames, s.expected)
     assert len(d.problems) == 1 and d.problems[0].startswith(f"{p}: skipped records of unknown type(s) ")
-    assert set(d.problems[0].split("type(s) ")[1].split(", ")) == {"0", "16", "200", "65535"}
+    assert set(d.problems[0].split("type(s) ")[1].split(", ")) == {"0", "250", "200", "65535"}
 
 
 def test_ws_bitmap_with_unknown_encoding_is_skipped_and_said(tmp_path):

@@ -5,7 +5,7 @@ typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef ui
 typedef int32_t __s32; typedef int64_t __s64;
 #define GP_MAGIC 0x42525047u
 #define GP_VER_MAJOR 1
-#define GP_VER_MINOR 0
+#define GP_VER_MINOR 1
 #define GP_REC_CLOCK_SYNC 1
 #define GP_REC_LAUNCH 2
 #define GP_REC_KERNEL_SUMMARY 3
@@ -21,6 +21,7 @@ typedef int32_t __s32; typedef int64_t __s64;
 #define GP_REC_CUPTI_KERNEL 13
 #define GP_REC_CUPTI_MEMCPY 14
 #define GP_REC_CUPTI_MEMSET 15
+#define GP_REC_TOOL_STATUS 16
 #define GP_BACKEND_CUPTI 1
 #define GP_BACKEND_SANITIZER 2
 #define GP_BACKEND_NVBIT 3
@@ -31,6 +32,16 @@ typedef int32_t __s32; typedef int64_t __s64;
 #define GP_ALLOC_HOST 2
 #define GP_ALLOC_ASYNC 3
 #define GP_ALLOC_VIRTUAL 4
+#define GP_STAGE_INIT 1
+#define GP_STAGE_MODULE 2
+#define GP_STAGE_FINAL 3
+#define GP_LOADING_UNSET 0
+#define GP_LOADING_LAZY 1
+#define GP_LOADING_EAGER 2
+#define GP_LOADING_OTHER 3
+#define GP_INJECTION_PRELOAD 1
+#define GP_INJECTION_INJECTION 2
+#define GP_RC_NOT_CALLED (-1)
 /* device record file header */
 struct gp_file_header {
     __u32 magic;
@@ -209,6 +220,31 @@ struct gp_cupti_memop {
 };
 #ifdef __cplusplus
 static_assert(sizeof(struct gp_cupti_memop) == 40, "gp_cupti_memop size");
+#endif
+/* what the Sanitizer injection's set-up calls returned (format 1.1) */
+struct gp_tool_status {
+    __u64 host_mono; /* ns CLOCK_MONOTONIC */
+    __u32 stage;
+    __u32 injection_mode;
+    __u32 loading_mode;
+    __s32 rc_subscribe;
+    __s32 rc_add_patches;
+    __s32 rc_patch_instructions;
+    __s32 rc_patch_module;
+    __s32 rc_set_callback_data;
+    __s32 rc_set_launch_data;
+    __s32 rc_loaded_status;
+    __s32 rc_fallback_read;
+    __u32 modules_patched;
+    __u32 modules_failed;
+    __u32 functions_not_loaded;
+    __u64 launches;
+    __u64 launches_with_data;
+    __u64 patch_null_calls;
+    __u64 patch_data_calls;
+};
+#ifdef __cplusplus
+static_assert(sizeof(struct gp_tool_status) == 96, "gp_tool_status size");
 #endif
 struct gp_page_hist_entry {
     __u64 page;
