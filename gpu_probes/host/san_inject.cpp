@@ -1,8 +1,11 @@
 /* Compute Sanitizer injection library: libgpu_probes_sanitizer.so.
  *
- * Load with LD_PRELOAD=<lib> (the constructor starts it) or CUDA_INJECTION64_PATH=<lib>
- * (the driver calls InitializeInjection; on an H200 with driver 580.159.04 that way
- * died with SIGSEGV before the first callback, so pasta-trace uses LD_PRELOAD).  Per launch it binds one slot of
+ * Load with LD_PRELOAD=<lib> or CUDA_INJECTION64_PATH=<lib>.  Either way a
+ * static initializer subscribes when the library is loaded, as NVIDIA's
+ * samples do, and InitializeInjection (the driver's call from cuInit) returns
+ * what that did: 1 subscribed, 0 not, however often it is called.  The
+ * library pins itself (RTLD_NODELETE) so that no callback can ever point into
+ * an unloaded image.  Per launch it binds one slot of
  * device memory (agg.cuh's gp_slot) to the launch, lets the patch functions in
  * device/san_patches.cu aggregate into it, and at LAUNCH_END copies it back
  * and queues KERNEL_SUMMARY, PAGE_HIST, ALLOC_TOUCH, WS_BITMAP, LAUNCH and
@@ -20,11 +23,20 @@
  *   GPU_PROBES_SAMPLE       off | warp:N | cta:K   raw access samples (default off)
  *   GPU_PROBES_SAMPLE_CAP   samples kept per launch (default 4096)
  *   GPU_PROBES_VERBOSE      1: log each module patched and each launch to stderr
+ *   GPU_PROBES_KEEP_STATUS  1: write the final TOOL_STATUS even when no CUDA callback came (then the
+ *                           file says "loaded and subscribed, never called"; gpu_check sets it)
+ *
+ * What every set-up call returned (subscribe, add-patches, patch-instructions,
+ * patch-module, loaded-status, set-callback-data), the modules patched, the
+ * loading mode and the patches' own fallback counters go into the record file
+ * itself as TOOL_STATUS records (device format 1.1), after the subscribe,
+ * after each module and at exit: a failed run says why where it is kept.
  */
 #include <dlfcn.h>
 #include <limits.h>
 #include <sanitizer.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -89,6 +101,13 @@ struct Tool {
     std::recursive_mutex patch_mu;
     std::unordered_map<CUcontext, bool> patches_loaded;
     std::unordered_map<CUmodule, bool> patched; /* modules instrumented (sanitizerPatchModule succeeded) */
+
+    /* TOOL_STATUS: guarded by status_mu (taken alone, never with mu or patch_mu held... except
+     * patch_mu, which is always taken first). */
+    std::mutex status_mu;
+    gp_tool_status status{};
+    std::unordered_map<CUcontext, uint64_t> fallback_addr; /* the patches' counters, per context */
+    std::atomic<bool> used{false}; /* a CUDA callback came: this process uses CUDA */
 };
 
 Tool *g_tool = nullptr;
@@ -119,12 +138,39 @@ void warn(const char *what, SanitizerResult r) {
     std::fprintf(stderr, "gpu_probes: %s failed: %s\n", what, s);
 }
 
-#define GP_TRY(call)                                                                                                   \
-    ([&] {                                                                                                             \
-        SanitizerResult r_ = (call);                                                                                   \
-        if (r_ != SANITIZER_SUCCESS) warn(#call, r_);                                                                  \
-        return r_ == SANITIZER_SUCCESS;                                                                                \
-    }())
+/* A call's result, warned about when it failed. */
+SanitizerResult check(const char *what, SanitizerResult r) {
+    if (r != SANITIZER_SUCCESS) warn(what, r);
+    return r;
+}
+
+#define GP_CALL(call) check(#call, (call))
+
+/* Keeps the first failure of a call in its TOOL_STATUS field (success only replaces "not called"). */
+void note(Tool &t, int32_t gp_tool_status::*field, SanitizerResult r) {
+    std::lock_guard<std::mutex> g(t.status_mu);
+    int32_t &f = t.status.*field;
+    if (f == GP_RC_NOT_CALLED || (f == 0 && r != SANITIZER_SUCCESS)) f = (int32_t)r;
+}
+
+void submit_status(Tool &t, uint32_t stage) {
+    gp_tool_status st;
+    {
+        std::lock_guard<std::mutex> g(t.status_mu);
+        t.status.host_mono = gp::mono_ns();
+        t.status.stage = stage;
+        st = t.status;
+    }
+    t.writer->submit(gp::Rec(GP_REC_TOOL_STATUS, 0).put(st));
+}
+
+uint32_t loading_mode() {
+    const char *m = std::getenv("CUDA_MODULE_LOADING");
+    if (!m || !*m) return GP_LOADING_UNSET;
+    if (!strcasecmp(m, "LAZY")) return GP_LOADING_LAZY;
+    if (!strcasecmp(m, "EAGER")) return GP_LOADING_EAGER;
+    return GP_LOADING_OTHER;
+}
 
 uint32_t env_u32(const char *name, uint32_t dflt) {
     const char *v = std::getenv(name);
@@ -180,26 +226,44 @@ void load_patches(Tool &t, CUcontext ctx, CUmodule module, const char *why) {
         GP_LOG("%s during patching: module %p is patched at its first launch", why, (void *)module);
         return;
     }
+    if (t.patched.count(module)) return;
     in_patching = true;
     bool ok = true;
     if (!t.patches_loaded[ctx]) {
-        ok = GP_TRY(sanitizerAddPatches(gp_san_patches_fatbin, ctx));
+        SanitizerResult r = GP_CALL(sanitizerAddPatches(gp_san_patches_fatbin, ctx));
+        note(t, &gp_tool_status::rc_add_patches, r);
+        ok = r == SANITIZER_SUCCESS;
         t.patches_loaded[ctx] = ok;
         GP_LOG("patches added to context %p: %s", (void *)ctx, ok ? "ok" : "FAILED");
     }
     if (ok) {
-        ok = GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, module,
-                                               "gp_san_global_access")) &
-             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, module,
-                                               "gp_san_shared_access")) &
-             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, module,
-                                               "gp_san_local_access")) &
-             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_ENTER, module, "gp_san_block_enter")) &
-             GP_TRY(sanitizerPatchInstructions(SANITIZER_INSTRUCTION_BLOCK_EXIT, module, "gp_san_block_exit")) &
-             GP_TRY(sanitizerPatchModule(module));
+        /* Every call is made and noted, even after one failed: the record then has them all. */
+        static const struct {
+            Sanitizer_InstructionId id;
+            const char *patch;
+        } kPatches[] = {
+            {SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, "gp_san_global_access"},
+            {SANITIZER_INSTRUCTION_SHARED_MEMORY_ACCESS, "gp_san_shared_access"},
+            {SANITIZER_INSTRUCTION_LOCAL_MEMORY_ACCESS, "gp_san_local_access"},
+            {SANITIZER_INSTRUCTION_BLOCK_ENTER, "gp_san_block_enter"},
+            {SANITIZER_INSTRUCTION_BLOCK_EXIT, "gp_san_block_exit"},
+        };
+        for (const auto &p : kPatches) {
+            SanitizerResult r = check(p.patch, sanitizerPatchInstructions(p.id, module, p.patch));
+            note(t, &gp_tool_status::rc_patch_instructions, r);
+            ok = ok && r == SANITIZER_SUCCESS;
+        }
+        SanitizerResult r = GP_CALL(sanitizerPatchModule(module));
+        note(t, &gp_tool_status::rc_patch_module, r);
+        ok = ok && r == SANITIZER_SUCCESS;
         if (ok) t.patched[module] = true;
     }
     in_patching = false;
+    {
+        std::lock_guard<std::mutex> s(t.status_mu);
+        ++(ok ? t.status.modules_patched : t.status.modules_failed);
+    }
+    submit_status(t, GP_STAGE_MODULE);
     GP_LOG("%s: module %p of context %p patched: %s", why, (void *)module, (void *)ctx, ok ? "ok" : "FAILED");
 }
 
@@ -268,7 +332,7 @@ DeviceSlot *take_slot(Tool &t, CUcontext ctx) {
         if (s->dev) sanitizerFree(ctx, s->dev);
         s->dev = nullptr;
         s->capacity = 0;
-        if (!GP_TRY(sanitizerAlloc(ctx, &s->dev, need))) {
+        if (GP_CALL(sanitizerAlloc(ctx, &s->dev, need)) != SANITIZER_SUCCESS) {
             pool.push_back(s);
             return nullptr;
         }
@@ -279,7 +343,22 @@ DeviceSlot *take_slot(Tool &t, CUcontext ctx) {
 }
 
 void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
+    /* Before any other Sanitizer call of this launch: a module whose load was
+     * missed (or came during patching) is patched now.  Lazily loaded
+     * functions of a patched module are patched by the API itself
+     * (FUNCTIONS_LAZY_PATCHED); they are never patched from here. */
     ensure_patched(t, d->context, d->module);
+    {
+        std::lock_guard<std::mutex> g(t.status_mu);
+        ++t.status.launches;
+    }
+    Sanitizer_FunctionLoadedStatus loaded = SANITIZER_FUNCTION_NOT_LOADED;
+    SanitizerResult lr = GP_CALL(sanitizerGetFunctionLoadedStatus(d->function, &loaded));
+    note(t, &gp_tool_status::rc_loaded_status, lr);
+    if (lr == SANITIZER_SUCCESS && loaded != SANITIZER_FUNCTION_LOADED) {
+        std::lock_guard<std::mutex> g(t.status_mu);
+        ++t.status.functions_not_loaded;
+    }
     const uint64_t now = gp::mono_ns();
     const uint64_t id = t.next_launch.fetch_add(1);
     DeviceSlot *slot;
@@ -289,12 +368,26 @@ void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
     }
     if (!slot) return;
     /* The whole image (header, zeroed hash and counters, allocation table) in one copy. */
-    if (!GP_TRY(sanitizerMemcpyHostToDeviceAsync(slot->dev, slot->img->bytes().data(), slot->img->layout().total,
-                                                 d->hStream)) ||
-        !GP_TRY(sanitizerSetLaunchCallbackData(d->hLaunch, d->function, d->hStream, slot->dev))) {
+    bool given = GP_CALL(sanitizerMemcpyHostToDeviceAsync(slot->dev, slot->img->bytes().data(),
+                                                          slot->img->layout().total, d->hStream)) == SANITIZER_SUCCESS;
+    if (given) {
+        /* Both routes to the same slot: per function as the samples do, and per
+         * launch, which wins for this launch where the driver supports it
+         * (the same function may run on two streams at once). */
+        SanitizerResult rf = GP_CALL(sanitizerSetCallbackData(d->function, slot->dev));
+        SanitizerResult rl = GP_CALL(sanitizerSetLaunchCallbackData(d->hLaunch, d->function, d->hStream, slot->dev));
+        note(t, &gp_tool_status::rc_set_callback_data, rf);
+        note(t, &gp_tool_status::rc_set_launch_data, rl);
+        given = rf == SANITIZER_SUCCESS || rl == SANITIZER_SUCCESS;
+    }
+    if (!given) {
         std::lock_guard<std::mutex> g(t.mu);
         t.free_slots[d->context].push_back(slot);
         return;
+    }
+    {
+        std::lock_guard<std::mutex> g(t.status_mu);
+        ++t.status.launches_with_data;
     }
     Inflight f{slot, d->context, id, {}};
     gp_launch &r = f.rec;
@@ -319,6 +412,28 @@ void on_launch_begin(Tool &t, const Sanitizer_LaunchData *d) {
     t.inflight[d->hLaunch] = f;
 }
 
+/* The patches' fallback counters of `ctx` (their address as a patch with its
+ * buffer wrote it into the slot; 0: this launch's patches did not), read
+ * after the launch's stream is synchronised.  They count every launch of the
+ * context so far, those that got no buffer included. */
+void read_fallback(Tool &t, CUcontext ctx, uint64_t published, Sanitizer_StreamHandle stream) {
+    uint64_t addr;
+    {
+        std::lock_guard<std::mutex> g(t.status_mu);
+        if (published) t.fallback_addr[ctx] = published;
+        auto it = t.fallback_addr.find(ctx);
+        if (it == t.fallback_addr.end()) return;
+        addr = it->second;
+    }
+    uint64_t c[2] = {0, 0};
+    SanitizerResult r = GP_CALL(sanitizerMemcpyDeviceToHost(c, (void *)(uintptr_t)addr, sizeof c, stream));
+    note(t, &gp_tool_status::rc_fallback_read, r);
+    if (r != SANITIZER_SUCCESS) return;
+    std::lock_guard<std::mutex> g(t.status_mu);
+    t.status.patch_null_calls = c[0];
+    t.status.patch_data_calls = c[1];
+}
+
 void on_launch_end(Tool &t, const Sanitizer_LaunchData *d) {
     Inflight f;
     {
@@ -330,9 +445,11 @@ void on_launch_end(Tool &t, const Sanitizer_LaunchData *d) {
     }
     f.rec.host_mono_end = gp::mono_ns();
     gp::SlotImage &img = *f.slot->img;
-    const bool ok = GP_TRY(sanitizerStreamSynchronize(d->hStream)) &&
-                    GP_TRY(sanitizerMemcpyDeviceToHost(img.bytes().data(), f.slot->dev, img.layout().total, d->hStream));
+    bool ok = GP_CALL(sanitizerStreamSynchronize(d->hStream)) == SANITIZER_SUCCESS;
+    ok = ok && GP_CALL(sanitizerMemcpyDeviceToHost(img.bytes().data(), f.slot->dev, img.layout().total,
+                                                   d->hStream)) == SANITIZER_SUCCESS;
     const uint64_t after = gp::mono_ns();
+    read_fallback(t, f.ctx, ok ? img.header()->fallback : 0, d->hStream);
     {
         std::lock_guard<std::mutex> g(t.mu);
         t.free_slots[f.ctx].push_back(f.slot);
@@ -361,6 +478,8 @@ void on_context_destroy(Tool &t, CUcontext ctx) {
     t.free_slots.erase(ctx);
     std::lock_guard<std::recursive_mutex> p(t.patch_mu);
     t.patches_loaded.erase(ctx);
+    std::lock_guard<std::mutex> st(t.status_mu);
+    t.fallback_addr.erase(ctx);
 }
 
 void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbid, const void *cbdata) {
@@ -378,9 +497,10 @@ void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbi
         break;
     }
     case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED: {
-        /* Lazy loading brings functions in after MODULE_LOADED: patch them too. */
+        /* Never patched from here: the API patches lazily loaded functions of a
+         * patched module itself and says so with FUNCTIONS_LAZY_PATCHED. */
         const auto *m = static_cast<const Sanitizer_ResourceFunctionsLazyLoadedData *>(cbdata);
-        load_patches(t, m->context, m->module, "functions lazy-loaded");
+        GP_LOG("%u functions of module %p lazily loaded", m->numFunctions, (void *)m->module);
         break;
     }
     case SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_PATCHED: {
@@ -430,10 +550,11 @@ void SANITIZERAPI callback(void *userdata, Sanitizer_CallbackDomain domain, Sani
                            const void *cbdata) {
     Tool &t = *static_cast<Tool *>(userdata);
     if ((uint64_t)getpid() != t.pid) return;
+    /* The first callback of a process that uses CUDA: from here its record file is kept. */
+    if (!t.used.exchange(true)) submit_status(t, GP_STAGE_INIT);
     /* Inside our own work, callbacks are ours (our allocations, copies), except
-     * code loaded meanwhile: a module or functions loaded must be patched. */
-    const bool load = domain == SANITIZER_CB_DOMAIN_RESOURCE && (cbid == SANITIZER_CBID_RESOURCE_MODULE_LOADED ||
-                                                                 cbid == SANITIZER_CBID_RESOURCE_FUNCTIONS_LAZY_LOADED);
+     * a module loaded meanwhile: it must be patched. */
+    const bool load = domain == SANITIZER_CB_DOMAIN_RESOURCE && cbid == SANITIZER_CBID_RESOURCE_MODULE_LOADED;
     if (in_tool && !load) return;
     if (in_tool) {
         dispatch(t, domain, cbid, cbdata);
@@ -448,16 +569,40 @@ void finish() {
     if (!g_tool || (uint64_t)getpid() != g_tool->pid) return;
     if (g_tool->sub) sanitizerUnsubscribe(g_tool->sub);
     /* Under LD_PRELOAD every process the command starts loads the library: one
-     * that never reached CUDA leaves no header-only file behind. */
+     * that never reached CUDA leaves no file behind. */
+    const char *k = std::getenv("GPU_PROBES_KEEP_STATUS");
+    const bool keep = k && *k && std::strcmp(k, "0") != 0;
+    if (g_tool->used.load() || keep) submit_status(*g_tool, GP_STAGE_FINAL);
     g_tool->writer->close(/*remove_if_empty=*/true);
 }
 
-int init() {
+/* Keeps this library mapped for the life of the process, whatever unloads it:
+ * the driver may dlclose an injection library, and our callbacks must never
+ * point into an unmapped image. */
+void pin_self() {
+    Dl_info info{};
+    if (!dladdr((const void *)&pin_self, &info) || !info.dli_fname) return;
+    if (!dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+        std::fprintf(stderr, "gpu_probes: cannot pin %s: %s\n", info.dli_fname, dlerror());
+}
+
+/* true: subscribed.  Runs once (gp_init_once). */
+bool init() {
     const char *v = std::getenv("GPU_PROBES_VERBOSE");
     g_verbose = v && *v && std::strcmp(v, "0") != 0;
+    pin_self();
     Tool *t = new Tool();
     t->pid = (uint64_t)getpid();
     t->cfg = config_from_env();
+    std::memset(&t->status, 0, sizeof t->status);
+    for (int32_t gp_tool_status::*f :
+         {&gp_tool_status::rc_subscribe, &gp_tool_status::rc_add_patches, &gp_tool_status::rc_patch_instructions,
+          &gp_tool_status::rc_patch_module, &gp_tool_status::rc_set_callback_data,
+          &gp_tool_status::rc_set_launch_data, &gp_tool_status::rc_loaded_status, &gp_tool_status::rc_fallback_read})
+        t->status.*f = GP_RC_NOT_CALLED;
+    t->status.injection_mode =
+        gp::loaded_as_injection((const void *)&pin_self) ? GP_INJECTION_INJECTION : GP_INJECTION_PRELOAD;
+    t->status.loading_mode = loading_mode();
     gp::Writer::Options o;
     o.backend = GP_BACKEND_SANITIZER;
     o.page_shift = t->cfg.page_shift;
@@ -467,21 +612,39 @@ int init() {
     if (!t->writer) {
         std::fprintf(stderr, "gpu_probes: cannot write the device record file: %s\n", err.c_str());
         delete t;
-        return 1;
+        return false;
     }
-    if (!GP_TRY(sanitizerSubscribe(&t->sub, callback, t))) {
+    SanitizerResult r = GP_CALL(sanitizerSubscribe(&t->sub, callback, t));
+    note(*t, &gp_tool_status::rc_subscribe, r);
+    if (r != SANITIZER_SUCCESS) {
+        /* Kept where the run is kept: the file holds why nothing was recorded. */
+        submit_status(*t, GP_STAGE_FINAL);
         t->writer->close();
         delete t;
-        return 1;
+        return false;
     }
-    sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_RESOURCE);
-    sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_LAUNCH);
-    GP_LOG("subscribed (%s)", std::getenv("CUDA_INJECTION64_PATH") ? "CUDA_INJECTION64_PATH set" : "preloaded");
+    GP_CALL(sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_RESOURCE));
+    GP_CALL(sanitizerEnableDomain(1, t->sub, SANITIZER_CB_DOMAIN_LAUNCH));
+    GP_LOG("subscribed (%s)", t->status.injection_mode == GP_INJECTION_INJECTION ? "CUDA_INJECTION64_PATH" : "preloaded");
     g_tool = t;
     std::atexit(finish);
-    return 0;
+    return true;
 }
+
+bool gp_init_once() {
+    static std::once_flag once;
+    static bool ok = false;
+    std::call_once(once, [] { ok = init(); });
+    return ok;
+}
+
+/* Subscribes at load in both modes (LD_PRELOAD and CUDA_INJECTION64_PATH), as
+ * NVIDIA's samples and AccelProf do: before cuInit, so that no module load is missed. */
+__attribute__((constructor)) void gp_static_init() { gp_init_once(); }
 
 } // namespace
 
-GP_INJECTION_ENTRY_POINTS(init)
+/* The driver's entry point under CUDA_INJECTION64_PATH: 1 when the tool is
+ * subscribed, 0 when it is not (the static initializer already tried; this
+ * only reports, however often it is called). */
+extern "C" __attribute__((visibility("default"))) int InitializeInjection() { return gp_init_once() ? 1 : 0; }

@@ -82,6 +82,10 @@ struct gp_slot {
     struct gp_alloc_count *touch;
     uint64_t *bitmap;
     struct gp_access_sample *samples;
+    /* The Sanitizer patches write the device address of their fallback
+     * counters (san_patches.cu) here, so the host can read those counters
+     * even for launches that got no slot.  0: no patch wrote it. */
+    uint64_t fallback;
 };
 
 /* ------------------------------------------------------------------ atomics */
