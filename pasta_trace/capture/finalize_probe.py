@@ -36,7 +36,6 @@ class FinalizeProbes:
         self.verbose = verbose
         #: (dev, inode) of each interpreter file tried -> the symbols probed there (empty: none)
         self.files: dict[tuple[int, int], list[str]] = {}
-        self.notes: list[str] = []
         self._pins: list[pinned.PinnedFile] = []
 
     def watch(self, pid: int, path: str) -> None:
@@ -61,17 +60,14 @@ class FinalizeProbes:
                 self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=HANDLER.encode(), pid=-1)
                 self.files[found].append(name)
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception; a damaged file stays traced without it
-            self.notes.append(f"{path}: interpreter finalization not probed ({type(e).__name__}: {e}); tensors "
-                              "freed at exit count as freed")
-            self.say(f"warning: {self.notes[-1]}")
+            self.say(f"warning: {path}: interpreter finalization not probed ({type(e).__name__}: {e}); tensors "
+                     "freed at exit count as freed")
         if self.files[found]:
             self._pins.append(pin)  # held until the probes go (pinned: a reused fd number)
             if self.verbose:
                 self.say(f"PID {pid}: interpreter finalization probed at {', '.join(self.files[found])} ({path})")
         else:
             pin.close()
-            if not self.notes or not self.notes[-1].startswith(path):
-                self.notes.append(f"{path}: no {' or '.join(SYMBOLS)}; tensors freed at exit count as freed")
 
     def close(self) -> None:
         """After the probes were removed (ProbeSet.detach takes every uprobe of the program)."""
