@@ -14,10 +14,25 @@
  *   record and sends SIGCONT, so the library's first call is traced.  If the
  *   tracer dies, its guardian (capture/guardian.py), which holds pt_stops and
  *   discover_cfg, disarms and resumes every process still recorded.
+ * - mmap with PROT_EXEC of a file by a traced process, that succeeded, whose
+ *   file is in neither `known_files` nor `plain_files`: the process is stopped
+ *   the same way (pt_stops record with the mapped fd and an empty path).  A
+ *   library with the CUDA runtime linked into it (its .symtab, not its name,
+ *   says so) is caught there, before any of its code ran (ld.so maps its code
+ *   before it relocates it or runs its constructors); user space probes it
+ *   and makes it known, or puts a file with nothing to probe in `plain_files`
+ *   (an LRU: a file it forgets costs one more stop).  With a pid filter every
+ *   such mapping is also reported (a MAP record): a process that exits before
+ *   its maps are read again still has its libraries named offline.
+ * - every stop also writes a STOP record that wakes the tracer: a program
+ *   loading a hundred libraries waits for each only as long as its look.
  * - pasta-trace's own processes (the tracer, its events writer, its guardian:
  *   their tgids in `pt_own`, added by user space as each starts) are never
  *   stopped.  By tgid, not by name: a user's program may be named anything,
- *   `pasta-trace` included, and is traced all the same.
+ *   `pasta-trace` included, and is traced all the same.  Without a pid filter
+ *   (-a) a child of the tracer or of one of its own processes is one of its own
+ *   from its first instruction: the tracer may wait for a helper it starts,
+ *   and a helper stopped at its first mapping would wait for the tracer.
  * - under sudo only the invoking user's processes are traced (bpf/reach.h):
  *   another user's process is never stopped and none of its forks, execs or
  *   exits are reported, so user space never reads its maps or cmdline.
@@ -37,7 +52,8 @@
  *   made could not be named offline.
  *
  * PT_DISCOVER_FILTER (1: only processes in pid_filter, 0: every process), the
- * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py.
+ * ring and table sizes, the offsets and the struct layouts are prepended by late_load.py;
+ * PT_DISCOVER_ALONE: loaded without the probes program (its tables are not there).
  */
 
 #include <uapi/linux/ptrace.h>
@@ -48,6 +64,12 @@
 #define PT_NR_OPENAT2 437
 #define PT_O_ACCMODE 3
 #define PT_O_RDONLY 0
+#define PT_NR_MMAP 9
+#define PT_PROT_EXEC 4
+#define PT_MAP_ANONYMOUS 0x20
+#define PT_MAX_ERRNO 4095
+/* pending_children value: the parent is the tracer or one of its own (-a) */
+#define PT_OWN_CHILD 0x80000000u
 
 struct pt_path_key {
     char path[PT_PATH_LEN];
@@ -58,10 +80,19 @@ struct pt_open_args {
     u64 flags;
 };
 
+struct pt_mmap_args {
+    u64 len;
+    u64 pgoff;
+    s64 fd;
+};
+
 BPF_RINGBUF_OUTPUT(discover_events, PT_DISCOVER_PAGES);
 BPF_HASH(known_files, struct pt_file, u8, PT_KNOWN_MAX);
 BPF_HASH(pt_stops, u32, struct pt_stop, PT_STOPS_MAX); /* opener's tid -> why it is stopped */
 BPF_HASH(open_args, u32, struct pt_open_args, 16384);
+BPF_HASH(mmap_args, u32, struct pt_mmap_args, 16384); /* tid -> its executable file mapping being made */
+/* files mapped executable that have nothing to probe: their mappings stop nobody */
+BPF_TABLE("lru_hash", struct pt_file, u8, plain_files, PT_PLAIN_MAX);
 BPF_HASH(pending_children, u64, u32, 16384); /* child task pointer -> parent tgid */
 BPF_HASH(pt_own, u32, u8, PT_OWN_MAX); /* pasta-trace's own tgids: never stopped */
 BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
@@ -125,10 +156,37 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
     /* the cgroup at this moment: a short-lived process may be gone before
      * user space can read /proc/PID/cgroup */
     e->cgroup_id = bpf_get_current_cgroup_id();
+    e->addr = e->len = e->pgoff = e->dev = e->ino = 0;
     /* an exec wakes the tracer: a short program must have its maps read
-     * (runtime launches are named through them) before it exits */
-    discover_events.ringbuf_submit(e, type == PT_DISCOVER_EXEC ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+     * (runtime launches are named through them) before it exits; a stop, so
+     * that the stopped process waits only for its own handling */
+    discover_events.ringbuf_submit(e, type == PT_DISCOVER_EXEC || type == PT_DISCOVER_STOP
+                                          ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
+
+#if PT_DISCOVER_FILTER
+/* A MAP record: where a traced process mapped which file, executable. */
+static __always_inline void pt_notify_map(u32 tgid, u32 tid, u64 addr, struct pt_mmap_args *m, struct pt_file *f)
+{
+    struct pt_discover *e = discover_events.ringbuf_reserve(sizeof(struct pt_discover));
+    if (!e) {
+        pt_dlost(PT_LOST_NOTIFICATIONS);
+        return;
+    }
+    e->ts_ns = bpf_ktime_get_ns();
+    e->pid = tgid;
+    e->tid = tid;
+    e->ppid = 0;
+    e->type = PT_DISCOVER_MAP;
+    e->cgroup_id = 0;
+    e->addr = addr;
+    e->len = m->len;
+    e->pgoff = m->pgoff;
+    e->dev = f->dev;
+    e->ino = f->ino;
+    discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+#endif
 
 /* (device, inode) of the current task's descriptor fd: task->files->fdt->fd[fd]->f_inode */
 static __always_inline int pt_fd_file(long fd, struct pt_file *out)
@@ -194,12 +252,27 @@ static __always_inline int pt_is_gpu_library(const char *p)
 RAW_TRACEPOINT_PROBE(sys_enter)
 {
     long nr = ctx->args[1];
-    if (nr != PT_NR_OPENAT && nr != PT_NR_OPEN && nr != PT_NR_OPENAT2)
+    if (nr != PT_NR_OPENAT && nr != PT_NR_OPEN && nr != PT_NR_OPENAT2 && nr != PT_NR_MMAP)
         return 0;
     u64 id = bpf_get_current_pid_tgid();
     if (!pt_traced(id >> 32))
         return 0;
     struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+    if (nr == PT_NR_MMAP) {
+        u64 prot = 0, flags = 0, fd = 0;
+        struct pt_mmap_args m = {};
+        bpf_probe_read_kernel(&prot, sizeof(prot), &PT_REGS_PARM3(regs));
+        bpf_probe_read_kernel(&flags, sizeof(flags), &regs->r10); /* a syscall's 4th argument */
+        bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM5(regs));
+        if (!(prot & PT_PROT_EXEC) || (flags & PT_MAP_ANONYMOUS) || (s32)fd < 0)
+            return 0;
+        bpf_probe_read_kernel(&m.len, sizeof(m.len), &PT_REGS_PARM2(regs));
+        bpf_probe_read_kernel(&m.pgoff, sizeof(m.pgoff), &PT_REGS_PARM6(regs));
+        m.fd = (s32)fd;
+        u32 mtid = (u32)id;
+        mmap_args.update(&mtid, &m);
+        return 0;
+    }
     struct pt_open_args a = {};
     if (nr == PT_NR_OPEN) {
         bpf_probe_read_kernel(&a.name, sizeof(a.name), &PT_REGS_PARM1(regs));
@@ -243,6 +316,32 @@ static __always_inline void pt_stop_current(struct pt_stop *st, u32 tid, u32 tgi
         return;
     }
     bpf_send_signal(PT_SIGSTOP);
+    pt_notify(PT_DISCOVER_STOP, tgid, tid, 0);
+}
+
+/* The return of a traced thread's mmap of a file, executable (mmap_args). */
+static __always_inline void pt_mapped(long ret, struct pt_mmap_args *args, u32 tid, u32 tgid)
+{
+    struct pt_mmap_args m = *args;
+    mmap_args.delete(&tid);
+    if (ret < 0 && ret >= -PT_MAX_ERRNO)
+        return;
+    struct pt_file f = {};
+    if (pt_fd_file(m.fd, &f))
+        return;
+#if PT_DISCOVER_FILTER
+    pt_notify_map(tgid, tid, (u64)ret, &m, &f);
+#endif
+    if (known_files.lookup(&f) || plain_files.lookup(&f))
+        return;
+    if (!pt_armed() || pt_own_process(tgid))
+        return;
+    struct pt_stop *st = pt_stop_scratch();
+    if (!st)
+        return;
+    st->dev = f.dev;
+    st->ino = f.ino;
+    pt_stop_current(st, tid, tgid, (s32)m.fd);
 }
 
 RAW_TRACEPOINT_PROBE(sys_exit)
@@ -256,12 +355,22 @@ RAW_TRACEPOINT_PROBE(sys_exit)
     if (parent) {
         u32 ppid = *parent;
         pending_children.delete(&task);
-#if PT_DISCOVER_FILTER
         u8 one = 1;
-        if (pid_filter.update(&tgid, &one))
-            pt_dlost(PT_UNTRACED_CHILDREN); /* its calls go untraced: said, not hidden */
+        if (ppid & PT_OWN_CHILD) {
+            pt_own.update(&tgid, &one);
+        } else {
+#if PT_DISCOVER_FILTER
+            if (pid_filter.update(&tgid, &one))
+                pt_dlost(PT_UNTRACED_CHILDREN); /* its calls go untraced: said, not hidden */
 #endif
-        pt_notify(PT_DISCOVER_FORK, tgid, tid, ppid);
+            pt_notify(PT_DISCOVER_FORK, tgid, tid, ppid);
+        }
+    }
+
+    struct pt_mmap_args *m = mmap_args.lookup(&tid);
+    if (m) {
+        pt_mapped(ctx->args[1], m, tid, tgid);
+        return 0;
     }
 
     struct pt_open_args *a = open_args.lookup(&tid);
@@ -295,9 +404,19 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
     /* runs in the parent; args[1] is the child's task_struct, used only as a key */
     u32 ptgid = bpf_get_current_pid_tgid() >> 32;
+    u64 child = ctx->args[1];
+#if !PT_DISCOVER_FILTER
+    int k = 0;
+    u32 *self = discover_cfg.lookup(&k);
+    if ((self && *self == ptgid) || pt_own_process(ptgid)) {
+        u32 own = ptgid | PT_OWN_CHILD;
+        if (pending_children.update(&child, &own))
+            pt_dlost(PT_UNTRACED_CHILDREN);
+        return 0;
+    }
+#endif
     if (!pt_traced(ptgid))
         return 0;
-    u64 child = ctx->args[1];
     if (pending_children.update(&child, &ptgid))
         pt_dlost(PT_UNTRACED_CHILDREN);
     return 0;
@@ -314,7 +433,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     py_procs.delete(&tgid);
     py_unregistered.delete(&tgid);
 #endif
+#ifndef PT_DISCOVER_ALONE
     py_finalizing.delete(&tgid); /* c10.bpf.c: a new image is not finalizing */
+#endif
     if (!pt_traced(tgid))
         return 0;
     pt_notify(PT_DISCOVER_EXEC, id >> 32, (u32)id, 0);
@@ -336,6 +457,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
     /* a stopped thread that was killed needs no resuming */
     pt_stops.delete(&tid);
     open_args.delete(&tid);
+    mmap_args.delete(&tid);
     u64 task = bpf_get_current_task();
     pending_children.delete(&task); /* killed before its first return to user space */
     /* the group leader's exit stands for the process's */
@@ -351,7 +473,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #ifdef PT_PYSTACKS
     py_procs.delete(&tgid);
 #endif
+#ifndef PT_DISCOVER_ALONE
     py_finalizing.delete(&tgid); /* c10.bpf.c: a pid used again is another process */
+#endif
     pt_own.delete(&tgid);
     return 0;
 }

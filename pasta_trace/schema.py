@@ -451,11 +451,15 @@ DISCOVER_PATH_LEN = 256
 
 class DiscoverType(enum.IntEnum):
     """What bpf/discover.bpf.c reports in its ring (pasta_trace/capture/late_load.py).
-    Stopped openers are not in the ring: they are in the pt_stops map (STOP_RECORD)."""
+    Stopped processes are in the pt_stops map (STOP_RECORD); a STOP record only wakes the tracer."""
 
     FORK = 2
     EXEC = 3
     EXIT = 4
+    #: a process was stopped (a pt_stops record): wakes the tracer to resume it at once
+    STOP = 5
+    #: a traced process (with a pid filter) mapped a file executable: addr, len, pgoff, dev, ino
+    MAP = 6
 
 
 DISCOVER_EVENT = Record(
@@ -468,6 +472,11 @@ DISCOVER_EVENT = Record(
             ("ppid", "u32", "", "FORK: the parent's tgid"),
             ("type", "u32", "", "DiscoverType"),
             ("cgroup_id", "u64", "", "cgroup v2 id of the task (its cgroupfs directory's inode)"),
+            ("addr", "u64", "", "MAP: where the mapping starts"),
+            ("len", "u64", "bytes", "MAP: its length"),
+            ("pgoff", "u64", "bytes", "MAP: the file offset it maps"),
+            ("dev", "u64", "", "MAP: KNOWN_FILE.dev of the mapped file"),
+            ("ino", "u64", "", "MAP: inode of the mapped file"),
         ]
     ),
     "process-lifetime notification, written into the discover_events ring buffer",
@@ -492,12 +501,13 @@ STOP_RECORD = Record(
             ("dev", "u64", "", "KNOWN_FILE.dev of the opened file"),
             ("ino", "u64", "", "inode of the opened file"),
             ("tgid", "u32", "", "the stopped process"),
-            ("fd", "i32", "", "the descriptor the open returned; -1: stopped at its exec"),
-            ("path", f"char[{DISCOVER_PATH_LEN}]", "", "the name passed to open"),
+            ("fd", "i32", "", "the descriptor the open returned (or mapped); -1: stopped at its exec"),
+            ("path", f"char[{DISCOVER_PATH_LEN}]", "", "the name passed to open (empty: stopped at an mmap)"),
         ]
     ),
-    "value of pt_stops (key: the opener's tid): a process stopped at its open of a traced library "
-    "(or, with a pid filter, at its exec), until a tracer or its guardian resumes it",
+    "value of pt_stops (key: the opener's tid): a process stopped at its open of a traced library, at its "
+    "first executable mapping of a file not looked at yet, or (with a pid filter) at its exec, until a "
+    "tracer or its guardian resumes it",
 )
 
 # --------------------------------------------------------------------------- stacks

@@ -170,6 +170,16 @@ def links_cudart(path: str) -> bool:
     return _links_cudart(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
+def holds_cudart(path: str) -> bool:
+    """Whether the file at ``path`` (a stopped process's /proc/PID/fd/N, say)
+    has the runtime linked in; remembered by the file's identity, not its path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return _holds_cudart(path, st)
+
+
 def static_cudart(pid: int, proc: Path = Path("/proc")) -> Library | None:
     """``pid``'s executable, as a `cudart` library, if the runtime is linked into it.
     Attached through /proc/PID/exe, which reaches the file from any mount namespace."""

@@ -8,8 +8,16 @@ descriptor (capture.probe_set, probes.pinned) if its inode is new,
 records the file's (device, inode) as known (so the next open of that file,
 by any path, does not stop anyone) and resumes the process with SIGCONT.  A
 file that got no probe (a library still being written, say) is not made
-known: its next open is stopped and tried again.  The same program reports
-forks, execs and exits of traced processes.
+known: its next open is stopped and tried again.
+
+A library of any name is stopped the same way at its first executable
+mapping (mmap with PROT_EXEC, before ld.so relocates it or runs any of its
+code): one with the CUDA runtime linked in (`nvcc -shared` links
+libcudart_static) is probed there, before its first launch, and any other
+goes into the kernel's plain_files, so that it stops nobody again.  With a pid
+filter every executable mapping is reported too (on_map): the tracker keeps
+it with the process's maps, which offline naming reads once the process has
+gone.  The same program reports forks, execs and exits of traced processes.
 
 A guardian process (capture.guardian) resumes every recorded stop if the
 tracer dies before it could.
@@ -21,6 +29,7 @@ control when it opened the library is resumed by our SIGCONT.
 from __future__ import annotations
 
 import os
+import enum
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -42,10 +51,13 @@ STOP_RECORD = schema.STOP_RECORD
 KNOWN_MAX = 1024
 #: processes stopped at once, waiting for the tracer
 STOPS_MAX = 16384
-#: pages of the fork/exec/exit ring (40 bytes a record: 26,000 of them).  It fills while the
+#: pages of the fork/exec/exit ring (80 bytes a record: 13,000 of them).  It fills while the
 #: tracer attaches to a new library (a second or more), and -a reports every process of the
 #: machine: 16 pages dropped 1,223 notifications of 200 processes started during one attach.
 DISCOVER_PAGES = 256
+#: files mapped executable with nothing to probe that the kernel remembers (an LRU: one
+#: forgotten costs its next mapping a stop)
+PLAIN_MAX = 65536
 #: pasta-trace's own processes of one tracer (the tracer, its writer, its guardian), with room to spare
 OWN_MAX = 64
 
@@ -71,6 +83,7 @@ def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max:
         f"#define PT_DISCOVER_FILTER {int(filter_pids)}",
         f"#define PT_PATH_LEN {PATH_LEN}",
         f"#define PT_KNOWN_MAX {known_max}",
+        f"#define PT_PLAIN_MAX {PLAIN_MAX}",
         f"#define PT_STOPS_MAX {STOPS_MAX}",
         f"#define PT_DISCOVER_PAGES {DISCOVER_PAGES}",
         f"#define PT_OWN_MAX {OWN_MAX}",
@@ -82,16 +95,24 @@ def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max:
         STOP_RECORD.c_struct(),
     ]
     if own_pid_filter:
-        head.append("BPF_HASH(pid_filter, u32, u8, 65536);")
+        head += ["#define PT_DISCOVER_ALONE 1", "BPF_HASH(pid_filter, u32, u8, 65536);"]
     # pt_foreign: the probes program's (which defines the allowed uid under sudo), or none
     reach = (program.BPF_DIR / program.REACH_SOURCE).read_text()
     return "\n".join(head) + "\n" + reach + bpf_source_path().read_text()
 
 
+class Opened(enum.IntEnum):
+    """What a stopped process's library came to (``on_library``'s answer; True and False also do)."""
+
+    RETRY = 0  # no probe (yet): its next open or mapping stops again
+    PROBED = 1  # it has probes: its opens and mappings stop nobody
+    PLAIN = 2  # nothing in it to probe: its mappings stop nobody
+
+
 @dataclass
 class OpenedLibrary:
     pid: int
-    path: str  # as the process named it in open()
+    path: str  # as the process named it in open() (empty: caught at its mapping)
     ns_path: str  # the file's path inside the process's mount namespace
     attach_path: str  # reachable from the tracer
     dev: int
@@ -113,23 +134,30 @@ def resolve_open(pid: int, fd: int, path: str, proc: Path = Path("/proc")) -> Op
 
 class LateLoadWatcher:
     """Handles the stops and drains the notifications of bpf/discover.bpf.c;
-    calls back into the session for each.  ``on_library`` returns whether the
-    file has probes now (only then is it made known to the kernel)."""
+    calls back into the session for each: ``on_library`` for a library opened
+    by a traced name, ``on_mapped`` for a file stopped at its first executable
+    mapping.  Each returns an Opened (or whether the file has probes now): only
+    a file with probes is made known to the kernel, and only a file with
+    nothing to probe plain."""
 
     def __init__(
         self,
         bpf,
         *,
-        on_library: Callable[[OpenedLibrary], bool],
+        on_library: Callable[[OpenedLibrary], Opened | bool],
         on_fork: Callable[[int, int, int], None],
         on_exec: Callable[[int, int], None],
         on_exit: Callable[[int, int], None],
         on_warning: Callable[[str], None] = lambda msg: None,
+        on_mapped: Callable[[OpenedLibrary], Opened | bool] = lambda lib: Opened.PLAIN,
+        on_map: Callable[[np.void], None] = lambda rec: None,
     ):
         self._bpf = bpf
         self._ring: RingBuffer | None = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
         self._known = bpf["known_files"]
+        self._plain = bpf["plain_files"]
         self.on_library, self.on_fork, self.on_exec, self.on_exit = on_library, on_fork, on_exec, on_exit
+        self.on_mapped, self.on_map = on_mapped, on_map
         self.on_warning = on_warning
         stops_fd = bpf["pt_stops"].map_fd
         self._stops = Map(stops_fd, 4, STOP_RECORD.dtype.itemsize)
@@ -146,7 +174,8 @@ class LateLoadWatcher:
             self.own(g.pid)
         self.guardians_replaced = 0
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
-        self.stops = 0
+        self.stops = 0  # opens of a traced name paused
+        self.map_stops = 0  # first executable mappings of a file paused
         self._unremembered: set[tuple[int, int]] = set()  # files with probes the kernel could not remember
 
     def own(self, pid: int) -> None:
@@ -226,16 +255,23 @@ class LateLoadWatcher:
         # order let an exec landing between the two be resumed with its maps unread.
         pending = self._pending_stops()
         recs = self._ring.drain()
+        maps = []
         for rec in recs:  # rare events (forks, exits), not the event stream
             kind = int(rec["type"])
             pid = int(rec["pid"])
             if kind == DiscoverType.FORK:
                 self.on_fork(pid, int(rec["ppid"]), int(rec["ts_ns"]))
             elif kind == DiscoverType.EXEC:
+                maps = [m for m in maps if int(m["pid"]) != pid]  # the old image's: gone with it
                 self.on_exec(pid, int(rec["cgroup_id"]))
             elif kind == DiscoverType.EXIT:
                 self.on_exit(pid, int(rec["ts_ns"]))
-        return int(recs.size) + self._handle_stops(pending)
+            elif kind == DiscoverType.MAP:
+                maps.append(rec)
+        handled = self._handle_stops(pending)
+        for rec in maps:  # after the stops: a file's first mapping is named by its stop
+            self.on_map(rec)
+        return int(recs.size) + handled
 
     def _pending_stops(self) -> list[tuple[bytes, np.void]]:
         pending = []
@@ -250,19 +286,28 @@ class LateLoadWatcher:
         with two threads stopped at two libraries resumes once both have probes."""
         if not pending:
             return 0
-        self.stops += sum(int(st["fd"]) >= 0 for _, st in pending)  # opens paused (not execs)
+        opened = [len(st["path"]) > 0 for _, st in pending]  # an empty path: stopped at an mmap
+        self.stops += sum(o and int(st["fd"]) >= 0 for o, (_, st) in zip(opened, pending))  # not execs
+        self.map_stops += sum(not o and int(st["fd"]) >= 0 for o, (_, st) in zip(opened, pending))
         try:
             for _, st in pending:
                 if int(st["fd"]) < 0:
                     continue  # stopped at its exec: its maps were read when the ring's exec record was (on_exec)
                 path = bytes(st["path"]).split(b"\0", 1)[0].decode("utf-8", "replace")
                 lib = resolve_open(int(st["tgid"]), int(st["fd"]), path)
-                if lib is not None and self.on_library(lib) and lib.inode == int(st["ino"]):
-                    # the key the kernel computed (ProbeSet made stat's known): an overlay's device
-                    # may differ.  Only for the inode probed: a process sharing the stopped one's
-                    # descriptors can put another file at its fd before we look, and the file it
-                    # opened must then stay unknown (its next open stops again)
+                if lib is None:
+                    continue
+                outcome = self.on_library(lib) if path else self.on_mapped(lib)
+                # the key the kernel computed (ProbeSet made stat's known): an overlay's device
+                # may differ.  Only for the inode looked at: a process sharing the stopped one's
+                # descriptors can put another file at its fd before we look, and the file it
+                # opened must then stay unknown (its next open stops again)
+                if lib.inode != int(st["ino"]):
+                    continue
+                if outcome == Opened.PROBED:
                     self._add_known_key(int(st["dev"]), int(st["ino"]))
+                elif outcome == Opened.PLAIN:
+                    self._plain[self._plain.Key(int(st["dev"]), int(st["ino"]))] = self._plain.Leaf(1)
         finally:
             # never leave a process stopped, whatever happened above
             for key, st in pending:

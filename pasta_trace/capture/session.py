@@ -96,7 +96,8 @@ class Session:
             self._native = NativeCollector(self.bpf, opts.native_stacks_loaded, python=self._stacks, say=self.say,
                                            verbose=opts.verbose, saved_maps=self._saved_maps)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
-                                        on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn)
+                                        on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn,
+                                        on_mapped=self._on_library, on_map=self._on_map)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
         self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
                                        stacks=self._stacks, native=self._native)
@@ -143,6 +144,9 @@ class Session:
 
     def _on_exit(self, pid: int, ts: int) -> None:
         self._tracker.on_exit(pid, ts)
+
+    def _on_map(self, rec) -> None:
+        self._tracker.on_map(rec)
 
     def _warn(self, msg: str) -> None:
         self._probes.notes.append(msg)

@@ -13,7 +13,7 @@ import polars as pl
 
 from .. import schema
 from . import discovery, reach
-from .late_load import OpenedLibrary
+from .late_load import Opened, OpenedLibrary, kernel_dev
 from .probe_set import ProbeSet
 from .native_collector import NativeCollector
 from .stack_collector import StackCollector
@@ -21,6 +21,7 @@ from .processes import ProcessTable
 from .targets import alive, unreadable
 
 RESCAN_INTERVAL_S = 1.0
+PAGE = 4096
 
 
 def _ranges(maps: str) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +60,8 @@ class ProcessTracker:
         #: per process: the saved maps text and its parsed ranges
         self._ranges_of: dict[int, tuple[str, tuple[np.ndarray, np.ndarray]]] = {}
         self._unmappable: dict[int, set[int]] = {}  # launch addresses in no mapping even after a re-read
+        #: (kernel dev, inode) -> path of each file a stopped process opened or mapped (for on_map)
+        self._paths: dict[tuple[int, int], str] = {}
         self._last_rescan = 0.0
 
     # ------------------------------------------------------------------ the start
@@ -109,16 +112,40 @@ class ProcessTracker:
 
     # ------------------------------------------------------------------ callbacks from the discover program
 
-    def on_library(self, lib: OpenedLibrary) -> bool:
-        """Attach to a library a stopped process opened; True if the file has probes."""
-        entry = self._probes.attach(lib)
+    def on_library(self, lib: OpenedLibrary) -> Opened:
+        """Attach to a library a stopped process opened or mapped: a traced
+        name, or any file with the CUDA runtime linked in (its .symtab)."""
+        self._paths[(kernel_dev(lib.dev), lib.inode)] = lib.ns_path
+        fam = discovery.family_of(lib.ns_path) or discovery.family_of(lib.path)
+        if fam is None:
+            if not discovery.holds_cudart(lib.attach_path):
+                return Opened.PLAIN
+            fam = "cudart"
+        entry = self._probes.attach(lib, family=fam)
         self.processes.add(lib.pid)
         self.save_maps([lib.pid])
         self._python(lib.pid)
         if entry is not None and entry.symbols_attached:
             self._say(f"PID {lib.pid} loaded {lib.ns_path}: attached {len(entry.symbols_attached)} probes "
                       "before its first call")
-        return self._probes.has_probes(lib.dev, lib.inode)
+        return Opened.PROBED if self._probes.has_probes(lib.dev, lib.inode) else Opened.RETRY
+
+    def on_map(self, rec: np.void) -> None:
+        """A traced process mapped a file executable (with a pid filter): kept
+        with its saved maps unless they hold that address already, so that a
+        process that exits before its maps are read again (within one drain of
+        its first launch) has the launches from that file named offline."""
+        pid, addr, dev, ino = int(rec["pid"]), int(rec["addr"]), int(rec["dev"]), int(rec["ino"])
+        probed = self._probes.attached.get((os.makedev(dev >> 20, dev & 0xFFFFF), ino))
+        path = self._paths.get((dev, ino)) or (probed.path if probed is not None else None)
+        if path is None or not reach.may_trace(pid, self.uid):
+            return
+        saved = self.maps.get(pid, "")
+        if saved and not self._unmapped(pid, np.array([addr], dtype=np.uint64)).size:
+            return
+        end = (addr + int(rec["len"]) + PAGE - 1) // PAGE * PAGE
+        line = f"{addr:x}-{end:x} r-xp {int(rec['pgoff']):08x} {dev >> 20:02x}:{dev & 0xFFFFF:02x} {ino} {path}\n"
+        self.maps[pid] = saved + ("" if not saved or saved.endswith("\n") else "\n") + line
 
     def on_fork(self, pid: int, ppid: int, ts: int) -> None:
         if pid != ppid:

@@ -2,13 +2,15 @@
 (tests/fixtures/shapes/, nvcc 13): a template over a functor and an int,
 nested namespaces, an anonymous namespace, `extern "C"`, `static`, a lambda
 (`--extended-lambda`), kernels in a `nvcc -shared` library linked at start and
-in one opened with dlopen after the start, two libraries with a kernel of the
-same name; the CUDA runtime shared, and linked (libcudart_static) into the
-executable and into each shared library.  Launched (`--`), attached (`-p`)
-and system-wide (`-a`), over NVIDIA's real 535 libcuda.so.1: there is no GPU,
-so every launch fails, but each <<<>>> still enters cudaLaunchKernel.  Each
-capture's launch count per displayed name must equal the program's own log,
-with no `unknown@` name."""
+in two opened with dlopen after the start, three libraries with a kernel of
+the same name; the CUDA runtime shared, and linked (libcudart_static) into the
+executable and into each shared library (those opened with dlopen are probed
+when they are mapped, before their first launch).  Launched (`--`), attached
+(`-p`) and system-wide (`-a`), over NVIDIA's real 535 libcuda.so.1: there is
+no GPU, so every launch fails, but each <<<>>> still enters cudaLaunchKernel.
+Each capture's launch count per displayed name must equal the program's own
+log, with no `unknown@` name, also for a program that exits as soon as its
+last launch returns."""
 
 from __future__ import annotations
 
@@ -37,7 +39,11 @@ PER_ROUND = {
     "a": {"apply<Twice, 4>": 1, "outer::inner::fill": 2, "(anonymous namespace)::hidden": 1, "c_kernel": 1,
           "local_kernel": 1, "same_name": 1},
     "b": {"same_name": 1, "b_only::step<3>": 1},
+    "c": {"same_name": 1, "c_only::twice<int>": 1},
 }
+MODULES = set(PER_ROUND)
+#: the files the runtime is linked into, in the static build
+LINKED_IN = {"shapes_main", "libshapes_a.so", "libshapes_b.so", "libshapes_c.so"}
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +79,21 @@ def _expected(modules: set[str]) -> Counter:
     return out
 
 
-def _traced_modules(cudart: str) -> set[str]:
-    """The modules whose launches are traced: all three, but a library with the
-    runtime linked in that is opened with dlopen is not seen (docs/host-tracing.md)."""
-    return {"main", "a", "b"} if cudart == "shared" else {"main", "a"}
+def _dlopened(d: Path) -> str:
+    """The shapes program's LIBS argument: the libraries it opens with dlopen after its start."""
+    return f"{d / 'libshapes_b.so'}:{d / 'libshapes_c.so'}"
+
+
+def _linked_in(cap) -> set[str]:
+    """The files other than libcudart.so* whose linked-in runtime the capture probed."""
+    return {Path(e["path"]).name for e in cap.manifest["libraries"]
+            if e["family"] == "cudart" and not Path(e["path"]).name.startswith("libcudart.so")}
 
 
 def _start(shapes, cudart: str, tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path, Path]:
     d = shapes[cudart]
     log, go = tmp_path / f"{cudart}.log", tmp_path / f"{cudart}.go"
-    p = subprocess.Popen([str(d / "shapes_main"), str(d / "libshapes_b.so"), str(ROUNDS), str(go)],
+    p = subprocess.Popen([str(d / "shapes_main"), _dlopened(d), str(ROUNDS), str(go)],
                          env={**os.environ, **env, "SHAPES_LOG": str(log)})
     wait_for_file(go.with_name(go.name + ".ready"), timeout=60, proc=p)
     return p, log, go
@@ -93,24 +104,44 @@ def _start(shapes, cudart: str, tmp_path: Path, env: dict[str, str]) -> tuple[su
 def test_launched(require_bpf, shapes, driver_env, cudart, tmp_path):
     d = shapes[cudart]
     log, out, go = tmp_path / "log", tmp_path / "cap", tmp_path / "go"
-    go.touch()  # no wait; the program lives on 0.3 s after its launches (README: one that exits sooner)
-    r = run_pasta(["-o", str(out), "--", str(d / "shapes_main"), str(d / "libshapes_b.so"), str(ROUNDS), str(go)],
+    go.touch()  # no wait; the program lives on 0.3 s after its launches
+    r = run_pasta(["-o", str(out), "--", str(d / "shapes_main"), _dlopened(d), str(ROUNDS), str(go)],
                   timeout=180, env={**driver_env, "SHAPES_LOG": str(log)})
     assert r.returncode == 0, r.stderr
     cap = open_capture(out)
     (pid,) = cap.processes.select("pid").collect()["pid"].unique().to_list()
-    assert _logged(log, {"main", "a", "b"}) == _expected({"main", "a", "b"})
-    assert _captured(cap, pid) == _logged(log, _traced_modules(cudart))
-    if cudart == "static":  # the runtime in the executable and in libshapes_a.so, probed in each
-        linked_in = {Path(e["path"]).name for e in cap.manifest["libraries"]
-                     if e["family"] == "cudart" and not Path(e["path"]).name.startswith("libcudart.so")}
-        assert linked_in == {"shapes_main", "libshapes_a.so"}
+    assert _logged(log, MODULES) == _expected(MODULES)
+    assert _captured(cap, pid) == _logged(log, MODULES)
+    # the runtime in the executable and in each library, probed in each (libshapes_a.so at the
+    # start, the two opened with dlopen when they were mapped)
+    assert _linked_in(cap) == (LINKED_IN if cudart == "static" else set())
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("cudart", ["shared", "static"])
+def test_exits_at_its_last_launch(require_bpf, shapes, driver_env, cudart, tmp_path):
+    """One round, no go file: the program loads its libraries, launches each
+    kernel once and exits as soon as the last launch returns, well within one
+    drain; the mappings the kernel reported name every launch offline."""
+    d = shapes[cudart]
+    log, out = tmp_path / "log", tmp_path / "cap"
+    r = run_pasta(["-o", str(out), "--", str(d / "shapes_main"), _dlopened(d), "1"],
+                  timeout=180, env={**driver_env, "SHAPES_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    cap = open_capture(out)
+    (pid,) = cap.processes.select("pid").collect()["pid"].unique().to_list()
+    once: Counter = Counter()
+    for m in MODULES:
+        once.update(PER_ROUND[m])
+    assert _logged(log, MODULES) == once
+    assert _captured(cap, pid) == once
 
 
 @pytest.mark.live
 @pytest.mark.parametrize("mode", ["-p", "-a"])
 def test_attached(require_bpf, shapes, driver_env, tracer, mode, tmp_path):
-    """Both linkages at once, attached before their first launch (libshapes_b.so is opened after)."""
+    """Both linkages at once, attached before their first launch (libshapes_b.so and libshapes_c.so are
+    opened after)."""
     procs, logs, gos = {}, {}, {}
     try:
         for cudart in ("shared", "static"):
@@ -129,8 +160,9 @@ def test_attached(require_bpf, shapes, driver_env, tracer, mode, tmp_path):
                 p.kill()
     cap = open_capture(tmp_path / "cap")
     for cudart, p in procs.items():
-        assert _logged(logs[cudart], {"main", "a", "b"}) == _expected({"main", "a", "b"})
-        assert _captured(cap, p.pid) == _logged(logs[cudart], _traced_modules(cudart)), cudart
+        assert _logged(logs[cudart], MODULES) == _expected(MODULES)
+        assert _captured(cap, p.pid) == _logged(logs[cudart], MODULES), cudart
+    assert _linked_in(cap) == LINKED_IN
 
 
 @pytest.mark.live
