@@ -2,6 +2,7 @@
  * 256-thread blocks.  Expected under the Sanitizer backend: 2n thread-level
  * global loads, n stores, n/256 blocks, and 4n/64 KiB pages per array (256 at
  * n = 2^22).  It also measures %globaltimer's resolution and prints it. */
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -54,6 +55,20 @@ int main(int argc, char **argv) {
             return 1;
         }
     std::printf("vecadd n=%d ok a=%p b=%p c=%p\n", n, (void *)a, (void *)b, (void *)c);
+    /* argv[3] = R > 1: R - 1 more launches, each timed from the launch to the end of a
+     * device sync (an instrumenting tool's own work at launch end included): gpu_check's
+     * GPU-side against CPU-side aggregation.  The first launch (module load, patching) is not timed. */
+    const int repeat = argc > 3 ? std::atoi(argv[3]) : 1;
+    if (repeat > 1) {
+        double total_ms = 0;
+        for (int r = 1; r < repeat; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            vecadd<<<(n + 255) / 256, 256>>>(a, b, c, n);
+            CK(cudaDeviceSynchronize());
+            total_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+        std::printf("vecadd_launch_ms=%.4f over %d launches\n", total_ms / (repeat - 1), repeat - 1);
+    }
     if (timer) {
         unsigned long long *d, res = 0;
         CK(cudaMalloc(&d, sizeof *d));

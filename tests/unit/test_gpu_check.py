@@ -115,8 +115,8 @@ def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
     assert not good.failed, good.rows
     rows = {r[0]: r for r in good.rows}
     assert rows["[test] thread-level global loads"] == ("[test] thread-level global loads", str(2 * n), str(2 * n),
-                                                        "ok")
-    assert rows["[test] distinct 64 KiB pages of a"][1:] == ("256", "256", "ok")
+                                                        "PASS")
+    assert rows["[test] distinct 64 KiB pages of a"][1:] == ("256", "256", "PASS")
     bad = verdict(2 * n - 1)
     assert bad.failed
     assert [r for r in bad.rows if r[3] == "FAIL"] == [
@@ -176,7 +176,7 @@ def test_torch_tensor_step_skips_without_cuda_torch(tmp_path: Path) -> None:
         pytest.skip("this interpreter has PyTorch with CUDA: the step would run")
     tab = gc.Table()
     gc.torch_tensor_events(tab, sys.executable, tmp_path)
-    assert tab.rows == [("PyTorch tensor events", "-", "PyTorch with CUDA not importable", "skip")]
+    assert tab.rows == [("PyTorch tensor events", "-", "PyTorch with CUDA not importable", "SKIP")]
     assert not tab.failed
 
 
@@ -189,11 +189,11 @@ def test_nccl_verdict_passes_exact_calls_and_fails_a_wrong_size() -> None:
     comms = [{"rank": 0, "nranks": 1, "comm_id": mod.nccl_comm_id(uid)}]
     tab = mod.Table()
     mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
-    assert [r[3] for r in tab.rows] == ["ok"] * 4 and not tab.failed
+    assert [r[3] for r in tab.rows] == ["PASS"] * 4 and not tab.failed
     calls[1]["size"] = 4
     tab = mod.Table()
     mod.check_nccl(tab, calls, comms, counts, mod.nccl_comm_id(uid))
-    assert [r[3] for r in tab.rows] == ["ok", "FAIL", "ok", "ok"]
+    assert [r[3] for r in tab.rows] == ["PASS", "FAIL", "PASS", "PASS"]
 
 
 def test_attach_name_rows_pass_only_the_driver_object_name_the_driver_gives() -> None:
@@ -220,7 +220,7 @@ def test_attach_names_step_says_why_it_cannot_run_before_545(tmp_path: Path) -> 
     tab = gc.Table()
     gc.attach_names_probes(tab, "535.261.03", None, tmp_path)
     assert tab.rows == [("kernel names on attach", "-", "driver 535.261.03 < 545: no cuFuncGetName to compare with",
-                         "skip")]
+                         "SKIP")]
 
 
 # --------------------------------------------------------------------------- files written on an H200
@@ -273,7 +273,7 @@ def test_gpu_check_verdict_on_the_h200_sanitizer_file() -> None:
         tab = gc.Table()
         assert not gc.check_vecadd(tab, d, N, [A, B, C], "h200")
         rows = {r[0]: r[1:] for r in tab.rows}
-        assert rows["[h200] ALLOC records of a, b, c"] == (f"3 x {4 * N} B", f"3 x {4 * N} B", "ok")
-        assert rows["[h200] vecadd launches recorded"] == ("1", "1", "ok")
+        assert rows["[h200] ALLOC records of a, b, c"] == (f"3 x {4 * N} B", f"3 x {4 * N} B", "PASS")
+        assert rows["[h200] vecadd launches recorded"] == ("1", "1", "PASS")
         assert rows["[h200] thread-level global loads"] == (str(2 * N), "0", "FAIL")
         assert rows["[h200] blocks entered / exited"] == (f"{N // 256} / {N // 256}", "0 / 0", "FAIL")
