@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 import build  # noqa: E402  (tests/fixtures/build.py)
 import torch_env  # noqa: E402  (tests/fixtures/torch_env.py)
+import users  # noqa: E402  (tests/fixtures/users.py)
 from pasta_run import Tracer  # noqa: E402
 
 
@@ -195,3 +196,13 @@ def tracer(tmp_path: Path):
     yield start
     for t in started:
         t.kill()
+
+
+@pytest.fixture(scope="module")
+def user() -> users.User:
+    """A real local user (useradd), one per test module, removed after; the
+    tests play it as the attacker or as the person who runs sudo."""
+    if (why := users.unavailable()) is not None:
+        pytest.skip(why)
+    with users.temporary_user() as u:
+        yield u

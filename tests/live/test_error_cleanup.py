@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pasta_run import descendants, tracer_env
-from users import temporary_user, unavailable, users_directory  # tests/fixtures/users.py
+from users import unavailable, users_directory  # tests/fixtures/users.py
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf"),
               pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
@@ -38,11 +38,6 @@ from pasta_trace.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
-
-@pytest.fixture(scope="module")
-def user():
-    with temporary_user() as u:
-        yield u
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from cli_run import cli  # tests/fixtures/cli_run.py
 from pasta_run import copy_library  # tests/fixtures/pasta_run.py
 from pasta_trace.probes.catalog import APIS
 from pasta_trace.read import open_capture
-from users import temporary_user, unavailable  # tests/fixtures/users.py
+from users import unavailable  # tests/fixtures/users.py
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 
@@ -66,11 +66,6 @@ print(json.dumps({"pid": child.pid, "stopped": stopped, "mounted_while_stopped":
                   "rc": child.wait()}))
 """ % REPEAT
 
-
-@pytest.fixture(scope="module")
-def user():
-    with temporary_user() as u:
-        yield u
 
 
 @pytest.fixture

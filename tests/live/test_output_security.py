@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import cli, one_error_line  # tests/fixtures/cli_run.py
-from users import temporary_user, unavailable  # tests/fixtures/users.py
+from users import unavailable  # tests/fixtures/users.py
 
 from pasta_trace import synthetic
 
@@ -28,11 +28,6 @@ pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, re
 
 SECRET = b"root's secret\n"
 
-
-@pytest.fixture(scope="module")
-def user():
-    with temporary_user() as u:
-        yield u
 
 
 @pytest.fixture

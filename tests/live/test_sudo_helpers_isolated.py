@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import expect
-import users
 from pasta_run import pasta_command, read_report, tracer_env
 from pasta_trace.read import open_capture
 
@@ -34,13 +33,6 @@ with open({mark!r}, "a") as f:
 PLANTED = ("pasta_trace/__init__.py", "pasta_trace/capture/__init__.py", "pasta_trace/capture/event_writer.py",
            "pasta_trace/capture/guardian.py", "sitecustomize.py", "usercustomize.py", "runpy.py")
 
-
-@pytest.fixture
-def user():
-    if (why := users.unavailable()) is not None:
-        pytest.skip(why)
-    with users.temporary_user() as u:
-        yield u
 
 
 @pytest.fixture

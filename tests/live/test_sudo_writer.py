@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from users import temporary_user, unavailable, users_directory  # tests/fixtures/users.py
+from users import unavailable, users_directory  # tests/fixtures/users.py
 
 from pasta_trace import schema
 from pasta_trace.capture.writer import CaptureWriter
@@ -26,11 +26,6 @@ pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, re
 
 APIS = ["cuLaunchKernel", "cuMemAlloc_v2"]
 
-
-@pytest.fixture(scope="module")
-def user():
-    with temporary_user() as u:
-        yield u
 
 
 @pytest.fixture
