@@ -130,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
                 stamp = time.strftime("%H:%M:%S")
                 for line in top_screen.plain_lines(frame, stamp):
                     print(line, flush=True)
+                print(stamp, top_screen.totals_line(totals, since), flush=True)
                 if lost is not None:
                     print(stamp, lost, flush=True)
     finally:

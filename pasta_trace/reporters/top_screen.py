@@ -134,23 +134,29 @@ def render(frame: pl.DataFrame, *, width: int, height: int | None, title: str, t
     def justify(c: Col, text: str) -> str:
         return text.ljust(widths[c.header]) if c.unit == "text" else text.rjust(widths[c.header])
 
+    def wrapped(texts: list[str]) -> list[str]:
+        return [part for text in texts for part in textwrap.wrap(text, width, break_long_words=False) or [""]]
+
     lines = textwrap.wrap(title, width) or [""]
     lines.append(_group_line(cols, widths))
     lines.append(line([justify(c, c.header) for c in cols]))
     rows = frame.height
-    shown = rows if height is None else min(rows, max(1, height - len(lines) - 4))
+    foot = list(notes)
+    if left_out:
+        foot.append(f"not shown at {width} columns: {', '.join(left_out)} (a wider terminal, or `top | cat`, "
+                    "shows them)")
+    shown = rows
+    # the rows that fit above the totals and the notes, one line left for the cursor
+    if height is not None and len(lines) + rows + len(wrapped([totals, *foot])) >= height:
+        more = "{} more processes not shown (a taller terminal shows them)"
+        room = height - 1 - len(lines) - len(wrapped([totals, more.format(rows), *foot]))
+        shown = min(rows, max(1, room))
+        foot.insert(0, more.format(rows - shown))
     for i in range(shown):
         lines.append(line([justify(c, cells[c.header][i]) for c in cols]))
     if rows == 0:
         lines.append("(no traced call in the last refresh)")
-    foot = list(notes)
-    if shown < rows:
-        foot.append(f"{rows - shown} more processes not shown (a taller terminal shows them)")
-    if left_out:
-        foot.append(f"not shown at {width} columns: {', '.join(left_out)} (a wider terminal, or `top | cat`, "
-                    "shows them)")
-    for text in [totals, *foot]:
-        lines += textwrap.wrap(text, width, break_long_words=False) or [""]
+    lines += wrapped([totals, *foot])
     return Screen(lines, left_out)
 
 

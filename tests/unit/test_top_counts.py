@@ -124,3 +124,17 @@ def test_the_screen_fits_the_width_leaving_out_the_least_telling_columns_first()
     quiet = top_screen.render(frame.with_columns(pl.lit(0.0).alias("copies")), width=80, height=30, title="t",
                               totals="", ever=ever - {"copies"}, notes=[])
     assert quiet.left_out[0] == "copy/s"
+
+
+def test_rows_beyond_the_terminals_height_are_counted_not_drawn() -> None:
+    interval = pl.DataFrame({"pid": list(range(1, 11)), **{c: list(range(10, 0, -1)) for c in COUNTS}},
+                            schema_overrides={"pid": pl.UInt32, **{c: pl.UInt64 for c in COUNTS}})
+    held = pl.DataFrame(schema={"pid": pl.UInt32, **{c: pl.UInt64 for c in HELD}})
+    frame = top_screen.table_frame(interval, held, 1.0, {})
+    screen = top_screen.render(frame, width=200, height=12, title="t", totals="since 0:00: ...",
+                               ever=set(COUNTS), notes=[])
+    # title, groups, headers, 6 rows, totals, the note and a line for the cursor: the busiest first
+    assert [line.split()[0] for line in screen.lines[3:9]] == ["1", "2", "3", "4", "5", "6"]
+    assert screen.lines[9:] == ["since 0:00: ...", "4 more processes not shown (a taller terminal shows them)"]
+    assert len(top_screen.render(frame, width=200, height=16, title="t", totals="", ever=set(COUNTS),
+                                 notes=[]).lines) == 14  # all 10 fit: no note
