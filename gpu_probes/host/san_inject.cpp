@@ -101,6 +101,7 @@ struct Tool {
     std::recursive_mutex patch_mu;
     std::unordered_map<CUcontext, bool> patches_loaded;
     std::unordered_map<CUmodule, bool> patched; /* modules instrumented (sanitizerPatchModule succeeded) */
+    std::unordered_map<CUmodule, bool> failed;  /* modules whose patching failed: not retried at every launch */
 
     /* TOOL_STATUS: guarded by status_mu (taken alone, never with mu or patch_mu held... except
      * patch_mu, which is always taken first). */
@@ -226,7 +227,7 @@ void load_patches(Tool &t, CUcontext ctx, CUmodule module, const char *why) {
         GP_LOG("%s during patching: module %p is patched at its first launch", why, (void *)module);
         return;
     }
-    if (t.patched.count(module)) return;
+    if (t.patched.count(module) || t.failed.count(module)) return;
     in_patching = true;
     bool ok = true;
     if (!t.patches_loaded[ctx]) {
@@ -256,8 +257,8 @@ void load_patches(Tool &t, CUcontext ctx, CUmodule module, const char *why) {
         SanitizerResult r = GP_CALL(sanitizerPatchModule(module));
         note(t, &gp_tool_status::rc_patch_module, r);
         ok = ok && r == SANITIZER_SUCCESS;
-        if (ok) t.patched[module] = true;
     }
+    (ok ? t.patched : t.failed)[module] = true;
     in_patching = false;
     {
         std::lock_guard<std::mutex> s(t.status_mu);
@@ -273,7 +274,7 @@ void ensure_patched(Tool &t, CUcontext ctx, CUmodule module) {
     if (!module) return;
     {
         std::lock_guard<std::recursive_mutex> g(t.patch_mu);
-        if (t.patched.count(module)) return;
+        if (t.patched.count(module) || t.failed.count(module)) return;
     }
     load_patches(t, ctx, module, "first launch of an unpatched module");
 }
@@ -512,6 +513,7 @@ void dispatch(Tool &t, Sanitizer_CallbackDomain domain, Sanitizer_CallbackId cbi
         const auto *m = static_cast<const Sanitizer_ResourceModuleData *>(cbdata);
         std::lock_guard<std::recursive_mutex> g(t.patch_mu);
         t.patched.erase(m->module); /* the handle may be reused by a later load */
+        t.failed.erase(m->module);
         break;
     }
     case SANITIZER_CBID_RESOURCE_CONTEXT_DESTROY_STARTING:
