@@ -36,8 +36,8 @@ CAPTURE_FORMAT_VERSION = (1, 7)
 DEVICE_FORMAT_VERSION = (1, 1)
 
 #: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
-#: 1.2: kernels' via_graph and graph_exec).
-TIMELINE_FORMAT_VERSION = (1, 2)
+#: 1.2: kernels' via_graph and graph_exec; 1.3: kernels' ret).
+TIMELINE_FORMAT_VERSION = (1, 3)
 
 DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
 
@@ -1454,6 +1454,8 @@ TIMELINE_FRAMES: dict[str, dict[str, pl.DataType]] = {
         "block_z": pl.UInt32,
         "shmem": pl.UInt32,
         "launch_seq": pl.Int64,  # 0-based order of the launch among its process's launches
+        # timeline 1.3: the launch call's return code (null: not read); a failed launch ran no kernel
+        "ret": pl.Int32,
         # timeline 1.2: a kernel a CUDA graph launch ran (one row per kernel per graph launch), and its exec
         "via_graph": pl.Boolean,
         "graph_exec": pl.UInt64,

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from .. import merge, schema
+from ..call_result import done
 from ..hexfmt import hex_series
 from ..read import Capture
 from ..tools.memory import memory_timeline
@@ -141,7 +142,7 @@ def _collective_flows(cap: Capture) -> pl.DataFrame:
 #: the columns of merge.kernel_executions the trace draws (the rest, device
 #: counters among them, are never read: left out before the merge computes them)
 KERNEL_COLUMNS = ("pid", "launch_seq", "ts_ns", "stream", "name", "gpu_start_ns", "gpu_end_ns", "correlation_id",
-                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "via_graph")
+                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "via_graph", "ret")
 
 
 def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
@@ -194,8 +195,9 @@ def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.Data
     direct = ex.select("pid", pl.when(~pl.col("via_graph").fill_null(False)).then(
         pl.col("launch_seq") - pl.col("via_graph").fill_null(False).cast(pl.Int64).cum_sum().over(
             "pid", order_by="launch_seq")).alias("launch_seq")) if ex["via_graph"].any() else ex
-    ex = sorted_by(ex.with_columns(_launch_rows(api, direct)), "_row", "ts_ns", nulls_last=True).with_row_index(
-        "corr", offset=1)
+    # a failed launch call ran no kernel: no kernel slice, no flow from its call
+    ex = sorted_by(ex.with_columns(_launch_rows(api, direct)), "_row", "ts_ns", nulls_last=True).filter(
+        done()).with_row_index("corr", offset=1)
     # put in place by row number: a join would copy every column of the API calls
     corr_of_row = ex.filter(pl.col("_row").is_not_null()).select("_row", "corr")
     corr = np.zeros(api.height, dtype=np.uint32)
@@ -229,7 +231,8 @@ def _host_kernels(cap: Capture, api: pl.DataFrame) -> tuple[pl.DataFrame, pl.Dat
     merge.kernel_executions names it.  Taken from the calls in memory: the
     merge would read the launches again and number, sort and match them all
     to find the same rows (a quarter of an export's time on 10^7 calls)."""
-    rows = np.flatnonzero((api["kind"] == "launch").fill_null(False).to_numpy())
+    # a failed launch call ran no kernel: no kernel slice, no flow from its call
+    rows = np.flatnonzero(((api["kind"] == "launch") & api.select(done())["ret"]).fill_null(False).to_numpy())
     # the columns first, then the rows: gathering every column of the calls costs seconds at 10^7
     launches = api.select(
         *(pl.col(c).cast(KERNEL_SCHEMA[c]) for c in ("pid", "stream", "func", "ts_ns")),

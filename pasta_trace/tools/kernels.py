@@ -1,12 +1,15 @@
 """Kernel summary: which kernels were launched, how often, in which shapes, and
 how long the launch API and (with device timing) the GPU took; and the
-launches per Python line (call site)."""
+launches per Python line (call site).  A launch call that returned an error
+ran no kernel: it is counted apart (failed_launches), never in launches; the
+API-errors tool names its code."""
 
 from __future__ import annotations
 
 import polars as pl
 
 from .. import merge
+from ..call_result import failed
 from ..demangle import display_names
 from ..read import Capture
 from .exprs import measured_sum
@@ -18,7 +21,10 @@ _KEY = ["pid", "name"]
 _NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")
 _DISPLAY = ("display_name", pl.String, "",
             "the name's display form: demangled, without return type and parameter list (docs/formats.md)")
-_LAUNCHES = ("launches", pl.UInt64, "count", "launch calls, and each kernel a CUDA graph launch ran")
+_LAUNCHES = ("launches", pl.UInt64, "count",
+             "kernels launched: launch calls that did not fail, and each kernel a CUDA graph launch ran")
+_FAILED = ("failed_launches", pl.UInt64, "count",
+           "launch calls that returned an error: no kernel ran (null: none, the column is left out where empty)")
 _VIA_GRAPH = ("via_graph", pl.UInt64, "count",
               "of the launches: kernels run by a CUDA graph launch (null: none, the column is left out where empty)")
 _TIMES = (
@@ -30,7 +36,7 @@ _TIMES = (
     ("gpu_mean_ns", pl.Float64, "ns", "its mean"),
 )
 KERNELS = columns(
-    PID, _NAME, _DISPLAY, _LAUNCHES, _VIA_GRAPH,
+    PID, _NAME, _DISPLAY, _LAUNCHES, _FAILED, _VIA_GRAPH,
     ("launches_per_s", pl.Float64, "1/s", "launches over the capture's duration"),
     ("shapes", pl.UInt32, "count", "distinct (grid, block) shapes"),
     ("top_grid", pl.String, "", "the most frequent grid, XxYxZ"),
@@ -39,7 +45,14 @@ KERNELS = columns(
     ("name_reason", pl.String, "", "why the kernel has no name (null when it has one)"),
 )
 KERNEL_SITES = columns(PID, ("call_site", pl.String, "", "the Python line that launched; (no stack): none"),
-                       _NAME, _DISPLAY, _LAUNCHES, *_TIMES)
+                       _NAME, _DISPLAY, _LAUNCHES, _FAILED, *_TIMES)
+
+
+def _launch_counts(weight: pl.Expr = pl.lit(1, pl.UInt64)) -> list[pl.Expr]:
+    """launches (what ran) and failed_launches (null when none), each ``weight`` summed."""
+    bad = weight.filter(failed()).sum().cast(pl.UInt64)
+    return [weight.filter(~failed()).sum().cast(pl.UInt64).alias("launches"),
+            pl.when(bad > 0).then(bad).alias("failed_launches")]
 
 
 def _shaped(frame: pl.LazyFrame) -> pl.LazyFrame:
@@ -83,7 +96,8 @@ def _finish(cap: Capture, summary: pl.LazyFrame, top_shape: pl.LazyFrame, sites:
         )
         .with_columns(pl.lit(None, pl.String).alias("display_name"))
         .select(list(KERNELS))
-        .sort(["launches", "pid", "name"], descending=[True, False, False])
+        .sort(["launches", "failed_launches", "pid", "name"], descending=[True, True, False, False],
+              nulls_last=True)
         .collect(engine="streaming")
         .pipe(_with_display)
     )
@@ -101,7 +115,7 @@ def _aggregate_summary(cap: Capture, dur_s: float) -> pl.DataFrame:
     per-call durations or stacks, so the time and call-site columns are null."""
     shaped = _shaped(merge.aggregate_launches(cap))
     summary = shaped.group_by(_KEY).agg(
-        pl.col("count").sum().alias("launches"),
+        *_launch_counts(pl.col("count")),
         pl.lit(None, pl.UInt64).alias("via_graph"),  # graphs are not followed by --aggregate
         pl.struct("grid", "block").n_unique().alias("shapes"),
         pl.col("first_ts_ns").min(),
@@ -147,7 +161,7 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     shaped = _shaped(ex.group_by([*_KEY, *dims]).agg(pl.len().alias("_n")))
     shapes = shaped.group_by(_KEY).agg(pl.struct("grid", "block").n_unique().alias("shapes"))
     via = pl.col("via_graph").sum().cast(pl.UInt64)
-    summary = ex.group_by(_KEY).agg(pl.len().alias("launches"), pl.when(via > 0).then(via).alias("via_graph"),
+    summary = ex.group_by(_KEY).agg(*_launch_counts(), pl.when(via > 0).then(via).alias("via_graph"),
                                     *_times()).join(
         shapes, on=_KEY, how="left", nulls_equal=True)
     return _finish(cap, summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
@@ -159,11 +173,12 @@ def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
     stack together under (no stack).  Empty for an --aggregate capture."""
     return (
         _executions(cap).group_by("pid", "call_site", "name")
-        .agg(pl.len().cast(pl.UInt64).alias("launches"), *_times())
+        .agg(*_launch_counts(), *_times())
         .with_columns(pl.col("call_site").cast(pl.String).fill_null(NO_STACK),
                       pl.lit(None, pl.String).alias("display_name"))
         .select(list(KERNEL_SITES))
-        .sort(["launches", "pid", "call_site", "name"], descending=[True, False, False, False])
+        .sort(["launches", "failed_launches", "pid", "call_site", "name"],
+              descending=[True, True, False, False, False], nulls_last=True)
         .collect(engine="streaming")
         .pipe(_with_display)
     )
@@ -177,7 +192,8 @@ TOOLS = [
         compute=kernel_summary,
         description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
         terminal_columns=(
-            "pid", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block",
+            "pid", "display_name", "launches", "failed_launches", "via_graph", "launches_per_s", "shapes",
+            "top_grid", "top_block",
             "api_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
         ),
     ),
@@ -186,6 +202,7 @@ TOOLS = [
         title="Launches by call site",
         compute=kernel_by_call_site,
         description="launches, API and GPU time per Python line and kernel",
-        terminal_columns=("pid", "call_site", "display_name", "launches", "api_ns", "gpu_ns", "gpu_mean_ns"),
+        terminal_columns=("pid", "call_site", "display_name", "launches", "failed_launches", "api_ns", "gpu_ns",
+                          "gpu_mean_ns"),
     ),
 ]

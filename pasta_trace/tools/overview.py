@@ -19,7 +19,7 @@ PROCESSES = columns(
     ("threads", pl.UInt32, "count", "threads that made a traced call (null: --aggregate)"),
     ("api_calls", pl.UInt64, "count", "traced API calls"),
     ("failed_calls", pl.UInt64, "count", "those that returned an error"),
-    ("launches", pl.UInt64, "count", "kernel launches"),
+    ("launches", pl.UInt64, "count", "kernel launches that did not fail (a failed one is in failed_calls)"),
     ("kernels", pl.UInt32, "count", "distinct kernel names launched"),
     ("device_alloc_bytes", pl.UInt64, "bytes", "device memory allocated, pinned host memory apart (memory_totals)"),
     ("peak_live_bytes", pl.Int64, "bytes", "peak of live device bytes (memory_peaks; null: --aggregate)"),
@@ -52,7 +52,7 @@ def _from_events(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFrame
         pl.col("ts_ns").min().alias("first_ts_ns"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).max().alias("last_ts_ns"),
         pl.col("tid").n_unique().alias("threads"),
-        (pl.col("kind") == "launch").sum().alias("launches"),
+        ((pl.col("kind") == "launch") & done()).sum().alias("launches"),
         pl.col("size").filter((pl.col("kind") == "memcpy") & done()).sum().alias("copy_bytes"),
         # no sync call blocked 0 ns; sync calls without measured durations: unknown
         pl.when((pl.col("kind") == "sync").sum() == 0).then(pl.lit(0, pl.Int64))
@@ -81,7 +81,7 @@ def _from_aggregate(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFr
         pl.col("first_ts_ns").min(),
         pl.col("last_ts_ns").max(),
         pl.lit(None, pl.UInt32).alias("threads"),
-        pl.col("count").filter(pl.col("kind") == "launch").sum().alias("launches"),
+        pl.col("count").filter((pl.col("kind") == "launch") & done()).sum().alias("launches"),
         pl.col("bytes").filter((pl.col("kind") == "memcpy") & done()).sum().alias("copy_bytes"),
         pl.lit(None, pl.Int64).alias("sync_ns"),
     )

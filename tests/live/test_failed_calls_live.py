@@ -24,6 +24,7 @@ from pasta_run import run_pasta
 from pasta_trace.probes.catalog import API_ID, APIS
 from pasta_trace.read import open_capture
 from pasta_trace.tools.api_errors import api_errors
+from pasta_trace.tools.kernels import kernel_summary
 from pasta_trace.tools.memory import memory_timeline
 from pasta_trace.tools.transfers import transfers_by_direction
 
@@ -116,6 +117,14 @@ def test_failed_calls_are_seen_and_count_no_bytes(require_bpf, failed_calls_prog
     # the API-errors tool: every failed call by name (driver calls nested in a runtime call are the driver's own)
     errors = api_errors(cap).filter(pl.col("api").str.starts_with("cuda") | (pl.col("pid") != pids["cudart"]))
     assert sorted(errors.select("pid", "api", "error", "ret", "failed", "calls").rows()) == _want_errors(pids, printed)
+
+    # the kernels tool: a launch call that failed ran no kernel, and is counted apart
+    kernels = kernel_summary(cap).group_by("pid").agg(pl.col("launches").sum(), pl.col("failed_launches").sum())
+    launched = {name: [c["ret"] for c in printed[name] if c["api"] in ("cuLaunchKernel", "cudaLaunchKernel")]
+                for name, *_ in runs}
+    assert sorted(kernels.rows()) == sorted(
+        (pids[n], rets.count(0), len(rets) - rets.count(0)) for n, rets in launched.items() if rets)
+    assert {n: (rets.count(0), len(rets)) for n, rets in launched.items()}["stub"] == (1, 2)
 
     # no failed copy or allocation counts anywhere: 1 MiB allocated and 2 MiB copied by each stand-in process
     stand_ins = [n for n, *_ in runs[:3]]

@@ -19,13 +19,13 @@ PER_CALL = "needs per-call events; an --aggregate capture keeps only counts and 
 DEVICE = "needs device data (gpu_probes or CUPTI); this capture has none"
 
 PROCESSES = [  # pid, api_calls, failed_calls, launches, kernels, device_alloc_bytes, copy_bytes, threads, sync_ns
-    (4242, 1907, 5, 1752, 2, 10 * MIB, 4 * MIB, None, None),
+    (4242, 1907, 5, 1750, 2, 10 * MIB, 4 * MIB, None, None),  # 2 failed launches: no kernel ran
     (4259, 8, 0, 7, 1, 4096, 0, None, None),
 ]
-KERNELS = [  # pid, name, launches, shapes, top_grid, top_block
-    (4242, "kernel_0", 1500, 2, "128x1x1", "256x1x1"),
-    (4242, "kernel_1", 252, 1, "32x1x1", "128x1x1"),
-    (4259, "unknown@0x666600000000", 7, 1, "8x1x1", "64x1x1"),
+KERNELS = [  # pid, name, launches, failed_launches, shapes, top_grid, top_block
+    (4242, "kernel_0", 1500, None, 2, "128x1x1", "256x1x1"),
+    (4242, "kernel_1", 250, 2, 1, "32x1x1", "128x1x1"),
+    (4259, "unknown@0x666600000000", 7, None, 1, "8x1x1", "64x1x1"),
 ]
 MEMORY = [  # pid, memory, allocations, allocated_bytes, freed, freed_bytes, held_bytes
     (4242, "device", 10, 10 * MIB, None, None, None),
@@ -39,7 +39,7 @@ ERRORS = [  # pid, api, error, failed, calls
 COLUMNS = {
     "processes": ["pid", "api_calls", "failed_calls", "launches", "kernels", "device_alloc_bytes", "copy_bytes",
                   "threads", "sync_ns"],
-    "kernels": ["pid", "name", "launches", "shapes", "top_grid", "top_block"],
+    "kernels": ["pid", "name", "launches", "failed_launches", "shapes", "top_grid", "top_block"],
     "memory_totals": ["pid", "memory", "allocations", "allocated_bytes", "freed", "freed_bytes", "held_bytes"],
     "api_errors": ["pid", "api", "error", "failed", "calls"],
 }

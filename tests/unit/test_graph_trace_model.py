@@ -18,7 +18,7 @@ def test_launch_calls_find_their_kernels_past_graph_kernels() -> None:
         "name": names, "gpu_start_ns": [11, 21, 22, 31, 41], "gpu_end_ns": [12, 22, 23, 32, 42],
         "correlation_id": [1, 2, 2, 3, 4], "device": [0] * 5, **{c: [1] * 5 for c in KERNEL_COLUMNS if
                                                                 c.startswith(("grid_", "block_"))},
-        "via_graph": [False, True, True, False, False],
+        "via_graph": [False, True, True, False, False], "ret": [0] * 5,
     }).select([pl.col(c).cast(KERNEL_SCHEMA[c]) for c in KERNEL_COLUMNS])
     api, kernels = _kernels(api, ex)
     corr_of = dict(zip(kernels["name"], kernels["corr"]))

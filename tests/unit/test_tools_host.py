@@ -148,18 +148,20 @@ def test_synchronisation(cap) -> None:
 
 def test_kernel_summary_host_only(cap) -> None:
     df = REGISTRY["kernels"].compute(cap)
-    assert df.columns == ["pid", "name", "display_name", "launches", "via_graph", "launches_per_s", "shapes", "top_grid", "top_block",
+    assert df.columns == ["pid", "name", "display_name", "launches", "failed_launches", "via_graph", "launches_per_s",
+                          "shapes", "top_grid", "top_block",
                           "first_ts_ns", "last_ts_ns", "api_ns", "api_mean_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
                           "name_reason"]
     assert df["display_name"].to_list() == ["axpy", "reduce", "hip_fill"]  # plain C names are shown as they are
     df = df.drop("display_name")
     # rate = launches / 25 us of capture; no device timing: gpu columns null
     assert rows(df) == [
-        (100, "axpy", 2, None, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None, None,
-         None),
-        (100, "reduce", 1, None, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None, None, None),
-        (200, "hip_fill", 1, None, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None, None,
-         None),
+        (100, "axpy", 2, None, None, 80_000.0, 1, "2x1x1", "128x1x1", T0 + 5000, T0 + 6000, 50, 25.0, None, None,
+         None, None),
+        (100, "reduce", 1, None, None, 40_000.0, 1, "4x1x1", "64x1x1", T0 + 7000, T0 + 7000, 10, 10.0, None, None,
+         None, None),
+        (200, "hip_fill", 1, None, None, 40_000.0, 1, "1x1x1", "32x1x1", T0 + 2500, T0 + 2500, 40, 40.0, None, None,
+         None, None),
     ]
 
 
