@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pasta_trace import schema
@@ -132,3 +133,80 @@ def test_status_rows_from_the_stdlib_reader_show_the_raw_status_and_skip_the_ver
     tab = gc.Table()
     gc.status_rows(tab, d, "t")
     assert tab.rows[-1] == ("[t] tool verdict", gc.WORKED, gc.WORKED, "PASS")
+
+
+def _fake_run(gc, monkeypatch, answer) -> list:
+    """gpu_check's run() replaced: answer(cmd, env) gives (rc, output) as the GPU machine would."""
+    calls = []
+
+    def run(cmd, env=None, timeout=120, cwd=None):
+        calls.append((cmd, env))
+        rc, out = answer(cmd, env or {})
+        return rc, out, 0.5
+
+    monkeypatch.setattr(gc, "run", run)
+    return calls
+
+
+def test_control_step_on_the_output_a_gpu_would_give(gc, tmp_path: Path, monkeypatch) -> None:
+    m = {"artifacts": {"vecadd": str(tmp_path / "build/vecadd")}}
+    calls = _fake_run(gc, monkeypatch, lambda cmd, env: (0, CONTROL_OUT))
+    tab = gc.Table()
+    gc.control(tab, m, 1024, tmp_path)
+    assert [r[3] for r in tab.rows] == ["PASS"] * 4
+    (cmd, env), = calls
+    assert cmd == [str(tmp_path / "build/vecadd"), "1024", "0", "1"]
+    assert env["LD_PRELOAD"] == str(tmp_path / "build/libgp_control.so") and "GP_CONTROL_TRACE" not in env
+    assert (tmp_path / "control.txt").read_text() == CONTROL_OUT
+
+
+def test_aggregation_step_times_both_sides_and_compares_their_pages(gc, tmp_path: Path, monkeypatch) -> None:
+    n = 1024
+    m = {"artifacts": {"vecadd": str(tmp_path / "vecadd"), "sanitizer": "/x/libgpu_probes_sanitizer.so"}}
+    pages = np.array([10, 11, 20, 30], dtype=np.uint64)
+
+    def answer(cmd, env):
+        if env.get("GP_CONTROL_TRACE"):
+            assert env["GP_CONTROL_TRACE"] == str(3 * n) and cmd[1:] == [str(n), "0", "6"]
+            line = f"gp_control: {gc.VECADD} loads={2 * n} stores={n} traced={3 * n} pages=4 copy_ms=1 agg_ms=2\n"
+            return 0, line * 6 + "vecadd_launch_ms=5.0000 over 5 launches\n"
+        if "GPU_PROBES_DIR" in env:
+            with DeviceFileWriter(Path(env["GPU_PROBES_DIR"]) / "gpu_probes.7.sanitizer.bin", pid=7,
+                                  backend=schema.DeviceBackend.sanitizer) as w:
+                for lid in range(1, 7):  # the last launch's pages are the ones compared
+                    w.page_hist(lid, pages if lid == 6 else pages[:1], np.ones(len(pages) if lid == 6 else 1))
+            return 0, "vecadd_launch_ms=0.5000 over 5 launches\n"
+        return 0, "vecadd_launch_ms=0.0100 over 5 launches\n"
+
+    _fake_run(gc, monkeypatch, answer)
+    tab = gc.Table()
+    gc.aggregation_ratio(tab, m, n, sys.executable, tmp_path)
+    rows = {r[0]: r[1:] for r in tab.rows}
+    assert rows["[aggregation] CPU-side trace / GPU-side aggregation, per launch"][1] == \
+        "10.0x (5.000 / 0.500 ms; plain 0.010 ms)"
+    assert rows["[aggregation] CPU side traced every access"] == (str(3 * n), str(3 * n), "PASS")
+    assert rows["[aggregation] distinct pages, GPU side = CPU side"] == ("4", "4", "PASS")
+    assert [r[3] for r in tab.rows if r[0].startswith("[aggregation] vecadd")] == ["PASS"] * 3
+
+
+def test_a_failed_instrumented_run_still_shows_how_far_the_tool_got(gc, tmp_path: Path, monkeypatch) -> None:
+    """A run that failed leaves its status: here the tool was injected and subscribed, and nothing after."""
+    m = {"artifacts": {"vecadd": "/x/vecadd", "sanitizer": "/x/libgpu_probes_sanitizer.so"}}
+
+    def answer(cmd, env):
+        assert env["CUDA_INJECTION64_PATH"] == "/x/libgpu_probes_sanitizer.so" and env["GPU_PROBES_KEEP_STATUS"] == "1"
+        with DeviceFileWriter(Path(env["GPU_PROBES_DIR"]) / "gpu_probes.9.sanitizer.bin", pid=9,
+                              backend=schema.DeviceBackend.sanitizer) as w:
+            w.tool_status(host_mono=1, stage=1, injection_mode=2, loading_mode=0, rc_subscribe=0)
+        return 1, "vecadd: cudaMalloc(&a, n * sizeof(float)): initialization error\n"
+
+    _fake_run(gc, monkeypatch, answer)
+    tab = gc.Table()
+    gc.vecadd_under_sanitizer(tab, m, 1024, "inj", "CUDA_INJECTION64_PATH", {}, sys.executable, tmp_path)
+    rows = {r[0]: r[1:] for r in tab.rows}
+    assert rows["[inj] vecadd runs instrumented"] == ("exit 0, result ok", "exit 1 (0.5 s)", "FAIL")
+    assert rows["[inj] injection mode recorded"] == ("2", "2", "PASS")
+    assert rows["[inj] CUDA_MODULE_LOADING recorded"] == ("0", "0", "PASS")
+    assert rows["[inj] tool verdict"] == (gc.WORKED, "no module patched (none was loaded or launched)", "FAIL")
+    assert rows["[inj] tool status"][1].endswith("ended before its final status (init)")
+    assert "[inj] device files written" not in rows  # the run failed: no counts are compared
