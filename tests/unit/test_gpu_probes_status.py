@@ -210,3 +210,30 @@ def test_record_h_declares_tool_status_as_the_schema_does() -> None:
     assert f"#define GP_REC_TOOL_STATUS {int(RT.TOOL_STATUS)}" in text
     assert f"#define GP_VER_MINOR {schema.DEVICE_FORMAT_VERSION[1]}" in text
     assert schema.DEV_TOOL_STATUS.size == 96 and np.dtype(schema.DEV_TOOL_STATUS.dtype).itemsize == 96
+
+
+def test_a_failed_subscribe_returns_0_to_the_driver_and_the_file_says_why(manifest: dict, tmp_path: Path) -> None:  # noqa: F811
+    """The Sanitizer API has one subscriber per process: with gpu_check's control tool loaded first, ours
+    cannot subscribe.  InitializeInjection then returns 0 (what the driver expects of an injection that
+    failed), every time, and the file holds the subscribe's result."""
+    from test_gpu_probes_build import BUILD
+
+    r = subprocess.run([str(BUILD), "--gpu-tests"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    control = Path(manifest["artifacts"]["sanitizer"]).parent / "libgp_control.so"
+    code = ("import ctypes, os, sys\n"
+            "c = ctypes.CDLL(sys.argv[1])\n"
+            "lib = ctypes.CDLL(sys.argv[2])\n"
+            "print(c.InitializeInjection(), lib.InitializeInjection(), lib.InitializeInjection(), os.getpid())\n")
+    r = subprocess.run([sys.executable, "-c", code, str(control), manifest["artifacts"]["sanitizer"]],
+                       capture_output=True, text=True, timeout=60, env=os.environ | {"GPU_PROBES_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    control_rc, a, b, pid = r.stdout.split()
+    assert (control_rc, a, b) == ("1", "0", "0")
+    assert r.stderr.splitlines()[-1] == ("gpu_probes: sanitizerSubscribe(&t->sub, callback, t) failed: "
+                                         "The maximum limit is reached")
+    row = _status_row(tmp_path / f"gpu_probes.{pid}.sanitizer.bin")
+    del row["host_mono"]
+    assert row == _untouched(pid=int(pid), injection_mode=int(schema.InjectionMode.preload),
+                             loading_mode=int(schema.LoadingMode.unset), rc_subscribe=10)
+    assert verdict(row) == "not subscribed (ERROR_MAX_LIMIT_REACHED (10)): no callback, no patch"
