@@ -200,6 +200,8 @@ class Session:
                 self._device = self._device_session()
                 env.update(self._device.env())
             held = self.setup(env)
+            if opts.device and opts.mode == "pid":  # into the running processes, once their probes are on
+                self._device.start(self._warn, self._watcher.poll)
         except BaseException:
             self._release_stops()
             raise
@@ -285,6 +287,10 @@ class Session:
             from ..device.inject import DeviceSession
         except ImportError as e:
             raise PastaError(f"--device {self.opts.device}: the device side is not installed ({e})") from None
+        if self.opts.mode == "pid":
+            from ..device.attach.collector import AttachedDevice
+
+            return AttachedDevice(self._out, self.opts.pids, say=self.say)
         return DeviceSession(self.opts.device, self._out, command=self.opts.command)
 
     def _release_stops(self) -> None:

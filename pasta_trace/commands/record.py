@@ -26,6 +26,8 @@ EXAMPLES = """\
                                             frees, copies, syncs and failed calls
                                             (costly: README's OVERHEAD)
   sudo pasta-trace --device cupti -- ./app  add device-side data (docs/device.md)
+  sudo pasta-trace --device cupti -p 1234   kernels, copies and memsets of a running CUDA
+                                            process from now on (its collector loaded by ptrace)
   pasta-trace --print-bpf                   show the BPF program (no root needed)
   pasta-trace --dry-run -p 1234             show what would be attached (no root needed)
 """
@@ -71,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"ring buffer for native stacks, in pages, a power of two (default {DEFAULT_NATIVE_PAGES}); "
                         "raise it when native stacks are lost")
     p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),
-                   help="also record device-side data with this backend (only with -- CMD)")
+                   help="also record device-side data with this backend (with -- CMD; cupti also with -p, "
+                        "loaded into the running process through ptrace)")
     p.add_argument("--print-bpf", action="store_true", help="print the BPF program and exit (no root needed)")
     p.add_argument("--dry-run", action="store_true",
                    help="show the libraries and probes that would be attached, and exit (no root needed)")
@@ -83,8 +86,11 @@ def _options(args: argparse.Namespace):
     chosen = [bool(args.pid), bool(args.system_wide), bool(args.command)]
     if sum(chosen) != 1 and not args.print_bpf:
         raise UsageError("say what to trace: exactly one of -p PID, -a, or -- CMD ARGS")
-    if args.device and not args.command:
-        raise UsageError("--device needs a launched command: pasta-trace --device BACKEND -- CMD ARGS")
+    if args.device and args.pid and args.device != "cupti":
+        raise UsageError(f"--device {args.device} needs a launched command (-- CMD ARGS): only cupti "
+                         "attaches to a running process (-p)")
+    if args.device and args.system_wide:
+        raise UsageError("--device needs a launched command (-- CMD ARGS) or, with cupti, -p PID")
     mode = "pid" if args.pid else "system" if args.system_wide else "launch"
     return Options(
         mode=mode, out_dir=args.output or default_out_dir(), command_line=sys.argv[:],

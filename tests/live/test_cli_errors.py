@@ -178,10 +178,11 @@ def test_traced_process_exiting_mid_trace_is_recorded_not_an_error(tmp_path):
 
 
 def test_device_without_a_command_is_usage_error_2(sleeper):
-    r = cli("-p", str(sleeper.pid), "--device", "cupti")
+    """Only CUPTI attaches to a running process (docs/device.md, "Attaching to a running process")."""
+    r = cli("-p", str(sleeper.pid), "--device", "sanitizer")
     assert r.returncode == 2
-    assert one_error_line(r) == ("pasta-trace: error: --device needs a launched command: "
-                                 "pasta-trace --device BACKEND -- CMD ARGS")
+    assert one_error_line(r) == ("pasta-trace: error: --device sanitizer needs a launched command (-- CMD ARGS): "
+                                 "only cupti attaches to a running process (-p)")
 
 
 def test_print_bpf_and_dry_run_need_no_root(tmp_path):
