@@ -88,11 +88,52 @@ def sigcontext(r: Regs, fpstate: int) -> bytes:
 
 def fpstate_image(xstate: bytes) -> bytes:
     """The XSAVE area as a signal frame holds it: the software bytes say how
-    big it is and which features it has, and a second magic follows it."""
-    size = len(xstate)
-    xfeatures = struct.unpack_from("<Q", xstate, 512)[0] | 3  # header's XSTATE_BV; x87 and SSE always
+    big it is and which features it has, and a second magic follows it.  The
+    size and features are those of the kernel's own signal frames (a larger
+    area, AMX's 11 KiB on a CPU that has it, makes rt_sigreturn restore x87
+    and SSE only)."""
+    size, features = signal_xstate()
+    size = min(size, len(xstate))
+    xfeatures = (struct.unpack_from("<Q", xstate, 512)[0] & features) | 3  # XSTATE_BV; x87 and SSE always
     sw = struct.pack("<IIQI", FP_XSTATE_MAGIC1, size + 4, xfeatures, size).ljust(48, b"\0")
-    return xstate[:464] + sw + xstate[512:] + struct.pack("<I", FP_XSTATE_MAGIC2)
+    return xstate[:464] + sw + xstate[512:size] + struct.pack("<I", FP_XSTATE_MAGIC2)
+
+
+_SIGNAL_XSTATE: tuple[int, int] | None = None
+
+
+def signal_xstate() -> tuple[int, int]:
+    """(xstate_size, xfeatures) of the signal frames this kernel writes (the
+    default user size, the same for every process not granted AMX): read once
+    from a frame it writes for us, a SIGURG raised into a C-level handler."""
+    global _SIGNAL_XSTATE
+    if _SIGNAL_XSTATE is None:
+        import ctypes
+
+        seen: list[tuple[int, int]] = []
+        handler_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+        def handler(sig: int, info: int, uc: int) -> None:
+            fp = ctypes.c_uint64.from_address(uc + 40 + 184).value  # uc_mcontext.fpstate
+            magic, _ext, feats, size = struct.unpack("<IIQI", ctypes.string_at(fp + 464, 20))
+            seen.append((size, feats) if magic == FP_XSTATE_MAGIC1 else (512, 3))
+
+        cb = handler_t(handler)
+
+        class Sigaction(ctypes.Structure):  # the C library's struct sigaction
+            _fields_ = [("handler", handler_t), ("mask", ctypes.c_uint64 * 16), ("flags", ctypes.c_int),
+                        ("restorer", ctypes.c_void_p)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        new, old = Sigaction(cb, (ctypes.c_uint64 * 16)(), 4), Sigaction()  # SA_SIGINFO
+        if libc.sigaction(signal.SIGURG, ctypes.byref(new), ctypes.byref(old)) != 0:
+            raise OSError(ctypes.get_errno(), "sigaction")
+        try:
+            signal.pthread_kill(__import__("threading").get_ident(), signal.SIGURG)
+        finally:
+            libc.sigaction(signal.SIGURG, ctypes.byref(old), None)
+        _SIGNAL_XSTATE = seen[0] if seen else (512, 3)
+    return _SIGNAL_XSTATE
 
 
 class HeldThread:
@@ -110,6 +151,7 @@ class HeldThread:
         self.tracee: Tracee | None = None
         self.saved: Regs | None = None
         self.xstate = b""
+        self.frame_restored: bool | None = None
 
     def stop(self) -> None:
         """Seize and stop the best thread; raises RemoteCallError (nothing left stopped)."""
@@ -208,7 +250,9 @@ class HeldThread:
         if _gone(status):
             raise RemoteCallError(f"PID {self.pid} exited during the call")
         self.step("returned")
-        # the kernel restored it from the frame; set what we saved once more, exactly
+        # the kernel restored it from the frame (what a thread whose tracer died gets); kept for
+        # the tests, then what we saved is set once more, exactly
+        self.frame_restored = t.regs().as_tuple() == back.as_tuple() and t.xstate() == self.xstate
         t.set_regs(back)
         t.set_xstate(self.xstate)
         self.saved = back
@@ -218,7 +262,7 @@ class HeldThread:
         """Run the call until the rt_sigreturn of our frame; signals of the
         program's own are delivered as they come."""
         deadline = time.monotonic() + timeout
-        sig = 0
+        sig, first = 0, True
         while True:
             t.cont(sig, syscall=True)
             sig = 0
@@ -230,6 +274,9 @@ class HeldThread:
                 op, nr = t.syscall_stop()
                 if op == SYSCALL_INFO_ENTRY and nr == NR_RT_SIGRETURN and t.regs().rsp == frame_at + 8:
                     return CallResult(t.read(data_at, size))
+                if first:
+                    first = False
+                    self.step("in call")
                 if op not in (SYSCALL_INFO_ENTRY, SYSCALL_INFO_EXIT):
                     continue
             elif (status >> 16) == PTRACE_EVENT_STOP:
