@@ -138,7 +138,15 @@ class AttachedDevice(DeviceSession):
         ``poll`` handles the capture's own stops at a library load (Session.poll): the
         collector's libraries are probed and the process resumed as any library's."""
         if poll is not None:
-            self._on_signal = lambda sig: sig == signal.SIGSTOP and poll() > 0
+            def late_load_stop(sig: int) -> bool:
+                if sig != signal.SIGSTOP:
+                    return False
+                try:
+                    return poll() > 0
+                except Exception:  # noqa: BLE001 - the watcher closed (the capture's end): deliver it
+                    return False
+
+            self._on_signal = late_load_stop
         for pid, libc in self.libcs.items():
             if not os.path.isdir(f"/proc/{pid}"):
                 warn(f"no device timeline for PID {pid}: it exited before its collector was started")
