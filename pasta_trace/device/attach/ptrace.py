@@ -63,7 +63,8 @@ class PtraceError(OSError):
 
 
 def _call(req: int, tid: int, addr: int = 0, data: int | ctypes.c_void_p | None = 0) -> int:
-    r = _libc.ptrace(req, tid, ctypes.c_void_p(addr), data if isinstance(data, ctypes.c_void_p) else ctypes.c_void_p(data))
+    arg = data if isinstance(data, ctypes.c_void_p) else ctypes.c_void_p(data)
+    r = _libc.ptrace(req, tid, ctypes.c_void_p(addr), arg)
     if r == -1:
         e = ctypes.get_errno()
         raise PtraceError(e, f"ptrace({req:#x}) on thread {tid}: {os.strerror(e)}")
