@@ -27,6 +27,10 @@ first event each one costs the walk and one hash lookup (identical stacks are
 sent once).
 
     sudo .venv/bin/python scripts/bench_stacks.py --calls 20000 --batches 7
+
+``--no-native`` leaves out the native rows and ``--rate 0`` the drain row: the
+Python rows alone take six tracer runs, which a loaded machine gets through
+in minutes.
 """
 
 from __future__ import annotations
@@ -137,6 +141,7 @@ def main() -> int:
     ap.add_argument("--native-calls", type=int, default=2000, help="calls per batch of the native-stack row")
     ap.add_argument("--rate", type=int, default=200000,
                     help="stacked calls/s of the drain row, from 2 processes, for 3 s (0: skip it)")
+    ap.add_argument("--no-native", action="store_true", help="skip the native-stack rows (the Python rows only)")
     a = ap.parse_args()
     stub = build.cuda_stub()
     tracer = [sys.executable, "-m", "pasta_trace.cli"]
@@ -150,6 +155,10 @@ def main() -> int:
                 "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
                 "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
                 "stacks": measure(tracer, stub, a.calls, a.batches, depth, tmp),
+            }
+            if a.no_native:
+                continue
+            res[depth] |= {
                 "native_probe": measure([*tracer, "--no-stacks"], stub, a.native_calls, a.batches, depth, tmp,
                                         via_c=True),
                 "native": measure([*tracer, "--no-stacks", "--native-stacks", "--native-stack-buffer-pages",
@@ -165,7 +174,7 @@ def main() -> int:
     if res:
         slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
         print(f"per extra frame: {slope:.0f} ns")
-    for depth, r in res.items():
+    for depth, r in res.items() if not a.no_native else ():
         c = r["native_counts"]
         print(f"depth {depth}, {a.native_calls} calls per batch: probe alone {r['native_probe']:.0f} ns/call; "
               f"with native stacks {r['native']:.0f} ns/call (native stacks alone "
