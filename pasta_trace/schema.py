@@ -757,6 +757,10 @@ LOSSES: tuple[Loss, ...] = (
     # handed to the events writer process, or drained, after it died (killed): not on disk (capture.writer)
     Loss("lost_writer_died", "", -1, "events", "the events writer process died before it wrote them",
          "no option changes it; the manifest's notes say how it died"),
+    # drained by a tracer that died, and held back in its memory (native stacks not unwound yet): counted by
+    # the events writer process, which wrote everything else (capture.takeover)
+    Loss("lost_tracer_died", "", -1, "events", "the tracer died while it held them",
+         "no option changes it; the manifest's notes say so"),
 )
 
 LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .. import schema
+from . import takeover
 from .attach_names import AttachNamer
 from .bpf_maps import read_lost
 from .heap import keep_freed_memory
@@ -69,6 +70,10 @@ class DrainLoop:
         # (into the writer's shared ring) before the next drain
         self._events = open_table(bpf, "events", schema.HOST_EVENT.dtype, reuse=True)
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
+        # should we die, the writer process drains the events ring (capture.takeover): its
+        # space is given back only once the writer process knows where its records went
+        writer.take_over(takeover.spec_of(bpf), self._events.commit)
+        self._held = 0  # events drained and held back (native stacks), as last told to the writer
         self._wake = None
         # a new stack, a new process's native stack or an exec wakes the loop before POLL_INTERVAL_S
         for fd in [c.fd for c in (stacks, native) if c is not None] + [watcher.wake_fd]:
@@ -135,11 +140,14 @@ class DrainLoop:
             self._stacks.drain()
         if self._native is not None:  # then the native ones, which name the Python ones
             self._native.drain()
-        recs = self._events.drain()
+        recs, end = self._events.take()
         if self._native is not None:
             recs = self._native.resolve(recs)  # less the events whose native stack is not unwound yet
+        held = self._native.held if self._native is not None else 0
+        if recs.size or held != self._held or end > self._events.consumed:
+            self._writer.add_events(recs, bpf_end=end, held=held)
+            self._held = held
         if recs.size:
-            self._writer.add_events(recs)
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
             self._tracker.seen_launches(recs)
         names = self._names.drain()

@@ -9,8 +9,10 @@ and sends framed messages on stdin: a type byte, a u64 length, the payload.
 
     b"A"  JSON list of API names (first message)
     b"R"  RING_PART: records of schema.HOST_EVENT (plain or as laid out in the
-          BPF ring) at this position of the shared ring
+          BPF ring) at this position of the shared ring (none: counts only)
     b"G"  JSON: guard the tracer's late-load stops too (guardian.watch_in_thread)
+    b"W"  JSON: the events ring and loss counters to take over should the tracer
+          die (capture.takeover)
     b"F"  write what arrived since the last flush
     b"S"  the same, then answer b"ok\\n" on stdout (a synchronous flush)
     b"C"  flush, answer a JSON line and exit: {"comms": {pid: comm}, "files": [...],
@@ -23,6 +25,10 @@ Files are written by a thread while reading goes on
 wait in the ring, and only when it is full does the tracer drop and count.
 A file that cannot be written (a full disk) leaves nothing behind: its
 records are counted as unwritten, and the next flush tries again.
+
+Input that ends without b"C" is the tracer's death: what arrived is written,
+then (given b"W") the events left in the kernel's ring too, and the manifest
+is completed with every loss counted (capture.takeover); the exit code is 1.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import socket
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +51,7 @@ import pyarrow.parquet as pq
 
 from .. import schema
 from ..safe_output import OutputDir
-from . import guardian, own_process
+from . import guardian, own_process, takeover
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
 from .heap import keep_freed_memory
@@ -52,8 +60,11 @@ from .shared_ring import SharedRing
 from .tensor_sizes import TensorSizes
 
 HEADER = struct.Struct("<cQ")
-#: a b"R" message: where a batch of records lies in the shared ring (position, bytes, record size)
-RING_PART = struct.Struct("<QQI")
+#: a b"R" message: where a batch of records lies in the shared ring (position, bytes, record size);
+#: then, for a tracer that dies (capture.takeover): 1 if the next message holds the rest of this
+#: batch, the batch's end in the kernel's events ring (0: not from there), the events the tracer
+#: holds back and those it dropped so far (lost_writer_behind)
+RING_PART = struct.Struct("<QQIIQQQ")
 COMPRESSION = "lz4"
 #: The process's nice value: below the traced program's threads, which it
 #: should slow as little as it can (a writer behind loses nothing: the
@@ -105,11 +116,40 @@ def kind_counts(events: pl.DataFrame) -> np.ndarray:
     return np.bincount(events["kind"].to_physical().to_numpy(), minlength=len(schema.KIND_NAMES))
 
 
-def _read_exact(stream, n: int) -> bytes:
-    data = stream.read(n)  # a buffered reader: all n bytes, or fewer at the end of the stream
-    if len(data) < n:
-        raise EOFError("the tracer closed the pipe")
-    return data
+class Input:
+    """The framed messages of the tracer's pipe.  Given ``exiting`` (once the
+    events ring can be taken over), the tracer's death is seen when it begins
+    to exit, not when its last descriptor closes: a SIGKILLed tracer's uprobe
+    links are released first, which takes seconds to a minute."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._over = False
+
+    def next(self, exiting: Callable[[], bool] | None = None) -> tuple[bytes, bytes] | None:
+        """The next message (type, payload); None at the end of input, or once
+        the tracer began to exit and every whole message it wrote was read."""
+        while True:
+            if len(self._buf) >= HEADER.size:
+                kind, length = HEADER.unpack_from(self._buf)
+                if len(self._buf) >= HEADER.size + length:
+                    payload = bytes(self._buf[HEADER.size:HEADER.size + length])
+                    del self._buf[:HEADER.size + length]
+                    return kind, payload
+            if self._over:
+                return None  # a message its death cut short is left
+            if select.select([self._fd], [], [], None if exiting is None else guardian.EXIT_POLL_S)[0]:
+                data = os.read(self._fd, 1 << 16)
+                if not data:
+                    self._over = True
+                self._buf += data
+            elif exiting():
+                # its threads are dying: what they wrote is in the pipe a moment later
+                time.sleep(guardian.SETTLE_S)
+                while select.select([self._fd], [], [], 0)[0] and (data := os.read(self._fd, 1 << 16)):
+                    self._buf += data
+                self._over = True
 
 
 class EventFiles:
@@ -233,24 +273,48 @@ def main(argv: list[str]) -> int:
     os.nice(NICE)
     keep_freed_memory()
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
-    stdin, stdout = sys.stdin.buffer, sys.stdout
-    files = EventFiles(OutputDir(fd, Path(f"/proc/self/fd/{fd}")), ring.release)
+    stdout = sys.stdout
+    out = OutputDir(fd, Path(f"/proc/self/fd/{fd}"))
+    files = EventFiles(out, ring.release)
     ring.prefault(0)
+    take: takeover.Takeover | None = None
+    batch: list[tuple[np.ndarray, int]] = []  # the parts of a batch whose last part has not come yet
+    pipe = Input()
+    guard: threading.Thread | None = None
     while True:
-        try:
-            kind, length = HEADER.unpack(_read_exact(stdin, HEADER.size))
-            payload = _read_exact(stdin, length)
-        except EOFError:
-            files.finish()  # the tracer died: keep what we have, the ring's records included
+        msg = pipe.next(take.tracer_exiting if take is not None else None)
+        if msg is None:
+            # the tracer died: keep what we have, the ring's records included (a batch cut
+            # short by its death is left: its records are still in the kernel's ring)
+            files.finish()
+            if take is not None:
+                take.drain_to_end(files.add)
+                files.finish()
+                takeover.complete_manifest(out, files, take)
+            if guard is not None:
+                guard.join()  # it resumes what the tracer held stopped: our exit would end it
             return 1
+        kind, payload = msg
         if kind == b"A":
             files.api_names = json.loads(payload)
         elif kind == b"R":
-            pos, nbytes, size = RING_PART.unpack(payload)
-            files.add(ring.view(pos, nbytes, dtypes[size]), pos + nbytes)
-            ring.prefault(pos + nbytes)
+            pos, nbytes, size, more, bpf_end, held, dropped = RING_PART.unpack(payload)
+            if nbytes:
+                batch.append((ring.view(pos, nbytes, dtypes[size]), pos + nbytes))
+                ring.prefault(pos + nbytes)
+            if not more:
+                for recs, end in batch:
+                    files.add(recs, end)
+                batch.clear()
+                if take is not None:
+                    take.seen(bpf_end, held, dropped)
         elif kind == b"G":
-            guardian.watch_in_thread(json.loads(payload))
+            guard = guardian.watch_in_thread(json.loads(payload))
+        elif kind == b"W":
+            try:
+                take = takeover.Takeover(json.loads(payload))
+            except OSError:
+                take = None  # the maps are gone already: the tracer is ending
         elif kind == b"F":
             files.flush()
         elif kind == b"S":

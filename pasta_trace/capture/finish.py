@@ -82,7 +82,7 @@ class Finisher:
         manifest.pids = sorted(self._tracker.traced_pids)
         by_kind = {k: int(n) for k, n in zip(schema.KIND_NAMES, writer.by_kind.tolist())}
         lost |= {"lost_writer_behind": writer.lost_behind, "lost_unwritten": writer.unwritten,
-                 "lost_writer_died": writer.died_unwritten}
+                 "lost_writer_died": writer.died_unwritten, "lost_tracer_died": 0}
         stacks = None
         if self._stacks is not None or self._native is not None:
             stacks = {**(self._stacks.counts() if self._stacks else {}), **(self._native.counts() if self._native else {})}

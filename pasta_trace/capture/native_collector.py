@@ -165,6 +165,11 @@ class NativeCollector:
         self._held = events[~ready]
         return events[ready]
 
+    @property
+    def held(self) -> int:
+        """Events held back by resolve() until their sample is unwound."""
+        return 0 if self._held is None else int(self._held.size)
+
     def settle(self, timeout: float = SETTLE_TIMEOUT_S) -> np.ndarray | None:
         """The end of the capture: wait for the tables being built, unwind
         what waited for them, and return the held events (stack ids set;

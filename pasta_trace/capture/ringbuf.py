@@ -109,6 +109,8 @@ class RingBuffer:
         # reuse: every drain copies into the same memory (no allocation, no new pages
         # each time: a drain's records are only valid until the next drain)
         self._out = np.empty(data_size, np.uint8) if reuse else None
+        #: take(): where the next read starts (the kernel's consumer position may lag behind it)
+        self._read: int | None = None
 
     @property
     def pending_bytes(self) -> int:
@@ -123,6 +125,29 @@ class RingBuffer:
         if new_cons != cons:
             self._cons[0] = new_cons
         return recs
+
+    def take(self, start: int | None = None) -> tuple[np.ndarray, int]:
+        """Like drain(), but the records' space is not given back: the caller
+        commit()s their end once they are safe elsewhere (the events: once the
+        events writer process was told where they lie, so that the records of
+        a tracer killed in between are still in the ring for it to read).
+        ``start``: read from there (the events writer taking over the ring)."""
+        if start is not None:
+            self._read = start
+        cons = self._read if self._read is not None else int(self._cons[0])
+        recs, end = decode_span(self._data, self._mask, cons, int(self._prod[0]), self.dtype, self._out)
+        self._read = end
+        return recs, end
+
+    def commit(self, end: int) -> None:
+        """Give the ring's space before position ``end`` back to the kernel."""
+        if end > int(self._cons[0]):
+            self._cons[0] = end
+
+    @property
+    def consumed(self) -> int:
+        """The kernel's consumer position: everything before it was read."""
+        return int(self._cons[0])
 
     def close(self) -> None:
         # numpy views keep exported buffers alive; drop them before closing the maps

@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -45,7 +45,7 @@ from ..errors import PastaError
 from ..safe_output import OutputDir
 from . import helper_process
 from .decode import host_stub_aliases, names_frame
-from .event_writer import RING_PART, frame, write_atomic
+from .event_writer import HEADER, RING_PART, frame, write_atomic
 from .shared_ring import SharedRing, ring_bytes
 from .writer_queue import WriterQueue
 
@@ -103,11 +103,21 @@ class CaptureWriter:
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=helper_process.env(), cwd=helper_process.CWD,
                                       pass_fds=(out.fd, self._ring.fd), process_group=0)
+        #: gives the kernel's events ring space back (take_over); before it, the drain does
+        self._commit: Callable[[int], None] = lambda end: None
         self._queue = WriterQueue()
         self._send_error: BaseException | None = None
         self._sender = threading.Thread(target=self._send_loop, name="pasta-writer-pipe", daemon=True)
         self._sender.start()
         self._queue.put(frame(b"A", json.dumps(self.api_names).encode()))
+
+    def take_over(self, spec: dict, commit: Callable[[int], None]) -> None:
+        """Should the tracer die, the writer process drains the events ring
+        itself (capture.takeover: ``spec`` names the maps).  From now on the
+        ring's space is given back (``commit``) only once the writer process
+        was told where the records lie: add_events' ``bpf_end``."""
+        self._commit = commit
+        self._queue.put(frame(b"W", json.dumps(spec).encode()))
 
     def guard(self, spec: dict) -> None:
         """Have the writer process guard the tracer's late-load stops too (guardian.watch_in_thread)."""
@@ -125,22 +135,34 @@ class CaptureWriter:
             while (msg := self._queue.get()) is not None:
                 out.write(msg)
                 out.flush()
+                # in the pipe, which outlives us: the kernel may reuse the records' space now
+                if msg[:1] == b"R" and (end := RING_PART.unpack_from(msg, HEADER.size)[4]):
+                    self._commit(end)
         except (BrokenPipeError, OSError) as e:
             self._send_error = e
 
     # ------------------------------------------------------------------ input
 
-    def add_events(self, recs: np.ndarray) -> None:
+    def add_events(self, recs: np.ndarray, *, bpf_end: int = 0, held: int = 0) -> None:
         """Put records in the ring shared with the writer process (capture.shared_ring)
         and tell it where; those that do not fit (the newest) are dropped and
-        counted in lost_behind."""
+        counted in lost_behind.  ``bpf_end``: the position in the kernel's events
+        ring these records end at (take_over), committed once the writer process
+        knows of them; ``held``: the events drained and held back meanwhile."""
         if self.died is not None or self._ended():
             self.died_unwritten += recs.size  # nobody will write them: counted, never put in the ring
+            if bpf_end:
+                self._commit(bpf_end)
             return
         fit, parts = self._ring.put(recs)
         self.lost_behind += recs.size - fit
-        for pos, nbytes in parts:
-            self._queue.put(frame(b"R", RING_PART.pack(pos, nbytes, recs.dtype.itemsize)))
+        size = recs.dtype.itemsize
+        for i, (pos, nbytes) in enumerate(parts):
+            last = i == len(parts) - 1
+            self._queue.put(frame(b"R", RING_PART.pack(pos, nbytes, size, int(not last), bpf_end if last else 0,
+                                                       held, self.lost_behind)))
+        if not parts and (recs.size or bpf_end):  # none fit, or none to write: the counts and position still go
+            self._queue.put(frame(b"R", RING_PART.pack(0, 0, size, 0, bpf_end, held, self.lost_behind)))
         self.events += fit
 
     @property

@@ -98,7 +98,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
                    "unresolved_native_stacks": 90, "unregistered_python_processes": 150},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
         "unpaused_opens": 100, "lost_notifications": 110, "lost_writer_behind": 120, "lost_unwritten": 130,
-        "untraced_children": 140, "lost_writer_died": 160,
+        "untraced_children": 140, "lost_writer_died": 160, "lost_tracer_died": 170,
         "known_full": 2, "folded_launches": 7, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
@@ -107,7 +107,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
     assert c.losses == lost  # a tally (launches folded on purpose) is not a loss
-    assert c.lost_events == sum(lost.values()) == 1360
+    assert c.lost_events == sum(lost.values()) == 1530
 
 
 def test_without_stacks_the_manifest_has_no_stack_losses() -> None:
@@ -151,6 +151,8 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  no option changes it; their events are kept, without a stack",
         "LOST: 1,015 events: the events writer process died before it wrote them",
         "  no option changes it; the manifest's notes say how it died",
+        "LOST: 1,016 events: the tracer died while it held them",
+        "  no option changes it; the manifest's notes say so",
     ]
     assert summary.loss_lines({"lost_events": 0}, SETTINGS) == ["lost: 0"]
     assert Options(mode="pid", out_dir=Path("x"), command_line=[], buffer_pages=8, stack_pages=16,
