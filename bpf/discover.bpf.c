@@ -98,8 +98,10 @@ BPF_HASH(pt_own, u32, u8, PT_OWN_MAX); /* pasta-trace's own tgids: never stopped
 BPF_PERCPU_ARRAY(discover_scratch, struct pt_stop, 1);
 /* [0] the tracer's own tgid: never stop it; [1] 1 while the tracer (or its guardian)
  * is there to resume what it stops: cleared before the tracer stops polling, so a
- * process that opens a library while the probes are being removed is never left stopped */
-BPF_ARRAY(discover_cfg, u32, 2);
+ * process that opens a library while the probes are being removed is never left stopped;
+ * [2] 1 once the tracer's set-up is done (LateLoadWatcher.arm_mappings): a mapping stops
+ * nobody before (under -a every new process of the machine would wait for the scan) */
+BPF_ARRAY(discover_cfg, u32, 3);
 /* [PT_UNPAUSED_OPENS] opens not paused because pt_stops was full;
  * [PT_LOST_NOTIFICATIONS] fork/exec/exit notifications dropped because the ring was full;
  * [PT_UNTRACED_CHILDREN] children of traced processes that pid_filter or pending_children
@@ -132,6 +134,13 @@ static __always_inline int pt_traced(u32 tgid)
 static __always_inline int pt_armed(void)
 {
     int k = 1;
+    u32 *armed = discover_cfg.lookup(&k);
+    return armed && *armed;
+}
+
+static __always_inline int pt_maps_armed(void)
+{
+    int k = 2;
     u32 *armed = discover_cfg.lookup(&k);
     return armed && *armed;
 }
@@ -334,7 +343,7 @@ static __always_inline void pt_mapped(long ret, struct pt_mmap_args *args, u32 t
 #endif
     if (known_files.lookup(&f) || plain_files.lookup(&f))
         return;
-    if (!pt_armed() || pt_own_process(tgid))
+    if (!pt_armed() || !pt_maps_armed() || pt_own_process(tgid))
         return;
     struct pt_stop *st = pt_stop_scratch();
     if (!st)

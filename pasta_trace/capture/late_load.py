@@ -246,6 +246,13 @@ class LateLoadWatcher:
         """The fd of the notification ring, readable when an exec was noted (None once closed)."""
         return self._ring.fd if self._ring is not None else None
 
+    def arm_mappings(self) -> None:
+        """Stop processes at their first executable mapping of a file from now
+        on: once the set-up that keeps the tracer from polling (compiling,
+        scanning every process) is done, before the banner tells the user the
+        probes are on."""
+        self._cfg[self._cfg.Key(2)] = self._cfg.Leaf(1)
+
     def poll(self) -> int:
         """Handle every pending stop and notification; returns how many there were."""
         self._keep_guardians()

@@ -117,6 +117,7 @@ class Session:
             ready = (f"{self._probes.functions} functions ready in {_libraries(len(self._probes.attached))}"
                      if self._probes.attached
                      else "no libcuda/libcudart/libamdhip64/libc10/libnccl found yet: attaching when it loads one")
+            self._watcher.arm_mappings()
             self._banner(f"command {' '.join(opts.command)} (PID {held.pid}): {ready}")
             return held
         who = "PID " + ",".join(map(str, opts.pids)) if opts.mode == "pid" else "every process"
@@ -125,6 +126,7 @@ class Session:
             self._tracker.start_pids()
         else:
             self._tracker.start_system()
+        self._watcher.arm_mappings()  # the drain loop comes next: a process stopped now waits little
         self._banner(f"{self._probes.functions} functions in {_libraries(len(self._probes.attached))} of {who}")
         return None
 
