@@ -28,8 +28,9 @@ control when it opened the library is resumed by our SIGCONT.
 
 from __future__ import annotations
 
-import os
 import enum
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -59,7 +60,10 @@ DISCOVER_PAGES = 256
 #: forgotten costs its next mapping a stop)
 PLAIN_MAX = 65536
 #: pasta-trace's own processes of one tracer (the tracer, its writer, its guardian), with room to spare
+#: for those of other tracers
 OWN_MAX = 64
+#: how often the own processes of other tracers are looked for (LateLoadWatcher.own_others)
+OTHERS_INTERVAL_S = 1.0
 
 
 def kernel_dev(st_dev: int) -> int:
@@ -166,6 +170,10 @@ class LateLoadWatcher:
         self._cfg[self._cfg.Key(0)] = self._cfg.Leaf(os.getpid())
         self._own = bpf["pt_own"]
         self.own(os.getpid())
+        # the tracers beside us: we stop none of their processes at a mapping (nor they ours), or
+        # two tracers each stopped at a module it imports would wait for each other
+        self._other_owns = MapsByName("pt_own", 4, 1, {map_info(self._own.map_fd)[0]})
+        self._others_seen = 0.0
         # armed only once someone outlives us to resume what we stop
         self._guardian_args = (stops_fd, self._cfg.map_fd, STOP_RECORD.dtype.itemsize,
                                STOP_RECORD.dtype.fields["tgid"][1])
@@ -251,11 +259,24 @@ class LateLoadWatcher:
         on: once the set-up that keeps the tracer from polling (compiling,
         scanning every process) is done, before the banner tells the user the
         probes are on."""
+        self.own_others()
         self._cfg[self._cfg.Key(2)] = self._cfg.Leaf(1)
+
+    def own_others(self) -> None:
+        """Count the processes of the other tracers on this machine (their
+        pt_own) as our own: never stopped.  The kernel forgets each at its exit."""
+        self._others_seen = time.monotonic()
+        for key in self._other_owns.keys():
+            try:
+                self._own[self._own.Key(int.from_bytes(key, "little"))] = self._own.Leaf(1)
+            except Exception:  # noqa: BLE001 - BCC raises a bare Exception (E2BIG: the table is full)
+                return
 
     def poll(self) -> int:
         """Handle every pending stop and notification; returns how many there were."""
         self._keep_guardians()
+        if time.monotonic() - self._others_seen >= OTHERS_INTERVAL_S:
+            self.own_others()
         # the stops first, then the ring: the program writes a process's exec record
         # before its stop record, so every exec stop read here has its record in this
         # drain, and its maps are read (on_exec) before it is resumed below.  The other

@@ -107,6 +107,14 @@ class MapsByName:
 
     def any_holds(self, key: bytes) -> bool:
         """Whether any of these maps has ``key``."""
+        return any(m.lookup(key) is not None for m in self._each())
+
+    def keys(self) -> set[bytes]:
+        """The keys of all these maps."""
+        return {k for m in self._each() for k in m.keys()}
+
+    def _each(self) -> Iterator[Map]:
+        """Each of these maps, open while the caller looks at it."""
         for ident in list(_map_ids()):
             if ident in self._exclude:
                 continue
@@ -120,8 +128,7 @@ class MapsByName:
                     continue
                 if (name, ksize, vsize) != (self.name, self.key_size, self.value_size):
                     self._exclude.add(ident)
-                elif Map(fd, self.key_size, self.value_size).lookup(key) is not None:
-                    return True
+                else:
+                    yield Map(fd, self.key_size, self.value_size)
             finally:
                 os.close(fd)
-        return False
