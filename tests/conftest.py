@@ -51,6 +51,46 @@ def require_bpf(_bpf_status: str | None) -> None:
         pytest.skip(_bpf_status)
 
 
+class InProcess:
+    """BPF programs and their watchers made in the test process."""
+
+    def __init__(self) -> None:
+        self._programs: list = []
+        self._closers: list = []
+
+    def bpf(self, text: str):
+        from bcc import BPF
+
+        b = BPF(text=text.encode())
+        self._programs.append(b)
+        return b
+
+    def closing(self, obj):
+        """``obj`` (a watcher, a ring) closed at teardown, before the programs."""
+        self._closers.append(obj)
+        return obj
+
+    def release(self) -> None:
+        for obj in reversed(self._closers):
+            obj.close()
+        for b in reversed(self._programs):
+            b.cleanup()
+        self._closers.clear()
+        self._programs.clear()
+
+
+@pytest.fixture
+def in_process(require_bpf) -> InProcess:
+    """Load BPF programs in the test process, released after the test
+    whatever its outcome.  A discover program left loaded keeps its `pt_own`
+    map, which holds this process: every tracer started later merges the
+    other tracers' `pt_own` maps, counts this process and its children (the
+    workloads of every later test) as its own, and traces none of them."""
+    made = InProcess()
+    yield made
+    made.release()
+
+
 @pytest.fixture(scope="session")
 def build_dir() -> Path:
     return build.DEFAULT_OUT

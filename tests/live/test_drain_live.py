@@ -81,12 +81,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 """
 
 
-def _fill_program(ring_pages: int):
-    from bcc import BPF
-
+def _fill_program(in_process, ring_pages: int):
     text = FILL.replace("RING_PAGES", str(ring_pages)).replace("SYS_NR", str(SYS_GETPPID)).replace(
         "PER_CALL", str(PER_CALL))
-    b = BPF(text=text)
+    b = in_process.bpf(text)
     b["cfg"][b["cfg"].Key(0)] = b["cfg"].Leaf(os.getpid())
     return b
 
@@ -95,11 +93,11 @@ def _lost(b) -> int:
     return int(sum(b["lost"][b["lost"].Key(0)]))
 
 
-def test_drain_returns_every_committed_record_in_order_across_wraps():
+def test_drain_returns_every_committed_record_in_order_across_wraps(in_process):
     from pasta_trace.capture.ringbuf import open_table
 
-    b = _fill_program(ring_pages=16)  # 64 KiB: 455 records, so 3 calls wrap it
-    ring = open_table(b, "events", schema.HOST_EVENT.dtype)
+    b = _fill_program(in_process, ring_pages=16)  # 64 KiB: 455 records, so 3 calls wrap it
+    ring = in_process.closing(open_table(b, "events", schema.HOST_EVENT.dtype))
     got = []
     for _ in range(20):
         os.getppid()
@@ -109,17 +107,15 @@ def test_drain_returns_every_committed_record_in_order_across_wraps():
     assert seqs.tolist() == expected
     assert ring.pending_bytes == 0
     assert _lost(b) == 0
-    ring.close()
-    b.cleanup()
 
 
-def test_full_ring_counts_every_lost_record_exactly():
+def test_full_ring_counts_every_lost_record_exactly(in_process):
     from pasta_trace.capture.ringbuf import open_table
 
     from pasta_trace.capture.ringbuf import record_stride
 
-    b = _fill_program(ring_pages=1)  # 4 KiB: as many records as fit, each an 8-byte header + the record
-    ring = open_table(b, "events", schema.HOST_EVENT.dtype)
+    b = _fill_program(in_process, ring_pages=1)  # 4 KiB: as many records as fit, each an 8-byte header + the record
+    ring = in_process.closing(open_table(b, "events", schema.HOST_EVENT.dtype))
     for _ in range(5):
         os.getppid()  # no drain in between: the ring overflows
     captured = ring.drain()
@@ -131,23 +127,19 @@ def test_full_ring_counts_every_lost_record_exactly():
     assert slots < PER_CALL  # so a single call already overflows the ring
     assert _lost(b) == produced - slots
     assert captured["size"].tolist() == [n for n in range(slots) if n % 7 != 3]
-    ring.close()
-    b.cleanup()
 
 
-def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path):
+def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path, in_process):
     """discover.bpf.c: an open of a libcuda.so* name stops the opener before
     the open returns; the watcher's callback sees it stopped; a second open
     of a now-known path does not stop; a forked child joins pid_filter; exits
     are reported."""
-    from bcc import BPF
-
     from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
 
     lib = tmp_path / "venv" / "lib" / "libcuda.so.1"
     lib.parent.mkdir(parents=True)
     shutil.copy("/bin/true", lib)
-    b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
     seen: list = []
 
     def on_library(opened):
@@ -155,10 +147,10 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path)
         seen.append(("lib", opened.pid, opened.path, opened.ns_path, state, opened.inode))
         return True  # as if probed: the file is made known, its next open does not stop
 
-    w = LateLoadWatcher(
+    w = in_process.closing(LateLoadWatcher(
         b, on_library=on_library, on_fork=lambda pid, ppid, ts: seen.append(("fork", pid, ppid)),
         on_exec=lambda pid, cgroup_id: seen.append(("exec", pid)), on_exit=lambda pid, ts: seen.append(("exit", pid)),
-    )
+    ))
     go = tmp_path / "go"
     script = (
         "import os, sys, time\n"
@@ -191,8 +183,6 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path)
         ("exit", child.pid),
     ]
     assert w.stops == 1
-    w.close()
-    b.cleanup()
 
 
 def _stub_workload(tmp_path):

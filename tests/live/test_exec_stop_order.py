@@ -33,17 +33,15 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def test_an_exec_between_the_drain_and_the_stops_is_read_before_it_resumes(tmp_path):
-    from bcc import BPF
-
+def test_an_exec_between_the_drain_and_the_stops_is_read_before_it_resumes(tmp_path, in_process):
     from pasta_trace import schema
     from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
 
-    b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
     state_at_exec: dict[int, str | None] = {}
-    w = LateLoadWatcher(b, on_library=lambda lib: True, on_fork=lambda *a: None,
-                        on_exec=lambda pid, cg: state_at_exec.setdefault(pid, _state(pid)),
-                        on_exit=lambda *a: None)
+    w = in_process.closing(LateLoadWatcher(b, on_library=lambda lib: True, on_fork=lambda *a: None,
+                                           on_exec=lambda pid, cg: state_at_exec.setdefault(pid, _state(pid)),
+                                           on_exit=lambda *a: None))
     go = tmp_path / "go"
     victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(go)])
     try:
@@ -71,5 +69,4 @@ def test_an_exec_between_the_drain_and_the_stops_is_read_before_it_resumes(tmp_p
         assert victim.returncode == 0
         assert state_at_exec.get(victim.pid) == "T"  # still stopped when its maps were read
     finally:
-        w.close()
         victim.kill()

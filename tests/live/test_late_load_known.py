@@ -19,8 +19,7 @@ KNOWN_MAX = 2
 FILES = 6
 
 
-def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp_path):
-    from bcc import BPF
+def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp_path, in_process):
 
     from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
 
@@ -30,11 +29,12 @@ def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp
         lib.parent.mkdir()
         shutil.copy("/bin/true", lib)
         libs.append(str(lib))
-    b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True, known_max=KNOWN_MAX))
+    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True, known_max=KNOWN_MAX))
     warnings: list[str] = []
     opened: list[str] = []
-    w = LateLoadWatcher(b, on_library=lambda lib: opened.append(lib.ns_path) or True, on_fork=lambda *a: None,
-                        on_exec=lambda *a: None, on_exit=lambda *a: None, on_warning=warnings.append)
+    w = in_process.closing(LateLoadWatcher(
+        b, on_library=lambda lib: opened.append(lib.ns_path) or True, on_fork=lambda *a: None,
+        on_exec=lambda *a: None, on_exit=lambda *a: None, on_warning=warnings.append))
     go = tmp_path / "go"
     script = ("import os, sys, time\n"
               f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
@@ -55,5 +55,3 @@ def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp
     assert w.known_full == FILES - KNOWN_MAX
     assert warnings == [f"more than {KNOWN_MAX} library files have probes: each later open of another one "
                         "pauses its process for a moment"]
-    w.close()
-    b.cleanup()
