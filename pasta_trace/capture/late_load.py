@@ -191,6 +191,17 @@ class LateLoadWatcher:
         The kernel forgets it when it exits."""
         self._own[self._own.Key(pid)] = self._own.Leaf(1)
 
+    def disown_elsewhere(self, pid: int) -> None:
+        """``pid``, our child but not one of our own processes (the launched
+        command), taken out of the other tracers' `pt_own`: under -a a child
+        of a tracer (ours counts as theirs) is one of its own from its first
+        instruction, so a system-wide tracer running beside us would never
+        trace the command.  Twice: a tracer may copy it from another's map
+        between our deletes."""
+        key = pid.to_bytes(4, "little")
+        for _ in range(2):
+            self._other_owns.delete_everywhere(key)
+
     @property
     def guardian_pid(self) -> int:
         return self._guardians[0].pid

@@ -113,6 +113,11 @@ class MapsByName:
         """The keys of all these maps."""
         return {k for m in self._each() for k in m.keys()}
 
+    def delete_everywhere(self, key: bytes) -> None:
+        """Remove ``key`` from each of these maps."""
+        for m in self._each():
+            m.delete(key)
+
     def _each(self) -> Iterator[Map]:
         """Each of these maps, open while the caller looks at it."""
         for ident in list(_map_ids()):

@@ -225,6 +225,7 @@ class Session:
             manifest.pids = sorted(self._tracker.traced_pids)
             manifest.write(out, complete=False)
             if held is not None:
+                self._watcher.disown_elsewhere(held.pid)  # a system-wide tracer beside us traces it too
                 held.release()
                 self._tracker.processes.add(held.pid)
             namer = None if opts.aggregate else AttachNamer(api_names)

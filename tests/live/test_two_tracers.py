@@ -5,6 +5,7 @@ both captures hold every one of its calls."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -35,3 +36,35 @@ def test_two_system_wide_tracers_and_a_late_loader_all_finish_with_exact_counts(
         cap = open_capture(tmp_path / f"cap{i}")
         assert cap.complete, cap.problems
         assert expect.mismatches(cap, [rep], PHASES) == []
+
+
+def test_a_launched_command_is_no_system_wide_tracers_own(tmp_path, in_process):
+    """Under -a a child of a tracer is one of that tracer's own from its
+    first instruction, and a system-wide tracer counts the other tracers'
+    processes as its own: so the command another tracer launches (its child)
+    became the system-wide tracer's own, never traced by it.  The launching
+    tracer takes it out of every other tracer's `pt_own` before it lets it
+    run (LateLoadWatcher.disown_elsewhere)."""
+    import time
+
+    from pasta_trace import schema
+    from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+
+    system = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=False, own_pid_filter=True))
+    others = system["pt_own"]
+    others[others.Key(os.getpid())] = others.Leaf(1)  # this process stands for a launching tracer
+    command = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while others.get(others.Key(command.pid)) is None:  # made its own at its first return to user space
+            assert time.monotonic() < deadline, "the system-wide program never took the child for its own"
+            time.sleep(0.01)
+        launcher = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+        watcher = in_process.closing(LateLoadWatcher(launcher, on_library=lambda lib: True, on_fork=lambda *a: None,
+                                                     on_exec=lambda *a: None, on_exit=lambda *a: None))
+        watcher.disown_elsewhere(command.pid)
+        assert others.get(others.Key(command.pid)) is None
+        assert others.get(others.Key(os.getpid())) is not None  # the launcher itself stays exempt
+    finally:
+        command.kill()
+        command.wait()
