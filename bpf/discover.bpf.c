@@ -41,8 +41,9 @@
  *   A child that finds pid_filter (or pending_children) full is counted
  *   (PT_UNTRACED_CHILDREN), never dropped silently.
  * - exit: every per-process entry (pid_filter, pt_own, py_procs, the thread's
- *   open_args, pt_stops and pending_children) is deleted, traced or not, so
- *   no table fills with the dead over a long capture.
+ *   open_args, pt_stops and pending_children; with the probes, py_finalizing,
+ *   the streams under capture and the NCCL comm_ids) is deleted, traced or
+ *   not, so no table fills with the dead over a long capture.
  * - exec and exit of traced processes are reported for processes.parquet; an
  *   exec also forgets the process's Python interpreter (pystack.h, with stacks).
  *   With a pid filter (a launched command, -p), a process that execs is
@@ -444,6 +445,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
 #endif
 #ifndef PT_DISCOVER_ALONE
     py_finalizing.delete(&tgid); /* c10.bpf.c: a new image is not finalizing */
+    /* the old image's streams and communicators: addresses the new one may reuse */
+    pt_captures_gone(tgid);
+    pt_nccl_gone(tgid);
 #endif
     if (!pt_traced(tgid))
         return 0;
@@ -484,6 +488,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #endif
 #ifndef PT_DISCOVER_ALONE
     py_finalizing.delete(&tgid); /* c10.bpf.c: a pid used again is another process */
+    pt_captures_gone(tgid); /* pasta.h: captures left open, capture_n back down */
+    pt_nccl_gone(tgid);     /* nccl.bpf.c: its communicators' comm_ids */
 #endif
     pt_own.delete(&tgid);
     return 0;

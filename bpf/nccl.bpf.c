@@ -17,8 +17,52 @@
  *                            [sp+8], and uses no register: rank is the 3rd
  */
 
-/* comm handle -> comm_id, for the communicators split from it */
-BPF_HASH(pt_nccl_ids, u64, u64, 4096);
+/* Per process, its communicators' handles and comm_ids, for the
+ * communicators split from them.  Keyed by the process, not the handle: a
+ * handle is an address, which another process (or this one after
+ * ncclCommDestroy) may hold for another communicator; the process's exit (or
+ * exec) drops its entry in one delete (discover.bpf.c), and a destroyed
+ * communicator frees its slot.  A communicator the table cannot hold
+ * (PT_NCCL_IDS_MAX processes, or PT_NCCL_COMMS communicators of one process)
+ * is counted in lost[PT_LOST_COMM_IDS]: those split from it get no comm_id. */
+#define PT_NCCL_COMMS 32
+struct pt_nccl_comms {
+    u64 handle[PT_NCCL_COMMS];
+    u64 id[PT_NCCL_COMMS]; /* pasta.h pt_slot_*: handle 0 is never looked up */
+};
+BPF_HASH(pt_nccl_ids, u32, struct pt_nccl_comms, PT_NCCL_IDS_MAX);
+BPF_ARRAY(pt_nccl_empty, struct pt_nccl_comms, 1); /* a new entry's value (too large for the stack), never written */
+
+/* Remember comm_id (not 0) of the process's communicator h. */
+static __always_inline void pt_nccl_remember(u32 pid, u64 h, u64 comm_id)
+{
+    u32 z = 0;
+    struct pt_nccl_comms *init = pt_nccl_empty.lookup(&z);
+    struct pt_nccl_comms *c = init ? pt_nccl_ids.lookup_or_try_init(&pid, init) : 0;
+    if (!c || pt_slot_set(c->handle, c->id, PT_NCCL_COMMS, h, comm_id) < 0)
+        pt_lost(PT_LOST_COMM_IDS);
+}
+
+/* The process's communicator h was destroyed: its handle may name another one next. */
+static __always_inline void pt_nccl_forget(u32 pid, u64 h)
+{
+    struct pt_nccl_comms *c = pt_nccl_ids.lookup(&pid);
+    if (c)
+        pt_slot_clear(c->handle, c->id, PT_NCCL_COMMS, h);
+}
+
+/* The process exited or exec'd. */
+static __always_inline void pt_nccl_gone(u32 pid)
+{
+    pt_nccl_ids.delete(&pid);
+}
+
+/* comm_id of the process's communicator h; 0: not known */
+static __always_inline u64 pt_nccl_lookup(u32 pid, u64 h)
+{
+    struct pt_nccl_comms *c = pt_nccl_ids.lookup(&pid);
+    return c && h ? pt_slot_get(c->handle, c->id, PT_NCCL_COMMS, h) : 0;
+}
 
 #define PT_NCCL_PACK(dt, op, rp) \
     ((u64)(u8)(dt) | ((u64)((u32)(op) & 0xFFFFFF) << 8) | ((u64)(u32)(rp) << 32))
@@ -87,11 +131,15 @@ static __always_inline void pt_nccl_coll(struct pt_event *e, struct pt_frame *in
 /* GroupStart, GroupEnd: the return code and the time in the call */
 #define PT_H_NCCL_NONE(name, id, kind, arg) PT_PAIR(name, id, kind, 0, 0, 0, 0, {})
 
-/* (comm): Finalize, Destroy, Abort */
+/* (comm): Finalize, Destroy, Abort.  Destroy and Abort (the ninth letter of
+ * the name, a constant the compiler folds) free the communicator, whatever
+ * they return: its handle may be another's next. */
 #define PT_H_NCCL_COMM(name, id, kind, arg)                                     \
     PT_PAIR(name, id, kind, PT_P1, 0, 0, 0, {                                  \
         E->PT_NCCL_COMMUNICATOR = IN.a[0];                                     \
         E->valid = PT_V_COMMUNICATOR;                                          \
+        if (#name[8] == 'D' || #name[8] == 'A')                                \
+            pt_nccl_forget(E->pid, IN.a[0]);                                   \
     })
 
 /* a new communicator: its handle (read from *out when the call succeeded),
@@ -103,7 +151,7 @@ static __always_inline void pt_nccl_made(struct pt_event *e, u64 out, u64 comm_i
         e->PT_NCCL_COMMUNICATOR = h;
         e->valid |= PT_V_COMMUNICATOR;
         if (with_id)
-            pt_nccl_ids.update(&h, &comm_id);
+            pt_nccl_remember(e->pid, h, comm_id);
     }
     if (with_id) {
         e->PT_NCCL_COMM_ID = comm_id;
@@ -130,20 +178,21 @@ static __always_inline void pt_nccl_made(struct pt_event *e, u64 out, u64 comm_i
 
 /* comm_id of the communicator split from `parent` with `color`: the same on
  * every rank that passed that color; 0 if the parent was made before the
- * probes were attached, or the rank asked for no communicator (color < 0) */
-static __always_inline u64 pt_nccl_split_id(u64 parent, int color)
+ * probes were attached or not held (counted), or the rank asked for no
+ * communicator (color < 0) */
+static __always_inline u64 pt_nccl_split_id(u32 pid, u64 parent, int color)
 {
-    u64 *id = pt_nccl_ids.lookup(&parent);
+    u64 id = pt_nccl_lookup(pid, parent);
     if (!id || color < 0)
         return 0;
-    return (*id ^ (u32)color) * PT_NCCL_FNV_PRIME;
+    return (id ^ (u32)color) * PT_NCCL_FNV_PRIME;
 }
 
 /* (parent, color, key, comm *out, config): rank and nranks are decided
  * inside the call */
 #define PT_H_NCCL_SPLIT(name, id, kind, arg)                                    \
     PT_PAIR(name, id, kind, PT_P1, PT_P2, PT_P4, 0, {                          \
-        u64 cid = pt_nccl_split_id(IN.a[0], (int)IN.a[1]);                     \
+        u64 cid = pt_nccl_split_id(E->pid, IN.a[0], (int)IN.a[1]);             \
         pt_nccl_made(E, IN.a[2], cid, cid != 0);                               \
     })
 

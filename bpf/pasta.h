@@ -268,56 +268,128 @@ static __always_inline void pt_event_out(struct pt_event *e)
         pt_lost(PT_LOST_EVENTS);
 }
 
-/* CUDA stream capture: (process, stream) -> capture id (the entry time of
- * the begin call that started it), set by a successful begin and removed by
- * the end.  A launch on a stream under capture is recorded into a graph, not
- * run: its event becomes kind captured, dst = the capture id.  Only the
- * outermost layer's begin/end (a runtime call, else the driver's) keeps the
- * map, so the runtime's begin and the driver's inside it give one id.
- * capture_n counts the live entries: with none (nearly always) a launch pays
- * one array lookup and no hash lookup.  Streams joined to a capture through
- * an event wait (cross-stream capture) are not marked. */
-#define PT_CAPTURE_MAX 4096
-struct pt_cap_key {
-    u32 pid;
-    u32 pad;
-    u64 stream;
+/* Per-process tables of (key, id) slots: a process's streams under capture,
+ * its NCCL communicators (nccl.bpf.c).  id 0: a free slot; the key
+ * PT_NO_KEY matches nothing (a slot being taken or freed).  Threads of one
+ * process may take slots at once: a slot is taken by compare-and-swap of its
+ * id, then given its key. */
+#define PT_NO_KEY (~0ULL)
+
+/* The id of key's slot; 0: none. */
+static __always_inline u64 pt_slot_get(u64 *keys, u64 *ids, int n, u64 key)
+{
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        u64 id = ids[i];
+        if (id && keys[i] == key)
+            return id;
+    }
+    return 0;
+}
+
+/* Give key the id (not 0), in its slot (1: a begin after an end the probes
+ * missed, a handle made again after a destroy they missed) or a free one
+ * (0); -1: none is free. */
+static __always_inline int pt_slot_set(u64 *keys, u64 *ids, int n, u64 key, u64 id)
+{
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        if (ids[i] && keys[i] == key) {
+            ids[i] = id;
+            return 1;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        if (!ids[i] && __sync_val_compare_and_swap(&ids[i], 0, id) == 0) {
+            keys[i] = key;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Free key's slot: the id it had; 0: none. */
+static __always_inline u64 pt_slot_clear(u64 *keys, u64 *ids, int n, u64 key)
+{
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        if (ids[i] && keys[i] == key) {
+            keys[i] = PT_NO_KEY;
+            return __sync_lock_test_and_set(&ids[i], 0);
+        }
+    }
+    return 0;
+}
+
+/* CUDA stream capture: per process, the streams under capture and each
+ * capture's id (the entry time of the begin call that started it), set by a
+ * successful begin and cleared by the end.  A launch on a stream under
+ * capture is recorded into a graph, not run: its event becomes kind
+ * captured, dst = the capture id.  Only the outermost layer's begin/end (a
+ * runtime call, else the driver's) keeps the table, so the runtime's begin
+ * and the driver's inside it give one id.  capture_n counts the live
+ * captures: with none (nearly always) a launch pays one array lookup and no
+ * hash lookup.  Streams joined to a capture through an event wait
+ * (cross-stream capture) are not marked.
+ *
+ * Keyed by the process, so its exit (or exec) drops every capture it left
+ * open in one delete (discover.bpf.c, pt_captures_gone): a process killed
+ * mid-capture would otherwise keep capture_n up, and every launch of every
+ * process would pay the hash lookup until the tracer ends.  A begin the
+ * table cannot hold (PT_CAPTURE_MAX processes, or PT_CAPTURE_SLOTS streams
+ * of one process) is counted in lost[PT_LOST_CAPTURES]. */
+#define PT_CAPTURE_SLOTS 8
+struct pt_captures {
+    u64 stream[PT_CAPTURE_SLOTS];
+    u64 id[PT_CAPTURE_SLOTS];
 };
-BPF_HASH(capturing, struct pt_cap_key, u64, PT_CAPTURE_MAX);
+BPF_HASH(capturing, u32, struct pt_captures, PT_CAPTURE_MAX);
 BPF_ARRAY(capture_n, u64, 1);
+
+static __always_inline void pt_capture_count(s64 d)
+{
+    u32 z = 0;
+    u64 *n = capture_n.lookup(&z);
+    if (n)
+        __sync_fetch_and_add(n, d);
+}
 
 static __always_inline void pt_capture_begin(u32 pid, u64 stream, u64 id)
 {
-    struct pt_cap_key k = {};
-    u32 z = 0;
-    k.pid = pid;
-    k.stream = stream;
-    if (capturing.insert(&k, &id) == 0) {
-        u64 *n = capture_n.lookup(&z);
-        if (n)
-            __sync_fetch_and_add(n, 1);
-    } else {
-        capturing.update(&k, &id); /* a begin after an end this probe missed */
-    }
+    struct pt_captures init;
+    __builtin_memset(init.stream, 0xff, sizeof(init.stream)); /* PT_NO_KEY until taken */
+    __builtin_memset(init.id, 0, sizeof(init.id));
+    struct pt_captures *c = capturing.lookup_or_try_init(&pid, &init);
+    int got = c ? pt_slot_set(c->stream, c->id, PT_CAPTURE_SLOTS, stream, id) : -1;
+    if (got == 0)
+        pt_capture_count(1);
+    else if (got < 0)
+        pt_lost(PT_LOST_CAPTURES);
 }
 
-/* The capture id of the stream's capture, removed; 0: none was seen begin. */
+/* The capture id of the stream's capture, cleared; 0: none was seen begin. */
 static __always_inline u64 pt_capture_end(u32 pid, u64 stream)
 {
-    struct pt_cap_key k = {};
-    u32 z = 0;
-    k.pid = pid;
-    k.stream = stream;
-    u64 *v = capturing.lookup(&k);
-    if (!v)
-        return 0;
-    u64 id = *v;
-    if (capturing.delete(&k) == 0) {
-        u64 *n = capture_n.lookup(&z);
-        if (n && *n)
-            __sync_fetch_and_sub(n, 1);
-    }
+    struct pt_captures *c = capturing.lookup(&pid);
+    u64 id = c ? pt_slot_clear(c->stream, c->id, PT_CAPTURE_SLOTS, stream) : 0;
+    if (id)
+        pt_capture_count(-1);
     return id;
+}
+
+/* The process exited or exec'd: its captures are gone, open or not. */
+static __always_inline void pt_captures_gone(u32 pid)
+{
+    struct pt_captures *c = capturing.lookup(&pid);
+    if (!c)
+        return;
+#pragma unroll
+    for (int i = 0; i < PT_CAPTURE_SLOTS; i++) {
+        if (c->id[i] && __sync_lock_test_and_set(&c->id[i], 0))
+            pt_capture_count(-1);
+    }
+    capturing.delete(&pid);
 }
 
 /* A launch (not nested: the outer call holds the capture) on a capturing stream */
@@ -329,15 +401,14 @@ static __always_inline void pt_capture_mark(struct pt_event *e)
     u64 *n = capture_n.lookup(&z);
     if (!n || !*n)
         return;
-    struct pt_cap_key k = {};
-    k.pid = e->pid;
-    k.stream = e->stream;
-    u64 *id = capturing.lookup(&k);
-    if (!id)
-        return;
-    e->kind = PT_KIND_CAPTURED;
-    e->dst = *id;
-    e->valid |= PT_V_DST;
+    u32 pid = e->pid; /* a key from the stack: e may be ring memory */
+    struct pt_captures *c = capturing.lookup(&pid);
+    u64 id = c ? pt_slot_get(c->stream, c->id, PT_CAPTURE_SLOTS, e->stream) : 0;
+    if (id) {
+        e->kind = PT_KIND_CAPTURED;
+        e->dst = id;
+        e->valid |= PT_V_DST;
+    }
 }
 
 static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)

@@ -761,6 +761,14 @@ LOSSES: tuple[Loss, ...] = (
     # the events writer process, which wrote everything else (capture.takeover)
     Loss("lost_tracer_died", "", -1, "events", "the tracer died while it held them",
          "no option changes it; the manifest's notes say so"),
+    # bpf/pasta.h pt_capture_begin: the table of streams under capture (per process) was full
+    Loss("lost_captures", "lost", 4, "stream captures",
+         "more streams were under capture at once than the probes' table holds",
+         "no option changes it; the launches captured on those streams count as launches"),
+    # bpf/nccl.bpf.c pt_nccl_remember: the table of communicators' comm_ids (per process) was full
+    Loss("lost_comm_ids", "lost", 5, "communicator ids",
+         "more communicators were alive at once than the probes' table holds",
+         "no option changes it; the communicators split from those have no comm_id"),
 )
 
 LOSS_BY_NAME = {loss.name: loss for loss in LOSSES}

@@ -42,6 +42,12 @@ PID_FILTER_MAX_ENV = "PASTA_TRACE_TEST_PID_FILTER_MAX"
 #: lowers it, for the tests that fill it
 PY_PROCS_MAX = 4096
 PY_PROCS_MAX_ENV = "PASTA_TRACE_TEST_PY_PROCS_MAX"
+#: processes with streams under capture at once (bpf/pasta.h's capturing), and with NCCL communicators'
+#: comm_ids (bpf/nccl.bpf.c's pt_nccl_ids); the _ENV names lower them, for the tests that fill them
+CAPTURE_MAX = 4096
+CAPTURE_MAX_ENV = "PASTA_TRACE_TEST_CAPTURE_MAX"
+NCCL_IDS_MAX = 4096
+NCCL_IDS_MAX_ENV = "PASTA_TRACE_TEST_NCCL_IDS_MAX"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 
 # Bytes of kind-specific data after each BTF type record, by kind; *vlen
@@ -177,6 +183,8 @@ def build_bpf_text(
         f"#define PT_NAMES_PAGES {names_pages}",
         f"#define PT_AGG_MAX {aggregate_max}",
         f"#define PT_PID_FILTER_MAX {int(os.environ.get(PID_FILTER_MAX_ENV) or PID_FILTER_MAX)}",
+        f"#define PT_CAPTURE_MAX {int(os.environ.get(CAPTURE_MAX_ENV) or CAPTURE_MAX)}",
+        f"#define PT_NCCL_IDS_MAX {int(os.environ.get(NCCL_IDS_MAX_ENV) or NCCL_IDS_MAX)}",
     ]
     comm = task_comm_offset()
     if comm is not None:

@@ -52,7 +52,8 @@ def test_every_bpf_loss_slot_is_generated_and_each_is_counted() -> None:
     text = program_text(buffer_pages=4096, aggregate=True, filter_pids=True)
     defined = dict(re.findall(r"#define (PT_(?:LOST|UNPAUSED)\w*) (\d+)", text))
     assert defined == {
-        "PT_LOST_EVENTS": "0", "PT_LOST_NAMES": "1", "PT_LOST_INFLIGHT": "2", "PT_LOST_AGG": "3", "PT_LOST_N": "4",
+        "PT_LOST_EVENTS": "0", "PT_LOST_NAMES": "1", "PT_LOST_INFLIGHT": "2", "PT_LOST_AGG": "3", "PT_LOST_CAPTURES": "4",
+        "PT_LOST_COMM_IDS": "5", "PT_LOST_N": "6",
         "PT_UNPAUSED_OPENS": "0", "PT_LOST_NOTIFICATIONS": "1",
     }
     assert "#define PT_UNTRACED_CHILDREN 2" in text
@@ -98,7 +99,8 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
                    "unresolved_native_stacks": 90, "unregistered_python_processes": 150},
         "lost_events": 10, "lost_names": 20, "lost_inflight": 30, "lost_agg": 40,
         "unpaused_opens": 100, "lost_notifications": 110, "lost_writer_behind": 120, "lost_unwritten": 130,
-        "untraced_children": 140, "lost_writer_died": 160, "lost_tracer_died": 170,
+        "untraced_children": 140, "lost_writer_died": 160, "lost_tracer_died": 170, "lost_captures": 180,
+        "lost_comm_ids": 190,
         "known_full": 2, "folded_launches": 7, "by_kind": {"launch": 5},
     }
     cap = write_capture(tmp_path / "cap")
@@ -107,7 +109,7 @@ def test_manifest_stores_every_loss_by_name_and_the_reader_adds_them_up(tmp_path
     (cap / "manifest.json").write_text(json.dumps(manifest))
     c = open_capture(cap)
     assert c.losses == lost  # a tally (launches folded on purpose) is not a loss
-    assert c.lost_events == sum(lost.values()) == 1530
+    assert c.lost_events == sum(lost.values()) == 1900
 
 
 def test_without_stacks_the_manifest_has_no_stack_losses() -> None:
@@ -153,6 +155,10 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  no option changes it; the manifest's notes say how it died",
         "LOST: 1,016 events: the tracer died while it held them",
         "  no option changes it; the manifest's notes say so",
+        "LOST: 1,017 stream captures: more streams were under capture at once than the probes' table holds",
+        "  no option changes it; the launches captured on those streams count as launches",
+        "LOST: 1,018 communicator ids: more communicators were alive at once than the probes' table holds",
+        "  no option changes it; the communicators split from those have no comm_id",
     ]
     assert summary.loss_lines({"lost_events": 0}, SETTINGS) == ["lost: 0"]
     assert Options(mode="pid", out_dir=Path("x"), command_line=[], buffer_pages=8, stack_pages=16,
