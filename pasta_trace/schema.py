@@ -32,8 +32,9 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 CAPTURE_FORMAT_VERSION = (1, 7)
 
 #: Version of the device record file (TLV) format, written in its file header
-#: (1.1: TOOL_STATUS, what the injection library's set-up calls returned).
-DEVICE_FORMAT_VERSION = (1, 1)
+#: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;
+#: 1.2: CUPTI_KERNEL's graph_node_id and graph_id, read as 0 from a 1.1 record).
+DEVICE_FORMAT_VERSION = (1, 2)
 
 #: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
 #: 1.2: kernels' via_graph and graph_exec; 1.3: kernels' ret).
@@ -1097,9 +1098,18 @@ DEV_CUPTI_KERNEL = Record(
             ("block_x", "u32", "", ""),
             ("block_y", "u32", "", ""),
             ("block_z", "u32", "", ""),
+            # format 1.2: a 1.1 record ends above (DEVICE_PAYLOAD_MIN_SIZES) and reads these as 0
+            ("graph_node_id", "u64", "", "CUPTI's node of the graph that launched it; 0: not a graph's"),
+            ("graph_id", "u32", "", "CUPTI's id of that graph; 0: not launched by a graph"),
+            ("pad", "u32", "", ""),
         ]
     ),
 )
+
+#: The payload size of a record type before fields were appended to it (an
+#: older minor version): a record that short reads those fields as 0; anything
+#: shorter is damage.
+DEVICE_PAYLOAD_MIN_SIZES: dict[DeviceRecordType, int] = {DeviceRecordType.CUPTI_KERNEL: 64}  # 1.1
 
 DEV_CUPTI_MEMOP = Record(
     "gp_cupti_memop",

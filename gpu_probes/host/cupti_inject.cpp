@@ -84,6 +84,9 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
     while (cuptiActivityGetNextRecord(buffer, valid, &a) == CUPTI_SUCCESS) {
         if (a->kind == CUPTI_ACTIVITY_KIND_KERNEL || a->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
             const auto *k = reinterpret_cast<const CUpti_ActivityKernel10 *>(a);
+            /* graphId/graphNodeId: 0 unless a graph launch ran it; such a kernel
+             * carries the correlation id of the graph launch call, which is how the
+             * merge joins it to the host's cuGraphLaunch/cudaGraphLaunch */
             gp_cupti_kernel r{k->start,
                               k->end,
                               k->gridId,
@@ -96,7 +99,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t *buffer, size_t, siz
                               (uint32_t)k->gridZ,
                               (uint32_t)k->blockX,
                               (uint32_t)k->blockY,
-                              (uint32_t)k->blockZ};
+                              (uint32_t)k->blockZ,
+                              k->graphNodeId,
+                              k->graphId,
+                              0};
             t.writer->submit(gp::Rec(GP_REC_CUPTI_KERNEL, 0).put(r));
         } else if (a->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const auto *m = reinterpret_cast<const CUpti_ActivityMemcpy6 *>(a);

@@ -85,7 +85,8 @@ void j_cupti_kernel(const gp_cupti_kernel &s) {
     bool first = true;
     obj_begin("payload");
     F(s, start); F(s, end); FI(s, grid_id); F(s, stream_id); F(s, correlation_id); F(s, device); F(s, name_id);
-    F(s, grid_x); F(s, grid_y); F(s, grid_z); F(s, block_x); F(s, block_y); F(s, block_z);
+    F(s, grid_x); F(s, grid_y); F(s, grid_z); F(s, block_x); F(s, block_y); F(s, block_z); F(s, graph_node_id);
+    F(s, graph_id);
     js += "}";
 }
 void j_memop(const gp_cupti_memop &s) {
@@ -296,7 +297,8 @@ int main(int argc, char **argv) {
         w->submit(r);
     }
 
-    gp_cupti_kernel k{1000003100ull, 1000003700ull, 17, 7, 99, 0, 1, N / 256, 1, 1, 256, 1, 1};
+    /* a graph node's kernel (format 1.2: graph_node_id, graph_id) */
+    gp_cupti_kernel k{1000003100ull, 1000003700ull, 17, 7, 99, 0, 1, N / 256, 1, 1, 256, 1, 1, 0x300000002ull, 3, 0};
     w->submit(gp::Rec(GP_REC_CUPTI_KERNEL, 0).put(k));
     open_rec("CUPTI_KERNEL", 0); j_cupti_kernel(k); close_rec();
     gp_cupti_memop mc{1000002500ull, 1000002600ull, N * 4ull, 7, 97, 0, 1};

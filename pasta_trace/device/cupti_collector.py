@@ -78,6 +78,7 @@ class ActivityEncoder:
                     correlation_id=a.correlation_id, device=a.device_id, name_id=self._name_id(a.name),
                     grid_x=a.grid_x, grid_y=a.grid_y, grid_z=a.grid_z,
                     block_x=a.block_x, block_y=a.block_y, block_z=a.block_z,
+                    graph_node_id=a.graph_node_id, graph_id=a.graph_id,
                 )
             elif kind == self._memcpy:
                 w.record(

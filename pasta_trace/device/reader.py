@@ -149,6 +149,21 @@ def _gather(words: np.ndarray, offs: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.ascontiguousarray(words[idx]).view(dtype).reshape(len(offs))
 
 
+def _gather_grown(words: np.ndarray, offs: np.ndarray, plens: np.ndarray, dtype: np.dtype, least: int) -> np.ndarray:
+    """_gather of payloads that an older minor version wrote shorter (``least``
+    bytes, a multiple of 8): the fields appended since read as 0, and nothing
+    past such a record's own end is read."""
+    old = plens < dtype.itemsize
+    if not old.any():
+        return _gather(words, offs, dtype)
+    out = np.zeros(len(offs), dtype=dtype)
+    out[~old] = _gather(words, offs[~old], dtype)
+    idx = (offs[old] // 8)[:, None] + np.arange(least // 8, dtype=np.int64)
+    out.view(np.uint8).reshape(len(offs), dtype.itemsize)[old, :least] = (
+        np.ascontiguousarray(words[idx]).view(np.uint8).reshape(-1, least))
+    return out
+
+
 # --------------------------------------------------------------------------- one file
 
 
@@ -213,11 +228,12 @@ def read_device_file(path: str | os.PathLike) -> DeviceData:
         sel = np.flatnonzero(types == t)
         rt = RT(t)
         hrec = schema.DEVICE_PAYLOADS[rt]
-        short = plen[sel] < hrec.size
+        least = schema.DEVICE_PAYLOAD_MIN_SIZES.get(rt, hrec.size)
+        short = plen[sel] < least
         if short.any() and (first_bad is None or sel[short][0] < first_bad[0]):
-            first_bad = (int(sel[short][0]), f"{rt.name} record is too short for its {hrec.size}-byte payload")
+            first_bad = (int(sel[short][0]), f"{rt.name} record is too short for its {least}-byte payload")
         ok = sel[~short]
-        h = _gather(words, payload[ok], hrec.dtype)
+        h = _gather_grown(words, payload[ok], plen[ok], hrec.dtype, least)
         if rt in _ENTRY_FRAMES:
             need = h["n"].astype(np.int64)
             esize = schema.DEVICE_ENTRIES[rt].size

@@ -13,7 +13,8 @@ from .attribution import Segments, segments
 from .cluster import load_cluster, write_cluster
 from .collectives import calls_on_communicators, collective_calls, collective_entries, entered
 from .executions import TOLERANCE_NS, device_executions
-from .graphs import graph_kernel_launches, graph_launches, unknown_graph_names
+from .graphs import (device_graph_kernels, graph_kernel_launches, graph_launch_counts, graph_launches,
+                     unknown_graph_names)
 from .kernels import aggregate_launches, kernel_executions, kernel_names
 from .launches import host_launches, launch_order, order_position
 from .pages import PAGE_SHIFT, WS_PAGE_SHIFT, alloc_touches, attributed_pages, hotness, working_set
@@ -23,7 +24,7 @@ from .timeline import is_timeline, load, timeline_output, write_timeline
 __all__ = [
     "PAGE_SHIFT", "WS_PAGE_SHIFT", "TOLERANCE_NS", "MergeStats", "Segments", "aggregate_launches", "alloc_touches",
     "allocations", "calls_on_communicators", "collective_calls", "collective_entries", "entered",
-    "attributed_pages", "graph_kernel_launches", "graph_launches",
+    "attributed_pages", "device_graph_kernels", "graph_kernel_launches", "graph_launch_counts", "graph_launches",
     "unknown_graph_names", "device_executions", "host_launches", "hotness", "is_timeline", "kernel_executions",
     "kernel_names", "launch_order", "load", "load_cluster", "order_position", "segments", "stats", "timeline_output",
     "working_set", "write_cluster", "write_timeline",

@@ -35,6 +35,7 @@ import polars as pl
 
 from .. import clock, schema
 from ..read import Capture
+from .graphs import device_graph_kernels, graph_launches
 from .launches import run_starts, launch_order
 
 #: Default tolerance between the host uprobe's entry and the device callback's
@@ -108,13 +109,14 @@ def _device_executions_raw(cap: Capture) -> pl.DataFrame:
         "pid", pl.col("start").cast(pl.Int64).alias("cupti_start"), pl.col("end").cast(pl.Int64).alias("cupti_end"),
         pl.col("grid_id").alias("c_grid_id"), pl.col("correlation_id").alias("c_corr"),
         pl.col("device").alias("c_device"), pl.col("name").alias("c_name"),
+        "graph_id", "graph_node_id",
     ).with_row_index("_cupti_row")
     if not d["cupti_kernels"].select(pl.len()).collect().item():
         # no CUPTI kernel records (the device module alone): nothing to join, and
         # each join would copy every device execution
         cupti_schema = cupti.collect_schema()
         return execs.with_columns(
-            pl.lit(None, cupti_schema[c]).alias(c) for c in ("cupti_start", "cupti_end")
+            pl.lit(None, cupti_schema[c]).alias(c) for c in ("cupti_start", "cupti_end", "graph_id", "graph_node_id")
         ).with_columns(pl.coalesce("device", pl.lit(0, pl.UInt32)).alias("device")).collect()
     by_corr = execs.join(
         cupti.filter(pl.col("c_corr") > 0).drop("c_grid_id"), left_on=["pid", "correlation_id"],
@@ -122,7 +124,7 @@ def _device_executions_raw(cap: Capture) -> pl.DataFrame:
     )
     # executions without a correlation id: try the grid id
     need_grid = pl.col("_cupti_row").is_null() & pl.col("grid_id").is_not_null() & (pl.col("grid_id") != 0)
-    cupti_cols = ["_cupti_row", "cupti_start", "cupti_end", "c_device", "c_name"]
+    cupti_cols = ["_cupti_row", "cupti_start", "cupti_end", "c_device", "c_name", "graph_id", "graph_node_id"]
     by_grid = by_corr.filter(need_grid).drop(cupti_cols).join(
         cupti.drop("c_corr"), left_on=["pid", "grid_id"], right_on=["pid", "c_grid_id"], how="left",
     ).select(by_corr.collect_schema().names())
@@ -131,7 +133,7 @@ def _device_executions_raw(cap: Capture) -> pl.DataFrame:
     cupti_only = cupti.join(used, on="_cupti_row", how="anti").select(
         "pid", pl.lit(None, pl.UInt64).alias("launch_id"), "cupti_start", "cupti_end",
         pl.col("c_grid_id").alias("grid_id"), pl.col("c_corr").alias("correlation_id"),
-        pl.col("c_device").alias("device"), pl.col("c_name").alias("c_name"),
+        pl.col("c_device").alias("device"), pl.col("c_name").alias("c_name"), "graph_id", "graph_node_id",
     )
     return pl.concat([joined, cupti_only], how="diagonal_relaxed").with_columns(
         pl.coalesce("device", "c_device", pl.lit(0, pl.UInt32)).alias("device"),
@@ -165,7 +167,7 @@ def _device_executions(cap: Capture, tolerance_ns: int) -> pl.DataFrame:
     host = launch_order(cap) if execs.height else pl.DataFrame(schema={
         "pid": ev["pid"], "tid": ev["tid"], "ts_ns": ev["ts_ns"], "launch_seq": pl.Int64})
     keys = pl.DataFrame([execs["pid"], execs["launch_id"], _time_seqs(execs, host, tolerance_ns)])
-    keys = _cupti_seqs(execs.with_row_index("_dev_row"), host, keys)
+    keys = _cupti_seqs(cap, execs.with_row_index("_dev_row"), host, keys)
     matched = _matched(keys, host)
     wide = execs.drop("cupti_start", "cupti_end", "gpu_t_first", "gpu_t_last", strict=False)
     if _strictly_increasing(matched["pid"], matched["launch_seq"]):
@@ -201,7 +203,7 @@ def _time_seqs(execs: pl.DataFrame, host: pl.DataFrame, tolerance_ns: int) -> pl
     return pl.Series("time_seq", out).set(pl.Series(out < 0), None)
 
 
-def _cupti_seqs(execs: pl.DataFrame, host: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+def _cupti_seqs(cap: Capture, execs: pl.DataFrame, host: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
     """`keys` with c_seq and c_match: the launch of each CUPTI-only execution
     (no LAUNCH record), in correlation order while every kernel starts after
     its launch, else the latest launch before its start."""
@@ -227,8 +229,34 @@ def _cupti_seqs(execs: pl.DataFrame, host: pl.DataFrame, keys: pl.DataFrame) -> 
         pl.when(pl.col("causal")).then(pl.lit("exact")).when(pl.col("launch_seq").is_not_null())
         .then(pl.lit("time")).cast(_MATCH).alias("c_match"),
     )
+    graph_seq = _graph_seqs(cap, execs, host).lazy()  # exact, where the order above may not be
+    cupti_seq = pl.concat([cupti_seq.join(graph_seq, on="_dev_row", how="anti"), graph_seq])
     return keys.with_row_index("_dev_row").lazy().join(
         cupti_seq, on="_dev_row", how="left", maintain_order="left").drop("_dev_row").collect()
+
+
+def _graph_seqs(cap: Capture, execs: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
+    """_dev_row, c_seq, c_match of the CUPTI kernels of graph launches: the
+    launch row of their graph launch at their place in it (graphs.py lays a
+    graph launch out as its device kernels, in start order), exact."""
+    out = pl.DataFrame(schema={"_dev_row": pl.UInt32, "c_seq": pl.Int64, "c_match": _MATCH})
+    ran = device_graph_kernels(cap).drop_nulls("_launch")
+    if ran.is_empty():
+        return out
+    mine = execs.lazy().filter(pl.col("dev_ts").is_null() & pl.col("launch_id").is_null()
+                               & (pl.col("graph_id").fill_null(0) != 0)).select(
+        "_dev_row", "pid", "correlation_id", "gpu_start_ns", "graph_node_id").sort(
+        "pid", "correlation_id", "gpu_start_ns", "graph_node_id").with_columns(
+        pl.int_range(pl.len()).over("pid", "correlation_id").alias("pos"))
+    # a graph launch's rows follow one another in launch_seq from its first, at its (pid, tid, ts_ns)
+    at = graph_launches(cap).select("_launch", "pid", "tid", "ts_ns").join(
+        ran.select("_launch").unique(), on="_launch")
+    first = host.lazy().select("pid", "tid", "ts_ns", "launch_seq").join(at.lazy(), on=["pid", "tid", "ts_ns"]).group_by(
+        "_launch").agg(pl.col("launch_seq").min().alias("_first"))
+    return mine.join(ran.lazy().select("pid", "correlation_id", "pos", "_launch"),
+                     on=["pid", "correlation_id", "pos"]).join(first, on="_launch").select(
+        "_dev_row", (pl.col("_first") + pl.col("pos")).alias("c_seq"), pl.lit("exact", _MATCH).alias("c_match"),
+    ).collect()
 
 
 def _matched(keys: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:

@@ -15,7 +15,14 @@ this capture never saw: it is one row named `graph@0x<exec>` with the reason,
 never a guess.  So is the graph of a capture that began before the trace (its
 end carries no capture id); the launches made on its stream before that end
 were recorded, not run, and are no launch rows (precaptured_launches).  Launches made on a stream joined to a capture through an
-event (cross-stream capture) are not marked captured by the probes."""
+event (cross-stream capture) are not marked captured by the probes.
+
+With CUPTI device data (device format 1.2), the kernels a graph launch ran
+are known from the device: CUPTI gives each kernel of a graph its graph and
+node ids and the correlation id of the graph launch call, so one correlation
+id is one graph launch (device_graph_kernels).  Such a graph launch's rows are
+then its device kernels, one each, whatever the host saw of the graph; the
+host's estimate stays beside them for comparison (graph_launch_counts)."""
 
 from __future__ import annotations
 
@@ -167,6 +174,87 @@ def precaptured_launches(cap: Capture) -> pl.DataFrame:
     return out
 
 
+def _host_nodes_per_launch(cap: Capture, launches: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The known graph launches' kernel rows from the host's graph calls, in
+    node order with `pos`, and the launches whose kernels were not seen."""
+    ev = _graph_calls(cap)
+    nodes = _nodes(ev, _definitions(ev))
+    partial = _partial(ev).with_columns(pl.lit(True).alias("_partial"))
+    launches = launches.join(partial, on=["pid", "graph", "def_ts"], how="left")
+    known = launches.filter(pl.col("def_ts").is_not_null() & pl.col("_partial").is_null())
+    ran = known.drop(*[c for c in _KERNEL if c in known.columns]).join(
+        nodes, on=["pid", "graph", "def_ts"], how="inner").filter(pl.col("node_ts") < pl.col("inst_ts"))
+    ran = ran.sort(["_launch", "node_ts"]).with_columns(pl.int_range(pl.len()).over("_launch").alias("pos"))
+    unknown = launches.filter(pl.col("def_ts").is_null() | pl.col("_partial").is_not_null())
+    return ran, unknown
+
+
+_DEVICE_GRAPH_SCHEMA = {"pid": pl.UInt32, "correlation_id": pl.UInt32, "_launch": pl.UInt32, "pos": pl.Int64,
+                        "start": pl.Int64, "graph_id": pl.UInt32, "graph_node_id": pl.UInt64, "name": pl.String,
+                        **{c: pl.UInt32 for c in _KERNEL[1:7]}}
+
+
+def device_graph_kernels(cap: Capture) -> pl.DataFrame:
+    """CUPTI's kernel records of graph launches (graph_id not 0), each with
+    the host graph launch it ran for (`_launch`, a row of graph_launches; null
+    when none) and its position in that launch (`pos`, by start on the GPU).
+
+    The kernels of one graph launch share its call's correlation id.  Those
+    groups, in correlation order, are a process's graph launches in call
+    order: the k-th group is the k-th host graph launch where the counts agree
+    and every group starts after its launch; otherwise (graph launches made
+    before the trace, or lost) each group goes to the latest graph launch of
+    its process before its first kernel started."""
+    key = ("device_graph_kernels",)
+    if key in cap.cache:
+        return cap.cache[key]
+    out = pl.DataFrame(schema=_DEVICE_GRAPH_SCHEMA)
+    k = cap.device["cupti_kernels"].filter(pl.col("graph_id") != 0).select(
+        "pid", "correlation_id", pl.col("start").cast(pl.Int64), "graph_id", "graph_node_id", "name",
+        *_KERNEL[1:7]).collect()
+    if k.height:
+        k = k.sort("pid", "correlation_id", "start", "graph_node_id").with_columns(
+            pl.int_range(pl.len()).over("pid", "correlation_id").alias("pos"))
+        groups = k.group_by("pid", "correlation_id").agg(pl.col("start").min().alias("_first")).sort(
+            "pid", "correlation_id").with_columns(pl.int_range(pl.len()).over("pid").alias("_k"))
+        host = graph_launches(cap).select("pid", "_launch", "ts_ns").sort("pid", "ts_ns", "_launch").with_columns(
+            pl.int_range(pl.len()).over("pid").alias("_k"))
+        by_order = groups.join(host, on=["pid", "_k"], how="left")
+        counts = groups.group_by("pid").len("_dev").join(host.group_by("pid").len("_host"), on="pid", how="left")
+        in_order = by_order.group_by("pid").agg(
+            (pl.col("ts_ns").is_not_null() & (pl.col("ts_ns") <= pl.col("_first"))).all().alias("_causal")).join(
+            counts, on="pid").filter(pl.col("_causal") & (pl.col("_dev") == pl.col("_host")))["pid"]
+        by_time = _asof(groups.filter(~pl.col("pid").is_in(in_order.implode())),
+                        host.drop("_k"), ["pid"], "_first", "ts_ns")
+        assigned = pl.concat([by_order.filter(pl.col("pid").is_in(in_order.implode())).select(
+            "pid", "correlation_id", "_launch"), by_time.select("pid", "correlation_id", "_launch")])
+        out = k.join(assigned, on=["pid", "correlation_id"], how="left").select(
+            [pl.col(c).cast(t) for c, t in _DEVICE_GRAPH_SCHEMA.items()]).sort("pid", "correlation_id", "pos")
+    cap.cache[key] = out
+    return out
+
+
+def graph_launch_counts(cap: Capture) -> pl.DataFrame:
+    """Per host graph launch: pid, tid, ts_ns, exec, the kernels the host
+    worked out from the graph calls it saw (`host_kernels`, null where the
+    graph was not seen) and those CUPTI recorded for it (`device_kernels`,
+    null without CUPTI graph records for it), with its correlation id."""
+    launches = graph_launches(cap)
+    schema = {"pid": pl.UInt32, "tid": pl.UInt32, "ts_ns": pl.Int64, "exec": pl.UInt64,
+              "host_kernels": pl.UInt32, "device_kernels": pl.UInt32, "correlation_id": pl.UInt32}
+    if launches.is_empty():
+        return pl.DataFrame(schema=schema)
+    ran, unknown = _host_nodes_per_launch(cap, launches)
+    host = ran.group_by("_launch").len("host_kernels")
+    dev = device_graph_kernels(cap).drop_nulls("_launch").group_by("_launch").agg(
+        pl.len().alias("device_kernels"), pl.col("correlation_id").first())
+    known = launches.join(unknown.select("_launch"), on="_launch", how="anti").select("_launch")
+    return launches.join(host, on="_launch", how="left").join(dev, on="_launch", how="left").with_columns(
+        pl.when(pl.col("_launch").is_in(known["_launch"].implode()))
+        .then(pl.col("host_kernels").fill_null(0)).alias("host_kernels"),
+    ).sort("_launch").select([pl.col(c).cast(t) for c, t in schema.items()])
+
+
 def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.DataFrame:
     """One launch row per kernel a graph launch runs, with `columns` (the
     launch events' schema; kind `launch`, via_graph true, graph_exec the exec):
@@ -181,18 +269,24 @@ def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.D
     launches = graph_launches(cap)
     if launches.is_empty():
         return empty
-    defs = _definitions(ev)
-    nodes = _nodes(ev, defs)
-    partial = _partial(ev).with_columns(pl.lit(True).alias("_partial"))
-    launches = launches.join(partial, on=["pid", "graph", "def_ts"], how="left")
-    known = launches.filter(pl.col("def_ts").is_not_null() & pl.col("_partial").is_null())
-    ran = known.drop(*[c for c in _KERNEL if c in known.columns]).join(
-        nodes, on=["pid", "graph", "def_ts"], how="inner").filter(pl.col("node_ts") < pl.col("inst_ts"))
-    ran = ran.sort(["_launch", "node_ts"])
-    unknown = launches.filter(pl.col("def_ts").is_null() | pl.col("_partial").is_not_null()).with_columns(
+    ran, unknown = _host_nodes_per_launch(cap, launches)
+    unknown = unknown.with_columns(
         pl.col("exec").alias("func"), *(pl.lit(None, pl.UInt32).alias(c) for c in _KERNEL[1:8]),
-        *(pl.lit(None, pl.UInt64).alias(c) for c in _KERNEL[8:]))
-    rows = pl.concat([ran.select(unknown.columns), unknown], how="vertical_relaxed").with_columns(
+        *(pl.lit(None, pl.UInt64).alias(c) for c in _KERNEL[8:]), pl.lit(0, pl.Int64).alias("pos"))
+    cols = [c for c in unknown.columns if c != "_partial"]
+    parts = [ran.select(cols), unknown.select(cols)]
+    dev = device_graph_kernels(cap).drop_nulls("_launch")
+    if dev.height:
+        # the launches CUPTI saw run their device kernels: the host's node at the same
+        # place lends its handle and call site only where the counts agree
+        parts = [p.join(dev.select("_launch").unique(), on="_launch", how="anti") for p in parts]
+        agree = ran.group_by("_launch").len("_host").join(dev.group_by("_launch").len("_dev"), on="_launch").filter(
+            pl.col("_host") == pl.col("_dev")).select("_launch")
+        lent = ran.join(agree, on="_launch").select("_launch", "pos", "func", "shmem", "caller", "caller_fp")
+        on_dev = launches.drop(*[c for c in _KERNEL if c in launches.columns]).join(
+            dev.select("_launch", "pos", *_KERNEL[1:7]), on="_launch").join(lent, on=["_launch", "pos"], how="left")
+        parts.append(on_dev.select(cols))
+    rows = pl.concat(parts, how="vertical_relaxed").sort(["_launch", "pos"], maintain_order=True).with_columns(
         pl.col("exec").alias("graph_exec"), pl.lit(True).alias("via_graph"), pl.lit("launch").alias("kind"),
         pl.lit(None, pl.Int64).alias("dur_ns"), pl.lit(None, pl.Int64).alias("outer_ts_ns"))
     return rows.select([(pl.col(c) if c in rows.columns else pl.lit(None)).cast(t).alias(c)

@@ -5,7 +5,7 @@ typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef ui
 typedef int32_t __s32; typedef int64_t __s64;
 #define GP_MAGIC 0x42525047u
 #define GP_VER_MAJOR 1
-#define GP_VER_MINOR 1
+#define GP_VER_MINOR 2
 #define GP_REC_CLOCK_SYNC 1
 #define GP_REC_LAUNCH 2
 #define GP_REC_KERNEL_SUMMARY 3
@@ -204,9 +204,12 @@ struct gp_cupti_kernel {
     __u32 block_x;
     __u32 block_y;
     __u32 block_z;
+    __u64 graph_node_id;
+    __u32 graph_id;
+    __u32 pad;
 };
 #ifdef __cplusplus
-static_assert(sizeof(struct gp_cupti_kernel) == 64, "gp_cupti_kernel size");
+static_assert(sizeof(struct gp_cupti_kernel) == 80, "gp_cupti_kernel size");
 #endif
 /* CUPTI_MEMCPY and CUPTI_MEMSET share this payload */
 struct gp_cupti_memop {
