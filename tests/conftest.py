@@ -91,6 +91,16 @@ def in_process(require_bpf) -> InProcess:
     made.release()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _bpf_cache(tmp_path_factory) -> None:
+    """One cache of compiled BPF handlers (probes/compiled_cache) for the
+    session's tracers, which inherit the variable: the first capture of each
+    configuration compiles, the later ones load.  Root's own cache
+    (/var/cache/pasta-trace/bpf) is neither read nor filled by the tests; a
+    variable already set (a cache kept across runs) is kept."""
+    os.environ.setdefault("PASTA_TRACE_BPF_CACHE", str(tmp_path_factory.mktemp("bpf-cache")))
+
+
 @pytest.fixture(scope="session")
 def build_dir() -> Path:
     return build.DEFAULT_OUT

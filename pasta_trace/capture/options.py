@@ -47,6 +47,7 @@ class Options:
     stack_pages: int = DEFAULT_STACK_PAGES
     native_stacks: str | None = None  # --native-stacks: "default" or "all"; None: off
     native_pages: int = DEFAULT_NATIVE_PAGES
+    bpf_cache: bool = True  # compiled handlers from the cache (probes.compiled_cache); --no-bpf-cache: off
 
     @property
     def native_stacks_loaded(self) -> str | None:

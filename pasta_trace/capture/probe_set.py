@@ -22,26 +22,43 @@ from .options import DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, Options, names_p
 def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
                  stack_pages: int = DEFAULT_STACK_PAGES, aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX,
                  native_stacks: str | None = None, native_pages: int = DEFAULT_NATIVE_PAGES,
-                 allowed_uid: int | None = None) -> str:
-    """The C text of the probes and discover programs, as loaded (``allowed_uid``: capture.reach)."""
-    from ..probes import program
+                 allowed_uid: int | None = None, apis: tuple | None = None) -> str:
+    """The C text of the probes and discover programs, as loaded (``allowed_uid``: capture.reach;
+    ``apis``: the handlers, None for the whole catalog)."""
+    from ..probes import catalog, program
 
     return program.build_bpf_text(
         ring_pages=buffer_pages, names_pages=names_pages(buffer_pages), aggregate=aggregate,
         aggregate_max=aggregate_max, filter_pids=filter_pids, stack_depth=stack_depth, stack_pages=stack_pages,
         native_stacks=native_stacks, native_pages=native_pages, allowed_uid=allowed_uid,
+        apis=catalog.APIS if apis is None else apis,
     ) + discover_text(filter_pids=filter_pids)
 
 
-def load_program(opts: Options):
-    """Compile and load the probes and discover programs (a bcc.BPF)."""
+def handler_names() -> list[str]:
+    """The BPF functions the catalog's instantiation lines define."""
+    from ..probes import catalog, program
+
+    return [n for a in catalog.APIS for n in program.handler_names(a) if n]
+
+
+def load_program(opts: Options, say: Callable[[str], None] | None = None):
+    """Compile and load the probes and discover programs (a bcc.BPF): the
+    handlers from the cache (probes.compiled_cache) unless --no-bpf-cache.
+    ``say`` is told what the cache did, with -v."""
+    from ..probes import compiled_cache
+
     bcc = checks.import_bcc()
-    text = program_text(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
-                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
-                        aggregate_max=opts.aggregate_max, native_stacks=opts.native_stacks_loaded,
-                        native_pages=opts.native_pages, allowed_uid=reach.traced_uid())
+    kw = dict(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
+              stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages, aggregate_max=opts.aggregate_max,
+              native_stacks=opts.native_stacks_loaded, native_pages=opts.native_pages,
+              allowed_uid=reach.traced_uid())
+    text = program_text(**kw)
+    note = say if say is not None and opts.verbose else (lambda _msg: None)
     try:
-        return bcc.BPF(text=text)
+        if not opts.bpf_cache:
+            return bcc.BPF(text=text)
+        return compiled_cache.compile_program(bcc, text, lambda: program_text(**kw, apis=()), handler_names(), note)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
         raise PastaError(f"the BPF program did not load: {str(e).splitlines()[0]}",
                          hint="run `pasta-trace doctor`") from None

@@ -78,7 +78,7 @@ class Session:
         processes (call check() first).  In launch mode, returns the command,
         started and held before exec (release() it once ready)."""
         self.say("compiling the BPF program...")
-        self.bpf = load_program(self.opts)
+        self.bpf = load_program(self.opts, say=self.say)
         try:
             return self._setup(env)
         except BaseException:

@@ -35,6 +35,7 @@ EXAMPLES = """\
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
+    from ..probes.compiled_cache import DEFAULT_DIR as DEFAULT_BPF_CACHE
 
     who = p.add_argument_group("what to trace (one of)")
     who.add_argument("-p", "--pid", type=pids, metavar="PID[,PID...]",
@@ -75,6 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("sanitizer", "nvbit", "cupti"),
                    help="also record device-side data with this backend (with -- CMD; cupti also with -p, "
                         "loaded into the running process through ptrace)")
+    p.add_argument("--no-bpf-cache", action="store_true",
+                   help="compile every BPF handler again instead of loading those compiled before for the same "
+                        f"program (kept by root in {DEFAULT_BPF_CACHE}, or $PASTA_TRACE_BPF_CACHE)")
     p.add_argument("--print-bpf", action="store_true", help="print the BPF program and exit (no root needed)")
     p.add_argument("--dry-run", action="store_true",
                    help="show the libraries and probes that would be attached, and exit (no root needed)")
@@ -99,6 +103,7 @@ def _options(args: argparse.Namespace):
         verbose=args.verbose, device=args.device,
         stacks=not args.no_stacks, stack_depth=args.stack_depth, stack_pages=args.stack_buffer_pages,
         native_stacks=args.native_stacks, native_pages=args.native_stack_buffer_pages,
+        bpf_cache=not args.no_bpf_cache,
     )
 
 

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
                         "raise it when calls are lost")
+    p.add_argument("--no-bpf-cache", action="store_true",
+                   help="compile every BPF handler again instead of loading those compiled before")
 
 
 def loss_line(lost: dict[str, int], settings: dict[str, int]) -> str | None:
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from ..reporters import top_screen
 
     opts = Options(mode="pid" if args.pid else "system", out_dir=Path("."), command_line=sys.argv[:],
-                   pids=args.pid or [], buffer_pages=args.buffer_pages, stacks=False, verbose=args.verbose)
+                   pids=args.pid or [], buffer_pages=args.buffer_pages, stacks=False, verbose=args.verbose,
+                   bpf_cache=not args.no_bpf_cache)
     tty = sys.stdout.isatty()
     session = Session(opts, say=lambda m: print(m, file=sys.stderr, flush=True), banner=False)
     session.check()
