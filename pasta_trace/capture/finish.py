@@ -139,7 +139,8 @@ class Finisher:
                 alive = Path(f"/proc/{pid}/root").exists()
                 os.symlink(f"/proc/{pid}/root" if alive else "/", d / "root")
             try:
-                return symbolize.name_capture(writer.dir, proc=Path(tmp), aliases=writer.host_stub_aliases())
+                return symbolize.name_capture(writer.dir, proc=Path(tmp), aliases=writer.host_stub_aliases(),
+                                              build_ids=self._tracker.build_ids.of_pid)
             except Exception as e:  # noqa: BLE001 - naming is best effort; the events are safe
                 self._probes.notes.append(f"offline kernel naming failed: {type(e).__name__}: {e}")
                 return None

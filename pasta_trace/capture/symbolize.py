@@ -19,7 +19,7 @@ that names a kernel of the fatbin.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -117,27 +117,49 @@ def _elf_tables(file: _File) -> tuple[pl.DataFrame, pl.DataFrame, frozenset[str]
     return segs, table, kernels
 
 
+@lru_cache(maxsize=64)
+def _build_id(file: _File) -> str | None:
+    """The GNU build-id of one file (None: it has none)."""
+    with open_library(file.path) as f:
+        return ElfImage(f, file.name).build_id()
+
+
 def _unknown(handle: pl.Expr) -> pl.Expr:
     # per-row formatting is fine here: only the few unresolved handles get it
     return pl.lit("unknown@0x") + handle.cast(pl.UInt64).map_elements(lambda h: f"{h:x}", return_dtype=pl.String)
 
 
-def _resolve_file(hits: pl.DataFrame, path: str, root: str, dev: str | None, inode: int | None) -> pl.DataFrame:
+#: a file whose build-id was not read while its process ran (build_ids.BuildIds): checked by device and inode only
+NOT_RECORDED = object()
+
+
+def _replaced(hits: pl.DataFrame, path: str, what: str) -> pl.DataFrame:
+    return hits.select("handle", name=_unknown(pl.col("handle")), source=pl.lit("unknown"),
+                       reason=pl.lit(f"{path} is not the file the process mapped ({what}): replaced since"))
+
+
+def _resolve_file(hits: pl.DataFrame, path: str, root: str, dev: str | None, inode: int | None,
+                  build_id: str | None | object = NOT_RECORDED) -> pl.DataFrame:
     """Resolve the handles that fall in mappings of one file: the file the
-    process mapped (``dev``, ``inode`` from its maps), else none.  A process
-    that has exited is read from the host's paths, where another file (a
-    rebuild, or one put there to be read in its place) may be now."""
+    process mapped (``dev``, ``inode`` from its maps, and ``build_id`` when
+    one was recorded while it ran), else none.  A process that has exited is
+    read from the host's paths, where another file (a rebuild, or one put
+    there to be read in its place) may be now, even with the same inode: a
+    deleted file's inode is given to the next file made, and a file
+    rewritten in place keeps its own."""
     full = str(Path(root) / path.lstrip("/")) if root else path
     try:
         with open_library(full) as f:
             st = os.fstat(f.fileno())
             if not same_file(st, dev, inode):
                 now = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x} inode {st.st_ino}"
-                return hits.select("handle", name=_unknown(pl.col("handle")), source=pl.lit("unknown"),
-                                   reason=pl.lit(f"{path} is not the file the process mapped (device {dev} inode "
-                                                 f"{inode}; device {now} there now): replaced since"))
+                return _replaced(hits, path, f"device {dev} inode {inode}; device {now} there now")
             key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            segs, syms, kernels = _elf_tables(_File(key, f"/proc/self/fd/{f.fileno()}", path))
+            file = _File(key, f"/proc/self/fd/{f.fileno()}", path)
+            if isinstance(build_id, str) and (now_id := _build_id(file)) != build_id:
+                return _replaced(hits, path, f"build-id {build_id}; {f'build-id {now_id}' if now_id else 'none'} "
+                                             "there now")
+            segs, syms, kernels = _elf_tables(file)
     except (OSError, ELFError) as e:
         FILE_PROBLEMS.add(path, str(e))
         return hits.select("handle", name=_unknown(pl.col("handle")),
@@ -168,14 +190,18 @@ def _resolve_file(hits: pl.DataFrame, path: str, root: str, dev: str | None, ino
     )
 
 
-def name_handles(pid_maps: str, root: str, handles: Iterable[int]) -> pl.DataFrame:
+def name_handles(pid_maps: str, root: str, handles: Iterable[int],
+                 build_ids: Mapping[tuple[str, int], str | None] | None = None) -> pl.DataFrame:
     """Kernel names for launch handles of one process.
 
     pid_maps: the text of /proc/PID/maps (saved at capture time); root: the
     directory the paths in it are relative to ("/proc/PID/root" for a process
     in another mount namespace, "" or "/" otherwise); handles: host stub
-    addresses.  Returns RESULT_SCHEMA, one row per distinct handle.
+    addresses; build_ids: the build-id of each (device, inode) of pid_maps,
+    read while the process ran (capture.build_ids), None for a file without
+    one.  Returns RESULT_SCHEMA, one row per distinct handle.
     """
+    build_ids = build_ids or {}
     hs = pl.DataFrame({"handle": list(handles)}, schema={"handle": pl.UInt64}).unique().sort("handle")
     maps = parse_maps(pid_maps)
     placed = hs.join_asof(maps, left_on="handle", right_on="start", strategy="backward").with_columns(
@@ -190,7 +216,7 @@ def name_handles(pid_maps: str, root: str, handles: Iterable[int]) -> pl.DataFra
     hits = placed.filter(pl.col("mapped"))
     # one ELF parse per distinct file, not per handle
     for (path, dev, inode), group in hits.group_by("path", "dev", "inode"):
-        parts.append(_resolve_file(group, path, root, dev, inode))
+        parts.append(_resolve_file(group, path, root, dev, inode, build_ids.get((dev, inode), NOT_RECORDED)))
     return pl.concat([p.cast(RESULT_SCHEMA) for p in parts]).sort("handle")
 
 
@@ -202,13 +228,14 @@ def _runtime_launch_apis() -> list[str]:
             if a.shape in ("launch_rt", "launch_cfg_rt", "launch_rt_caller", "launch_cfg_rt_caller")]
 
 
-def name_launches(pid_maps: str, root: str, launches: pl.DataFrame) -> pl.DataFrame:
+def name_launches(pid_maps: str, root: str, launches: pl.DataFrame,
+                  build_ids: Mapping[tuple[str, int], str | None] | None = None) -> pl.DataFrame:
     """Kernel names for the runtime launches of one process: ``launches`` has
     func, caller, caller_fp (null where not read); returns RESULT_SCHEMA, one
     row per func, named by the first of func, caller, caller_fp that names a
     kernel (a func with no name from any keeps func's own reason)."""
     addrs = pl.concat([launches.select(pl.col(c).alias("handle")) for c in ("func", "caller", "caller_fp")])
-    named = name_handles(pid_maps, root, addrs.drop_nulls()["handle"])
+    named = name_handles(pid_maps, root, addrs.drop_nulls()["handle"], build_ids)
     known = named.filter(pl.col("source") != "unknown").select("handle", "name")
     picks = launches.select("func", "caller", "caller_fp").unique(maintain_order=True).with_row_index("_order")
     for c in ("func", "caller", "caller_fp"):
@@ -236,7 +263,8 @@ def _maps(proc: Path, pid: int) -> tuple[str, str] | None:
         return None
 
 
-def name_aliases(aliases: pl.DataFrame, proc: Path = Path("/proc")) -> pl.DataFrame:
+def name_aliases(aliases: pl.DataFrame, proc: Path = Path("/proc"),
+                 build_ids: Mapping[int, Mapping[tuple[str, int], str | None]] | None = None) -> pl.DataFrame:
     """Names (schema.NAMES_SCHEMA, source `host_stub`) for the handles that
     cudaGetFuncBySymbol / cudaGetKernel returned for a host stub: ``aliases``
     has pid, handle, alias (the stub), ts_ns, api.  Only stubs that name a
@@ -246,7 +274,8 @@ def name_aliases(aliases: pl.DataFrame, proc: Path = Path("/proc")) -> pl.DataFr
         where = _maps(proc, pid)
         if where is None:
             continue
-        named = name_handles(*where, group["alias"]).filter(pl.col("source") == "elf_stub")
+        named = name_handles(*where, group["alias"], (build_ids or {}).get(pid)).filter(
+            pl.col("source") == "elf_stub")
         parts.append(
             group.join(named.select(pl.col("handle").alias("alias"), "name"), on="alias")
             .group_by("pid", "handle", "name").agg(pl.col("ts_ns").min(), pl.col("api").sort_by("ts_ns").first())
@@ -258,19 +287,23 @@ def name_aliases(aliases: pl.DataFrame, proc: Path = Path("/proc")) -> pl.DataFr
     return pl.concat(parts).cast(schema.NAMES_SCHEMA)
 
 
-def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.DataFrame | None = None) -> pl.DataFrame:
+def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.DataFrame | None = None,
+                 build_ids: Mapping[int, Mapping[tuple[str, int], str | None]] | None = None) -> pl.DataFrame:
     """Offline names (schema.NAMES_SCHEMA) for the host-stub handles of the
     runtime-style launches in a capture directory's events, and for the
     handles of ``aliases`` (name_aliases).
 
     Each process's mappings are read from `proc`/PID/maps while it is still
     alive (paths under `proc`/PID/root, so containers work); a process that
-    has exited gets `unknown@0x...` names.  Handles from driver-API launches
-    are named by the run-time lookups instead and are left out here.
+    has exited gets `unknown@0x...` names.  ``build_ids``: per PID, the
+    build-ids its mapped files had (capture.build_ids): a file at the path
+    now with another is not read.  Handles from driver-API launches are
+    named by the run-time lookups instead and are left out here.
     """
+    build_ids = build_ids or {}
     files = sorted(Path(capture_dir).glob("events*.parquet"))
     empty = schema.empty_frame(schema.NAMES_SCHEMA)
-    stubs = name_aliases(aliases, proc) if aliases is not None and not aliases.is_empty() else empty
+    stubs = name_aliases(aliases, proc, build_ids) if aliases is not None and not aliases.is_empty() else empty
     if not files:
         return stubs
     events = pl.scan_parquet([str(f) for f in files])
@@ -289,7 +322,7 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.Data
             pl.col("ts_ns").min(), pl.col("api").first())
         try:
             maps = (proc / str(pid) / "maps").read_text()
-            named = name_launches(maps, str(proc / str(pid) / "root"), by_site)
+            named = name_launches(maps, str(proc / str(pid) / "root"), by_site, build_ids.get(pid))
         except OSError:
             named = group.select(handle="func", name=_unknown(pl.col("func")), source=pl.lit("unknown"),
                                  reason=pl.lit(f"the maps of PID {pid} could not be read (the process exited)"))

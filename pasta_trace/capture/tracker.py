@@ -13,6 +13,7 @@ import polars as pl
 
 from .. import schema
 from . import discovery, reach
+from .build_ids import BuildIds
 from .late_load import Opened, OpenedLibrary, kernel_dev
 from .probe_set import ProbeSet
 from .native_collector import NativeCollector
@@ -55,6 +56,8 @@ class ProcessTracker:
         self.traced_pids: set[int] = set(pids)
         #: each traced process's latest /proc/PID/maps: offline naming needs them after it has gone
         self.maps: dict[int, str] = {}
+        #: the build-ids of the files in each one's saved maps: offline naming refuses a file that has another
+        self.build_ids = BuildIds()
         self._seen_pids: set[int] = set()
         self._recent_pids: set[int] = set()
         #: per process: the saved maps text and its parsed ranges
@@ -146,6 +149,7 @@ class ProcessTracker:
         end = (addr + int(rec["len"]) + PAGE - 1) // PAGE * PAGE
         line = f"{addr:x}-{end:x} r-xp {int(rec['pgoff']):08x} {dev >> 20:02x}:{dev & 0xFFFFF:02x} {ino} {path}\n"
         self.maps[pid] = saved + ("" if not saved or saved.endswith("\n") else "\n") + line
+        self.build_ids.record(pid, self.maps[pid])
 
     def on_fork(self, pid: int, ppid: int, ts: int) -> None:
         if pid != ppid:
@@ -239,6 +243,7 @@ class ProcessTracker:
                 continue
             if text:  # an exiting process (its memory released, not yet reaped) reads empty: keep what it had
                 self.maps[pid] = text
+                self.build_ids.record(pid, text)
 
     def rescan_if_due(self) -> None:
         if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from pasta_trace.capture.build_ids import BuildIds
 from pasta_trace.capture.symbolize import name_capture, name_handles, parse_maps
+from pasta_trace.elf_tables import ElfImage
 
 from nvcc_build import compile_cu
 
@@ -217,3 +220,70 @@ def test_an_exited_process_is_named_from_its_file_only_while_that_file_is_the_on
         {"pid": 4242, "handle": stubs[0], "name": f"unknown@0x{stubs[0]:x}", "source": "unknown",
          "reason": f"{path} is not the file the process mapped (device {dev} inode {ino + 1}; device {now} there "
                    "now): replaced since"}]
+
+
+# ----------------------------------------------------------------------- build-ids (capture.build_ids)
+# Offline naming also checks the build-id the file had while the process ran: a file at its path later with the
+# same device and inode (an inode given again after a delete, a rewrite in place) but another build-id names nothing.
+
+COLUMNS = ("pid", "handle", "name", "source", "reason")
+
+
+def _mapped(path: Path) -> tuple[str, int, str]:
+    """(device as maps writes it, inode, build-id) of ``path`` as this process maps it."""
+    row = parse_maps(Path("/proc/self/maps").read_text()).filter(pl.col("path") == str(path)).row(0, named=True)
+    with open(path, "rb") as f:
+        build_id = ElfImage(f, path).build_id()
+    assert build_id is not None and len(build_id) == 40  # a GNU build-id (SHA-1), as the linker writes it
+    return row["dev"], row["inode"], build_id
+
+
+def test_recorded_build_ids_are_those_of_the_files_mapped_executable(kernels_lib):
+    path, _, _ = kernels_lib
+    dev, inode, build_id = _mapped(path)
+    ids = BuildIds()
+    maps = Path("/proc/self/maps").read_text()
+    ids.record(4242, maps)  # the maps of another pid: its map_files are not there, nothing is recorded
+    ids.record(pid := os.getpid(), maps)
+    assert ids.of_pid[4242] == {}
+    assert ids.of_pid[pid][(dev, inode)] == build_id
+    executable = {(r["dev"], r["inode"]) for r in parse_maps(maps).iter_rows(named=True)}
+    assert set(ids.of_pid[pid]) <= executable
+    # maps without the library (it was unmapped, or the process exec'd): its entry goes
+    ids.record(pid, "\n".join(line for line in maps.splitlines() if not line.endswith(str(path))))
+    assert (dev, inode) not in ids.of_pid[pid]
+
+
+def test_a_file_with_the_inode_mapped_but_another_build_id_names_nothing(kernels_lib, tmp_path):
+    path, stubs, _ = kernels_lib
+    dev, inode, build_id = _mapped(path)
+    maps = Path("/proc/self/maps").read_text()
+    cap, proc = _exited_capture(tmp_path / "same", maps, stubs[0])
+    named = [{"pid": 4242, "handle": stubs[0], "name": STUB_ORDER[0], "source": "elf_stub", "reason": None}]
+    # the build-id recorded while it ran is the file's, or the file had none: named as before
+    for recorded in (build_id, None):
+        got = name_capture(cap, proc=proc, build_ids={4242: {(dev, inode): recorded}})
+        assert got.select(COLUMNS).to_dicts() == named
+
+    # the same device and inode, another build-id: what the process mapped was another file
+    other = "ab" * 20
+    got = name_capture(cap, proc=proc, build_ids={4242: {(dev, inode): other}})
+    assert got.select(COLUMNS).to_dicts() == [
+        {"pid": 4242, "handle": stubs[0], "name": f"unknown@0x{stubs[0]:x}", "source": "unknown",
+         "reason": f"{path} is not the file the process mapped (build-id {other}; build-id {build_id} there now): "
+                   "replaced since"}]
+
+
+def test_recording_a_process_that_maps_many_libraries_costs_little():
+    """This interpreter maps tens of libraries (numpy, polars, ...): their
+    build-ids are read once, and a re-read of the same maps costs no I/O."""
+    maps = Path("/proc/self/maps").read_text()
+    ids = BuildIds()
+    t0 = time.perf_counter()
+    ids.record(os.getpid(), maps)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ids.record(os.getpid(), maps)
+    again = time.perf_counter() - t0
+    assert len(ids.of_pid[os.getpid()]) >= 10
+    assert again < first and again < 0.05, (first, again)
