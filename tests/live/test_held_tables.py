@@ -25,7 +25,8 @@ from pasta_trace.read import open_capture
 
 pytestmark = pytest.mark.live
 
-APIS = ("cuStreamBeginCapture_v2", "cuLaunchKernel", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommSplit")
+APIS = ("cuStreamBeginCapture_v2", "cuLaunchKernel", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommSplit",
+        "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort")
 SLOTS, COMMS = 8, 32  # PT_CAPTURE_SLOTS, PT_NCCL_COMMS: what one process may hold
 FIRST, OTHER = 0x1000, 0x9000  # held_tables.c: the first stream it captures, and one it never captures
 
@@ -40,10 +41,10 @@ def held_tables(build_dir: Path) -> Path:
 class Held:
     """One run of held_tables, in the pid filter of ``b`` before its first call."""
 
-    def __init__(self, b, exe: Path, libs: tuple[Path, Path], streams: int, comms: int, d: Path):
+    def __init__(self, b, exe: Path, libs: tuple[Path, Path], streams: int, comms: int, d: Path, freed: int = 0):
         d.mkdir()
         self.dir = d
-        self.proc = subprocess.Popen([str(exe), *map(str, libs), str(streams), str(comms), str(d)])
+        self.proc = subprocess.Popen([str(exe), *map(str, libs), str(streams), str(comms), str(d), str(freed)])
         wait_for_file(d / "ready", timeout=30, proc=self.proc)
         self.pid = self.proc.pid
         b["pid_filter"][b["pid_filter"].Key(self.pid)] = b["pid_filter"].Leaf(1)
@@ -121,6 +122,12 @@ def test_exited_processes_leave_nothing_held_and_a_full_table_counts_what_it_cou
     caps, n, comms = _held(b)
     assert ([s for s, _ in caps[c.pid]], n, comms) == ([FIRST], 1, {c.pid: 2})  # its communicator, and its split's (one handle)
     c.exit()
+    assert _held(b) == ({}, 0, {})
+    # ncclCommDestroy and ncclCommAbort free their communicator's slot (its handle may be another's next),
+    # ncclCommFinalize does not: of 3 communicators and a split, the 2 destroyed go
+    d = Held(b, held_tables, libs, 0, 3, tmp_path / "d", freed=2)
+    assert _held(b)[2] == {d.pid: 3 + 1 - 2}
+    d.exit()
     assert _held(b) == ({}, 0, {})
     assert _lost(b) == {"lost_captures": 4, "lost_comm_ids": 6}
 
