@@ -111,6 +111,17 @@ def _bpf_load_check(bcc) -> Check:
     return Check(True, "BCC compiles and loads a BPF program")
 
 
+def _bpf_cache_check() -> Check:
+    """Where the compiled handlers are kept (probes/compiled_cache), and whether they can be."""
+    if os.geteuid() != 0:
+        return Check(True, "compiled BPF handlers cache: not checked (root's)")
+    from ..probes import compiled_cache
+
+    ok, what = compiled_cache.state()
+    return Check(ok, f"compiled BPF handlers cache: {what}",
+                 f"make it root's, mode 0700, or remove it, or set {compiled_cache.ENV} to another directory")
+
+
 def _python_envs() -> list[str]:
     """Interpreters whose environments may hold traced libraries (torch's
     libc10.so): the active venv or conda environment, and python3 in PATH."""
@@ -211,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
     results += bcc_results
     results.append(_header_check())
     results.append(_bpf_load_check(bcc))
+    results.append(_bpf_cache_check())
     if (user := drop_to_user()) is not None:
         results.append(Check(True, f"the checks below ran as uid {user[0]}, who ran sudo: they see only what "
                                    "that user may read"))

@@ -305,6 +305,19 @@ class Cache:
                 pass
 
 
+def state(path: Path | None = None) -> tuple[bool, str]:
+    """(usable, what it holds) of the cache directory, without making it (for doctor)."""
+    path = path or cache_dir()
+    if not path.exists():
+        return True, f"{path}: not made yet (the first capture makes it)"
+    try:
+        with Cache(path) as cache:
+            entries = cache.entries()
+    except Refused as e:
+        return False, f"{e}: every capture compiles all its handlers"
+    return True, f"{path}: {len(entries)} programs, {sum(st.st_size for _, st in entries) // 1024} KiB"
+
+
 # ------------------------------------------------------------ BCC modules
 
 

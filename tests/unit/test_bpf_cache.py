@@ -168,3 +168,16 @@ def test_the_key_is_the_text_and_what_compiled_it():
     assert cc.key("a") == cc.key("a") != cc.key("b")
     assert len(cc.key("a")) == 64
     assert cc._libbcc_path() is None or Path(cc._libbcc_path()).name.startswith("libbcc.so")
+
+
+@needs_root
+def test_doctor_says_what_the_cache_holds(tmp_path):
+    d = tmp_path / "bpf"
+    assert cc.state(d) == (True, f"{d}: not made yet (the first capture makes it)")
+    assert not d.exists()  # doctor makes nothing
+    with cc.Cache(d) as cache:
+        cache.put("k", entry())
+    size = (d / ("k" + cc.SUFFIX)).stat().st_size
+    assert cc.state(d) == (True, f"{d}: 1 programs, {size // 1024} KiB")
+    d.chmod(0o770)
+    assert cc.state(d) == (False, f"not using {d}: writable by others than root: every capture compiles all its handlers")
