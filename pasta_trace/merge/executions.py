@@ -238,9 +238,10 @@ def _cupti_seqs(cap: Capture, execs: pl.DataFrame, host: pl.DataFrame, keys: pl.
 def _graph_seqs(cap: Capture, execs: pl.DataFrame, host: pl.DataFrame) -> pl.DataFrame:
     """_dev_row, c_seq, c_match of the CUPTI kernels of graph launches: the
     launch row of their graph launch at their place in it (graphs.py lays a
-    graph launch out as its device kernels, in start order), exact."""
+    graph launch out as its device kernels, in start order), exact; null for
+    those that found no graph launch, which no other launch may claim."""
     out = pl.DataFrame(schema={"_dev_row": pl.UInt32, "c_seq": pl.Int64, "c_match": _MATCH})
-    ran = device_graph_kernels(cap).drop_nulls("_launch")
+    ran = device_graph_kernels(cap)
     if ran.is_empty():
         return out
     mine = execs.lazy().filter(pl.col("dev_ts").is_null() & pl.col("launch_id").is_null()
@@ -250,12 +251,13 @@ def _graph_seqs(cap: Capture, execs: pl.DataFrame, host: pl.DataFrame) -> pl.Dat
         pl.int_range(pl.len()).over("pid", "correlation_id").alias("pos"))
     # a graph launch's rows follow one another in launch_seq from its first, at its (pid, tid, ts_ns)
     at = graph_launches(cap).select("_launch", "pid", "tid", "ts_ns").join(
-        ran.select("_launch").unique(), on="_launch")
+        ran.select("_launch").drop_nulls().unique(), on="_launch")
     first = host.lazy().select("pid", "tid", "ts_ns", "launch_seq").join(at.lazy(), on=["pid", "tid", "ts_ns"]).group_by(
         "_launch").agg(pl.col("launch_seq").min().alias("_first"))
+    seq = pl.col("_first") + pl.col("pos")
     return mine.join(ran.lazy().select("pid", "correlation_id", "pos", "_launch"),
-                     on=["pid", "correlation_id", "pos"]).join(first, on="_launch").select(
-        "_dev_row", (pl.col("_first") + pl.col("pos")).alias("c_seq"), pl.lit("exact", _MATCH).alias("c_match"),
+                     on=["pid", "correlation_id", "pos"]).join(first, on="_launch", how="left").select(
+        "_dev_row", seq.alias("c_seq"), pl.when(seq.is_not_null()).then(pl.lit("exact", _MATCH)).alias("c_match"),
     ).collect()
 
 

@@ -204,7 +204,8 @@ def device_graph_kernels(cap: Capture) -> pl.DataFrame:
     order: the k-th group is the k-th host graph launch where the counts agree
     and every group starts after its launch; otherwise (graph launches made
     before the trace, or lost) each group goes to the latest graph launch of
-    its process before its first kernel started."""
+    its process before its first kernel started, and of two groups before one
+    launch the second goes to none."""
     key = ("device_graph_kernels",)
     if key in cap.cache:
         return cap.cache[key]
@@ -228,6 +229,10 @@ def device_graph_kernels(cap: Capture) -> pl.DataFrame:
                         host.drop("_k"), ["pid"], "_first", "ts_ns")
         assigned = pl.concat([by_order.filter(pl.col("pid").is_in(in_order.implode())).select(
             "pid", "correlation_id", "_launch"), by_time.select("pid", "correlation_id", "_launch")])
+        # two groups before one launch (the host lost the other's): the first keeps it, the
+        # other joins none rather than a guess
+        assigned = assigned.sort("pid", "correlation_id").with_columns(
+            pl.when(pl.col("_launch").is_first_distinct()).then(pl.col("_launch")).alias("_launch"))
         out = k.join(assigned, on=["pid", "correlation_id"], how="left").select(
             [pl.col(c).cast(t) for c, t in _DEVICE_GRAPH_SCHEMA.items()]).sort("pid", "correlation_id", "pos")
     cap.cache[key] = out

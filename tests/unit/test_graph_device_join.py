@@ -153,3 +153,22 @@ def test_a_cupti_kernel_shorter_than_1_1_is_damage(tmp_path: Path) -> None:
     assert d.problems == [f"{path}: stopped at byte {64 + 16 + schema.DEV_CUPTI_KERNEL.size} of "
                           f"{64 + 16 + schema.DEV_CUPTI_KERNEL.size + 72}: CUPTI_KERNEL record is too short "
                           "for its 64-byte payload (72 bytes)"]
+
+
+def test_a_graph_launch_the_host_lost_joins_no_other(tmp_path: Path) -> None:
+    """Three graph launches on the device, two on the host (the first of 7 and 8
+    lost, say): both groups come before the launch at 100, which keeps the
+    first; the other's kernels join no launch, direct or graph."""
+    records = [r for r in _DEVICE if r[0] in (6, 7, 8)]
+    records = [(c, s - 80 if c == 8 else s, n, g, i, x) for c, s, n, g, i, x in records]  # 8 ran at 130, 140
+    events = [e for e in _host_events() if e["ts_ns"] != 300]
+    cap = _capture(tmp_path, events, records)
+    ex = merge.kernel_executions(cap).collect()
+    assert ex.select("ts_ns", "name", "match", "gpu_start_ns").rows() == [
+        # c: by time, as the device's order no longer lines up with the host's launches
+        (35, "c", "time", 36), (100, "a", "exact", 110), (100, "b", "exact", 130),
+        (200, "unknown@0xa", None, None), (200, "unknown@0xb", None, None)]
+    dev = merge.device_executions(cap).collect()
+    assert dev.filter(pl.col("launch_seq").is_null()).select("correlation_id", "gpu_start_ns").sort(
+        "gpu_start_ns").rows() == [(8, 130), (8, 140)]
+    assert merge.graph_launch_counts(cap).select("device_kernels", "correlation_id").rows() == [(2, 7), (None, None)]
