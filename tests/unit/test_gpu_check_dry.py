@@ -51,7 +51,7 @@ def test_dry_run_builds_logs_every_command_reads_the_status_and_skips_every_gpu_
     for what in ("[control] vecadd under the sample-pattern tool", "[control] memcheck on one out-of-bounds load",
                  "[LD_PRELOAD, lazy loading] vecadd under gpu_probes", "[LD_PRELOAD, eager loading] vecadd under gpu_probes",
                  "[CUDA_INJECTION64_PATH] vecadd under gpu_probes", "[aggregation] vecadd plain",
-                 "[aggregation] vecadd gpu", "[aggregation] vecadd cpu"):
+                 "[aggregation] vecadd gpu", "[aggregation] vecadd cpu", gc.GRAPH_DEVICE, f"{gc.GRAPH_DEVICE}: build"):
         assert f"# {what}\n" in commands, what
     assert "CUDA_MODULE_LOADING=LAZY GPU_PROBES_DIR=" in commands and "CUDA_MODULE_LOADING=EAGER" in commands
     assert "GP_CONTROL_TRACE=3072 LD_PRELOAD=" in commands
