@@ -7,10 +7,12 @@ reads, its graph ids 0."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 import merge_fixtures as fx
 from pasta_trace import merge, schema
@@ -172,3 +174,23 @@ def test_a_graph_launch_the_host_lost_joins_no_other(tmp_path: Path) -> None:
     assert dev.filter(pl.col("launch_seq").is_null()).select("correlation_id", "gpu_start_ns").sort(
         "gpu_start_ns").rows() == [(8, 130), (8, 140)]
     assert merge.graph_launch_counts(cap).select("device_kernels", "correlation_id").rows() == [(2, 7), (None, None)]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_cupti_python_collector_writes_the_graph_ids(tmp_path: Path) -> None:
+    """Real cupti-python ActivityKernel10 objects, one of a graph launch and
+    one launched directly, through the collector's encoder."""
+    cupti = pytest.importorskip("cupti.cupti", reason="cupti-python is not installed")
+    from test_cupti_collector import _activity
+    from pasta_trace.device.cupti_collector import ActivityEncoder
+
+    name = ctypes.create_string_buffer(b"graphk")
+    acts = [_activity(cupti.ActivityKernel10, cupti.activity_kernel10_dtype, kind=int(cupti.ActivityKind.CONCURRENT_KERNEL),
+                      start=10 * i, end=10 * i + 5, correlation_id=40 + i, name=ctypes.addressof(name),
+                      graph_id=gid, graph_node_id=node) for i, (gid, node) in enumerate([(3, 0x300000001), (0, 0)])]
+    path = tmp_path / device_file_name(P, DeviceBackend.cupti)
+    with DeviceFileWriter(path, pid=P, backend=DeviceBackend.cupti) as w:
+        ActivityEncoder(cupti, w).write(acts)
+    k = read_device_file(path).frames["cupti_kernels"]
+    assert k.select("correlation_id", "graph_id", "graph_node_id", "name").rows() == [
+        (40, 3, 0x300000001, "graphk"), (41, 0, 0, "graphk")]
