@@ -194,3 +194,17 @@ def test_the_cupti_python_collector_writes_the_graph_ids(tmp_path: Path) -> None
     k = read_device_file(path).frames["cupti_kernels"]
     assert k.select("correlation_id", "graph_id", "graph_node_id", "name").rows() == [
         (40, 3, 0x300000001, "graphk"), (41, 0, 0, "graphk")]
+
+
+def test_a_launch_whose_device_count_differs_from_the_hosts_estimate(tmp_path: Path) -> None:
+    """The first launch ran a third kernel the host's capture did not show (a
+    launch joined to the capture from another stream, say): its rows are the
+    three device kernels, named by the device, no host handle lent to them."""
+    records = sorted(_DEVICE + [(7, 150, "z", 1, 0x103, 9)], key=lambda r: (r[0], r[1]))
+    cap = _capture(tmp_path, _host_events(), records)
+    ex = merge.kernel_executions(cap).filter(pl.col("ts_ns").is_in([100, 200])).collect()
+    assert ex.select("ts_ns", "func", "name", "grid_x", "match").rows() == [
+        (100, None, "a", 2, "exact"), (100, None, "b", 3, "exact"), (100, None, "z", 9, "exact"),
+        (200, 0xA, "a", 2, "exact"), (200, 0xB, "b", 3, "exact")]
+    assert merge.graph_launch_counts(cap).select("host_kernels", "device_kernels").rows() == [
+        (2, 3), (2, 2), (None, 3)]
