@@ -6,6 +6,7 @@ others can write is not used."""
 
 from __future__ import annotations
 
+import struct
 import types
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def test_a_hit_loads_the_bytes_the_compiler_made(in_process, tmp_path, monkeypat
     assert set(cc.module_maps(cached)) == set(cc.module_maps(compiled))
 
 
-def test_a_damaged_entry_is_compiled_again_and_replaced(in_process, tmp_path, monkeypatch):
+def test_an_entry_that_is_damaged_or_does_not_fit_is_not_loaded(in_process, tmp_path, monkeypatch):
+    """A damaged entry is compiled again and replaced; one whose maps are not
+    the new module's (the events ring of another size) is not loaded."""
     import bcc
 
     monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
@@ -82,17 +85,7 @@ def test_a_damaged_entry_is_compiled_again_and_replaced(in_process, tmp_path, mo
     hit = build(bcc, in_process, apis, notes)
     assert notes == [f"BPF cache: compiled, saved as {entry}"] * 2 + [f"BPF cache: {len(names(apis))} handlers from {entry}"]
     assert type(hit).__name__ == "CachedBPF"
-
-
-def test_an_entry_whose_maps_differ_is_not_loaded(in_process, tmp_path, monkeypatch):
-    import bcc
-
-    monkeypatch.setenv(cc.ENV, str(tmp_path / "cache"))
-    apis = ONE_PER_MACRO[:3]
-    build(bcc, in_process, apis, [])
-    entry = cc.decode((tmp_path / "cache" / (cc.key(texts(apis)[0]) + cc.SUFFIX)).read_bytes())
-    # the events ring of another size: the handlers were not compiled against it
-    assert cc.load(bcc, texts(apis, ring_pages=128)[1], entry) is None
+    assert cc.load(bcc, texts(apis, ring_pages=128)[1], cc.decode(whole)) is None
 
 
 def test_a_directory_others_can_write_is_not_used(in_process, tmp_path, monkeypatch):
@@ -133,3 +126,15 @@ def test_a_capture_from_the_cache_records_what_a_compiled_one_records(families, 
     assert f"BPF cache: {len(handler_names())} handlers from {entry}" in cached_err
     assert cached.equals(compiled)
     assert compiled.height > 10
+
+
+def test_handlers_the_kernel_refuses_are_not_saved(in_process):
+    """Checked on the miss as a hit loads them (alone, without the module's BTF info)."""
+    import bcc
+
+    b = in_process.bpf("int f(void *ctx) { return 0; }")
+    cc.verify(bcc, b, cc.Entry([], {"pt_e_good": cc.Handler(b.dump_func(b"f"), [])}))
+    exit_only = struct.pack("<BBhi", 0x95, 0, 0, 0)  # returns r0, never set
+    with pytest.raises(cc.Uncacheable) as e:
+        cc.verify(bcc, b, cc.Entry([], {"pt_e_bad": cc.Handler(exit_only, [])}))
+    assert str(e.value) == "the kernel refuses pt_e_bad loaded alone: Permission denied"
