@@ -196,10 +196,10 @@ def _libbcc_path() -> str | None:
     try:
         with open("/proc/self/maps") as f:
             for line in f:
-                path = line.split(maxsplit=5)[5].strip() if line.count(" ") >= 5 else ""
-                if "/libbcc.so" in path:
-                    return path
-    except (OSError, IndexError):
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and "/libbcc.so" in fields[5]:
+                    return fields[5].strip()
+    except OSError:
         pass
     return None
 
@@ -251,7 +251,7 @@ class Cache:
         """The entry of key ``k``, None when there is none that reads back whole."""
         name = k + SUFFIX
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
         except OSError:
             return None
         try:
@@ -260,7 +260,10 @@ class Cache:
                 return None
             with os.fdopen(os.dup(fd), "rb") as f:
                 entry = decode(f.read())
-            os.utime(fd)  # used: the last to be pruned
+            try:
+                os.utime(fd)  # used: the last to be pruned (a read-only cache still serves)
+            except OSError:
+                pass
             return entry
         except Exception:  # noqa: BLE001 - whatever is wrong with the file, it is a miss and is replaced
             return None
