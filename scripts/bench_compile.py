@@ -14,6 +14,13 @@ for.  One run builds, in this process, ``bcc.BPF(text=...)`` for:
 * ``native``: with Python and native stacks (``--native-stacks``);
 * ``aggregate``: ``--aggregate``.
 
+With ``--cache``, each variant but the floor is also built the way a
+capture builds it (probes/compiled_cache, in a temporary cache emptied at
+each rep): ``<variant>+miss`` compiles it and saves its handlers,
+``<variant>+hit`` then compiles the text without handlers and takes the
+handlers from the cache; the last column gives each against the plain
+compile of the same variant.
+
 Each is the CPU time of this process (``time.process_time``: clang runs in
 it) around ``bcc.BPF``, the median of ``--reps`` builds, and its ratio to the
 floor's median measured in the same run.  The machine's load average is
@@ -23,6 +30,7 @@ loaded into the kernel: BCC loads each at attach, and the verifier's time is
 counted with the attach (``--load`` adds it: every function loaded once).
 
     sudo .venv/bin/python scripts/bench_compile.py --reps 3
+    sudo .venv/bin/python scripts/bench_compile.py --variants default --cache --reps 3
 """
 
 from __future__ import annotations
@@ -31,13 +39,14 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pasta_trace.capture.probe_set import discover_text, names_pages, program_text  # noqa: E402
-from pasta_trace.probes import program  # noqa: E402
+from pasta_trace.capture.probe_set import discover_text, handler_names, names_pages, program_text  # noqa: E402
+from pasta_trace.probes import compiled_cache, program  # noqa: E402
 
 VARIANTS = {
     "floor": dict(filter_pids=True, apis=()),
@@ -58,19 +67,30 @@ def text_of(variant: str) -> str:
     return program_text(buffer_pages=1024, aggregate=kw.pop("aggregate", False), **kw)
 
 
-def build(bcc, text: str, load: bool) -> tuple[float, int]:
-    """(CPU seconds, functions) for one compile (and load, with ``load``)."""
-    t0 = time.process_time()
-    b = bcc.BPF(text=text.encode())
+def short_text_of(variant: str) -> str:
+    """The text of ``variant`` without handlers, as a cache hit compiles it."""
+    kw = dict(VARIANTS[variant])
+    return program_text(buffer_pages=1024, aggregate=kw.pop("aggregate", False), apis=(), **kw)
+
+
+def build(bcc, text: str, load: bool, short: str | None = None) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds, functions) for one compile (and load, with
+    ``load``); through the cache in $PASTA_TRACE_BPF_CACHE when ``short``
+    (the text without handlers) is given."""
+    t0, w0 = time.process_time(), time.perf_counter()
+    if short is None:
+        b = bcc.BPF(text=text.encode())
+    else:
+        b = compiled_cache.compile_program(bcc, text, lambda: short, handler_names(), lambda _msg: None)
     n = 0
     if load:  # every function, as the attach would (the discover program's raw tracepoints as such)
-        for i in range(bcc.lib.bpf_num_functions(b.module)):
-            name = bcc.lib.bpf_function_name(b.module, i)
+        names = [bcc.lib.bpf_function_name(b.module, i) for i in range(bcc.lib.bpf_num_functions(b.module))]
+        for name in names + [h.encode() for h in getattr(b, "cached_handlers", {})]:
             b.load_func(name, bcc.BPF.RAW_TRACEPOINT if name.startswith(b"raw_tracepoint__") else bcc.BPF.KPROBE)
             n += 1
-    dt = time.process_time() - t0
+    dt, wall = time.process_time() - t0, time.perf_counter() - w0
     b.cleanup()
-    return dt, n
+    return dt, wall, n
 
 
 def main() -> int:
@@ -78,6 +98,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     ap.add_argument("--load", action="store_true", help="also load every function (the verifier's time)")
+    ap.add_argument("--cache", action="store_true",
+                    help="also build each variant through the compiled handlers cache: a miss, then a hit")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_compile: run as root (BCC needs it)", file=sys.stderr)
@@ -88,24 +110,39 @@ def main() -> int:
     if "floor" not in variants:
         variants.insert(0, "floor")
     texts = {v: text_of(v) for v in variants}
-    times: dict[str, list[float]] = {v: [] for v in variants}
+    rows = [*variants, *(f"{v}+{how}" for v in variants if v != "floor" and args.cache for how in ("miss", "hit"))]
+    times: dict[str, list[float]] = {r: [] for r in rows}
+    walls: dict[str, list[float]] = {r: [] for r in rows}
     loaded: dict[str, int] = {}
+    load_before = os.getloadavg()
     for _ in range(args.reps):  # interleaved, so load changes hit every variant alike
         for v in variants:
-            dt, n = build(bcc, texts[v], args.load)
+            dt, wall, loaded[v] = build(bcc, texts[v], args.load)
             times[v].append(dt)
-            loaded[v] = n
+            walls[v].append(wall)
+            if v == "floor" or not args.cache:
+                continue
+            with tempfile.TemporaryDirectory() as d:  # empty: the first build misses, the second hits
+                os.environ[compiled_cache.ENV] = d
+                for how in ("miss", "hit"):
+                    dt, wall, loaded[f"{v}+{how}"] = build(bcc, texts[v], args.load, short_text_of(v))
+                    times[f"{v}+{how}"].append(dt)
+                    walls[f"{v}+{how}"].append(wall)
     load1, load5, _ = os.getloadavg()
     floor = statistics.median(times["floor"])
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load1:.1f} / {load5:.1f} "
-          f"on {os.cpu_count()} CPUs, {args.reps} reps{', with load' if args.load else ''}")
-    print(f"{'variant':<10} {'C KiB':>6} {'median s':>9} {'min s':>7} {'max s':>7} {'x floor':>8}"
-          + (f" {'loaded':>6}" if args.load else ""))
-    for v in variants:
-        t = times[v]
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load_before[0]:.1f} before, "
+          f"{load1:.1f} / {load5:.1f} after, on {os.cpu_count()} CPUs, {args.reps} reps"
+          f"{', with load' if args.load else ''}")
+    print(f"{'variant':<16} {'C KiB':>6} {'median s':>9} {'min s':>7} {'max s':>7} {'wall s':>7} {'x floor':>8}"
+          + (f" {'x compile':>9}" if args.cache else "") + (f" {'loaded':>6}" if args.load else ""))
+    for r in rows:
+        t = times[r]
         med = statistics.median(t)
-        print(f"{v:<10} {len(texts[v]) / 1024:>6.0f} {med:>9.2f} {min(t):>7.2f} {max(t):>7.2f} {med / floor:>8.2f}"
-              + (f" {loaded[v]:>6}" if args.load else ""))
+        v = r.split("+")[0]
+        print(f"{r:<16} {len(texts[v]) / 1024:>6.0f} {med:>9.2f} {min(t):>7.2f} {max(t):>7.2f} "
+              f"{statistics.median(walls[r]):>7.2f} {med / floor:>8.2f}"
+              + (f" {med / statistics.median(times[v]):>9.2f}" if args.cache else "")
+              + (f" {loaded[r]:>6}" if args.load else ""))
     return 0
 
 
