@@ -72,7 +72,9 @@ class DrainLoop:
         self._names = open_table(bpf, "names", schema.HOST_NAME.dtype)
         # should we die, the writer process drains the events ring (capture.takeover): its
         # space is given back only once the writer process knows where its records went
-        writer.take_over(takeover.spec_of(bpf), self._events.commit)
+        spec = takeover.spec_of(bpf)
+        writer.take_over(spec, self._events.commit)
+        watcher.guard_capture(writer.notice(spec))  # should the writer die too, a guardian completes the capture
         self._held = 0  # events drained and held back (native stacks), as last told to the writer
         self._wake = None
         # a new stack, a new process's native stack or an exec wakes the loop before POLL_INTERVAL_S

@@ -2,8 +2,9 @@
 (and communicators.parquet whenever an NCCL communicator is made or ended).
 
 It runs apart from the tracer (``python -m pasta_trace.capture.event_writer
-DIR_FD RING_FD``) so that decoding and compressing never hold the GIL or the
-CPU that the drain needs to keep the BPF ring buffer from overflowing.  The
+DIR_FD RING_FD LEDGER_FD``) so that decoding and compressing never hold the
+GIL or the CPU that the drain needs to keep the BPF ring buffer from
+overflowing.  The
 tracer puts the records in a ring both processes map (capture.shared_ring)
 and sends framed messages on stdin: a type byte, a u64 length, the payload.
 
@@ -29,6 +30,8 @@ records are counted as unwritten, and the next flush tries again.
 Input that ends without b"C" is the tracer's death: what arrived is written,
 then (given b"W") the events left in the kernel's ring too, and the manifest
 is completed with every loss counted (capture.takeover); the exit code is 1.
+What a guardian needs should this process die too, it publishes in the
+ledger (capture.ledger): events it could not write, and what it took over.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from . import guardian, own_process, takeover
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
 from .heap import keep_freed_memory
+from .ledger import Ledger
 from .ringbuf import padded_dtype
 from .shared_ring import SharedRing
 from .tensor_sizes import TensorSizes
@@ -159,9 +163,10 @@ class EventFiles:
     and their space is released once their file is written (or counted
     unwritten)."""
 
-    def __init__(self, out: OutputDir, release: Callable[[int], None] | None = None):
+    def __init__(self, out: OutputDir, release: Callable[[int], None] | None = None, ledger: Ledger | None = None):
         self._out = out
         self._release = release
+        self._ledger = ledger
         self.api_names: list[str] = []
         self._pending: list[tuple[np.ndarray, int | None]] = []  # (records, their end in the ring)
         self._pending_bytes = 0
@@ -238,6 +243,8 @@ class EventFiles:
                 write_atomic(self._out, name, data)
             except OSError as e:  # a full disk: keep the files written so far, count these
                 self.unwritten += records
+                if self._ledger is not None:
+                    self._ledger.publish("UNWRITTEN", (self.unwritten,))
                 self.error = self.error or (e.strerror or str(e))
                 return
             self.files.append(name)
@@ -270,15 +277,17 @@ def main(argv: list[str]) -> int:
     own_process.mark()
     fd = int(argv[0])  # the capture directory, inherited open: every file is written relative to it
     ring = SharedRing(int(argv[1]))  # where the tracer puts the records (capture.shared_ring)
+    ledger = Ledger(int(argv[2]))  # for a guardian, should we die too (capture.ledger)
     os.nice(NICE)
     keep_freed_memory()
     dtypes = {d.itemsize: d for d in (schema.HOST_EVENT.dtype, padded_dtype(schema.HOST_EVENT.dtype))}
     stdout = sys.stdout
     out = OutputDir(fd, Path(f"/proc/self/fd/{fd}"))
-    files = EventFiles(out, ring.release)
+    files = EventFiles(out, ring.release, ledger)
     ring.prefault(0)
     take: takeover.Takeover | None = None
     batch: list[tuple[np.ndarray, int]] = []  # the parts of a batch whose last part has not come yet
+    received = 0  # the events of whole batches
     pipe = Input()
     guard: threading.Thread | None = None
     while True:
@@ -288,9 +297,9 @@ def main(argv: list[str]) -> int:
             # short by its death is left: its records are still in the kernel's ring)
             files.finish()
             if take is not None:
-                take.drain_to_end(files.add)
+                take.drain_to_end(files.add, received)
                 files.finish()
-                takeover.complete_manifest(out, files, take)
+                takeover.writer_completes(out, files, take)
             if guard is not None:
                 guard.join()  # it resumes what the tracer held stopped: our exit would end it
             return 1
@@ -305,6 +314,7 @@ def main(argv: list[str]) -> int:
             if not more:
                 for recs, end in batch:
                     files.add(recs, end)
+                    received += recs.size
                 batch.clear()
                 if take is not None:
                     take.seen(bpf_end, held, dropped)
@@ -312,7 +322,7 @@ def main(argv: list[str]) -> int:
             guard = guardian.watch_in_thread(json.loads(payload))
         elif kind == b"W":
             try:
-                take = takeover.Takeover(json.loads(payload))
+                take = takeover.Takeover.open(json.loads(payload), ledger)
             except OSError:
                 take = None  # the maps are gone already: the tracer is ending
         elif kind == b"F":

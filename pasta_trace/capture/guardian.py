@@ -22,6 +22,17 @@ tracer and a guardian together still leaves one to resume what was stopped.
 While a capture is written, the events writer process watches too
 (watch_in_thread): a kill of the tracer and both guardians still leaves it.
 
+The guardian's stdin is a socket: the tracer sends it, once the capture is
+written, what it needs should the tracer and the events writer both die (a
+Notice: the capture directory, the ledger, the writer's pidfd, and the
+events ring and loss counters by id, opened here at once), and b"done" at
+its close.  After resuming what was stopped, a guardian whose tracer died
+without b"done" waits for the writer's end; if the manifest is still not
+complete then, it completes the capture (takeover.guardian_completes), one
+guardian at a time (a lock on the ledger).  Only then are numpy and the
+readers imported: the resume never waits for them, and a failure there is a
+line on stderr.
+
     python -m pasta_trace.capture.guardian TRACER_PID PIDFD STOPS_FD CFG_FD VALUE_SIZE TGID_OFFSET
 
 (the STOP_RECORD layout comes as sizes: importing the schema would cost the
@@ -30,9 +41,12 @@ tracer most of a second before it can arm the hook)
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +61,10 @@ ARMED_KEY = (1).to_bytes(4, "little")
 SETTLE_S = 0.02
 SETTLE_ROUNDS = 5
 READY = b"ready\n"
+#: the tracer's close, on the guardian's stdin (its death says nothing)
+DONE = b"done"
+#: a Notice's JSON, at most
+NOTICE_MAX = 1 << 16
 #: how often the tracer's exit is looked for in /proc/PID/stat (the pidfd wakes us at once anyway)
 EXIT_POLL_S = 0.025
 #: the flag of a task that has begun to exit (include/linux/sched.h)
@@ -66,7 +84,7 @@ def exiting(pid: int) -> bool:
 
 
 def wait_for_end(pid: int, pidfd: int, stdin: int | None = 0) -> None:
-    """Until ``pid`` begins to exit, or ``stdin`` reaches its end (the tracer's close).
+    """Until ``pid`` begins to exit, or ``stdin`` has something to read (a message, its end).
     /proc/PID/stat is read before the pidfd is asked: a PID reused after our
     tracer's end is then never mistaken for it."""
     fds = [pidfd] if stdin is None else [pidfd, stdin]
@@ -112,9 +130,124 @@ def main(argv: list[str]) -> int:
     sys.stdout.buffer.write(READY)
     sys.stdout.buffer.flush()
     os.close(1)
-    wait_for_end(tracer, pidfd)
+    conn = socket.socket(fileno=0)
+    capture: _Capture | None = None
+    while True:
+        wait_for_end(tracer, pidfd)
+        end_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        told, over, notice = _messages(conn)
+        capture = notice or capture
+        if told or over or exiting(tracer):
+            break
     release_all(tracer, stops, cfg, others, tgid_offset)
+    if capture is not None and not told:
+        capture.complete(end_ns)
     return 0
+
+
+def _messages(conn: socket.socket) -> tuple[bool, bool, "_Capture | None"]:
+    """What the tracer sent that was not read yet: (b"done" came, the input
+    ended, the last notice)."""
+    told, notice = False, None
+    while select.select([conn], [], [], 0)[0]:
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, NOTICE_MAX, 8)
+        except OSError:
+            msg, fds = b"", []
+        if not msg:
+            return told, True, notice
+        if msg == DONE:
+            told = True
+        else:
+            notice = _Capture.receive(msg, fds) or notice
+    return told, False, notice
+
+
+def open_maps(spec: dict) -> tuple[int, dict[str, int]]:
+    """The events ring and the loss counters a takeover.spec_of names by id (OSError: one is gone)."""
+    from .map_fds import lib
+
+    fds: dict[str, int] = {}
+    try:
+        for name, ident in [("", spec["events_id"]), *spec["counters"].items()]:
+            fd = lib().bpf_map_get_fd_by_id(ident)
+            if fd < 0:
+                raise OSError("the map is gone")
+            fds[name] = fd
+    except BaseException:
+        close_maps((-1, fds))
+        raise
+    return fds.pop(""), fds
+
+
+def close_maps(maps: tuple[int, dict[str, int]]) -> None:
+    for fd in [maps[0], *maps[1].values()]:
+        if fd >= 0:
+            os.close(fd)
+
+
+class _Capture:
+    """A guardian's hold on the capture (a Notice received): enough to complete it."""
+
+    def __init__(self, spec: dict, fds: list[int], maps: tuple[int, dict[str, int]]):
+        self.spec = spec
+        self.dir_fd, self.ledger_fd, self.writer_pidfd, self.tracer_pidfd = fds
+        self.maps = maps
+
+    @classmethod
+    def receive(cls, msg: bytes, fds: list[int]) -> "_Capture | None":
+        """Open the maps named while the tracer holds them; None (and nothing held) if that fails."""
+        try:
+            spec = json.loads(msg)
+            if len(fds) != 3:
+                raise ValueError("a notice holds three descriptors")
+            maps = open_maps(spec)
+            return cls(spec, [*fds, os.pidfd_open(int(spec["tracer"]))], maps)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            for fd in fds:
+                os.close(fd)
+            print(f"pasta-trace: a guardian cannot complete the capture should the tracer die: {e}", file=sys.stderr)
+            return None
+
+    def complete(self, end_ns: int) -> None:
+        """The tracer died: once the events writer is gone too, complete what it left."""
+        select.select([self.writer_pidfd], [], [])  # its own takeover ends first, however long it takes
+        # one guardian at a time, and never twice: a lock of our own open of the ledger
+        lock = os.open(f"/proc/self/fd/{self.ledger_fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            from pathlib import Path
+
+            from ..safe_output import OutputDir
+            from .ledger import Ledger
+            from .takeover import Takeover, guardian_completes
+
+            ledger = Ledger(self.ledger_fd)
+            out = OutputDir(self.dir_fd, Path(f"/proc/self/fd/{self.dir_fd}"))
+            take = Takeover(self.spec, ledger, self.maps, self.tracer_pidfd)
+            if guardian_completes(out, take, ledger, end_ns):
+                print(f"pasta-trace: tracer PID {take.tracer} and its events writer died: a guardian completed the "
+                      "capture's manifest, every event on disk or counted", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - what was stopped is resumed already: this is a note
+            print(f"pasta-trace: a guardian could not complete the capture of the dead tracer: {e}", file=sys.stderr)
+        finally:
+            os.close(lock)
+
+
+class Notice:
+    """What the guardians need should the tracer and the events writer both
+    die (held by the tracer, for the guardians started later too): the spec
+    of takeover.spec_of, and descriptors of the capture directory, the ledger
+    and the writer (a pidfd), duplicated here, closed with close()."""
+
+    def __init__(self, spec: dict, dir_fd: int, ledger_fd: int, writer_pidfd: int):
+        self.payload = json.dumps(spec).encode()
+        self.fds = [os.dup(dir_fd), os.dup(ledger_fd), writer_pidfd]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def release_all(tracer: int, stops: Map, cfg: Map, others: MapsByName, tgid_offset: int) -> int:
@@ -190,15 +323,21 @@ class Guardian:
 
     def __init__(self, stops_fd: int, cfg_fd: int, value_size: int, tgid_offset: int, *, wait: bool = True):
         pidfd = os.pidfd_open(os.getpid())
+        # its stdin: a socket, for the notice's descriptors (notify)
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
                 helper_process.argv("pasta_trace.capture.guardian", os.getpid(), pidfd, stops_fd, cfg_fd,
                                     value_size, tgid_offset),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(pidfd, stops_fd, cfg_fd),
+                stdin=theirs.fileno(), stdout=subprocess.PIPE, pass_fds=(pidfd, stops_fd, cfg_fd),
                 start_new_session=True, env=helper_process.env(), cwd=helper_process.CWD,
             )
+        except BaseException:
+            self._sock.close()
+            raise
         finally:
             os.close(pidfd)
+            theirs.close()
         if wait:
             self.wait_ready()
 
@@ -219,13 +358,21 @@ class Guardian:
         """Whether the guardian has ended (reaped here)."""
         return self._proc.poll() is not None
 
+    def notify(self, notice: Notice) -> None:
+        """Give it what it needs to complete the capture should we and the events writer die."""
+        try:
+            socket.send_fds(self._sock, [notice.payload], notice.fds)
+        except OSError:
+            pass  # it died: its replacement is notified (LateLoadWatcher)
+
     def tell_done(self) -> None:
-        """Close its stdin: it resumes anything left and exits."""
-        if self._proc.stdin is not None and not self._proc.stdin.closed:
+        """Say we are done and close its stdin: it resumes anything left and exits."""
+        if self._sock.fileno() >= 0:
             try:
-                self._proc.stdin.close()
+                self._sock.send(DONE)
             except OSError:
                 pass  # it died already
+            self._sock.close()
 
     def close(self) -> None:
         """Tell the guardian we are done (it resumes anything left) and reap it."""

@@ -181,6 +181,7 @@ class LateLoadWatcher:
         for g in self._guardians:
             self.own(g.pid)
         self.guardians_replaced = 0
+        self._notice: guardian.Notice | None = None  # for the guardians, should we and our writer die
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0  # opens of a traced name paused
         self.map_stops = 0  # first executable mappings of a file paused
@@ -216,6 +217,12 @@ class LateLoadWatcher:
         return {"tracer": os.getpid(), "stops_id": map_info(stops_fd)[0], "cfg_id": map_info(cfg_fd)[0],
                 "value_size": value_size, "tgid_offset": tgid_offset}
 
+    def guard_capture(self, notice: guardian.Notice) -> None:
+        """Have every guardian, now and replaced, complete the capture should we and its events writer die."""
+        self._notice = notice
+        for g in self._guardians:
+            g.notify(notice)
+
     def _keep_guardians(self) -> None:
         """Replace each guardian that died (a SIGKILL): while we live, GUARDIANS of them watch us."""
         dead = [g for g in self._guardians if g.ended()]
@@ -224,6 +231,8 @@ class LateLoadWatcher:
         new = guardian.start(len(dead), *self._guardian_args)
         for g in new:
             self.own(g.pid)
+            if self._notice is not None:
+                g.notify(self._notice)
         self._guardians = [g for g in self._guardians if g not in dead] + new
         self.guardians_replaced += len(dead)
 
@@ -362,3 +371,5 @@ class LateLoadWatcher:
             self._ring.close()
             self._ring = None
             guardian.close_all(self._guardians)
+            if self._notice is not None:
+                self._notice.close()

@@ -35,7 +35,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import polars as pl
@@ -43,10 +43,12 @@ import polars as pl
 from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir
-from . import helper_process
+from . import guardian, helper_process
 from .decode import host_stub_aliases, names_frame
-from .event_writer import HEADER, RING_PART, frame, write_atomic
+from .event_writer import RING_PART, frame, write_atomic
+from .ledger import Ledger
 from .shared_ring import SharedRing, ring_bytes
+from .takeover import events_on_disk
 from .writer_queue import WriterQueue
 
 #: Flush interval: what the events writer process holds unwritten at most,
@@ -56,6 +58,17 @@ FLUSH_INTERVAL_S = 1.0
 #: disk so that the manifest can still be completed (a few KiB; names and the
 #: other tables fit in what is left).
 RESERVE_BYTES = 1 << 20
+
+
+class _Batch(NamedTuple):
+    """The last message of a batch of records (None: the writer is dead, none
+    is sent), and what goes with it: the ledger's TRACER record to publish
+    before it is sent, and the end in the kernel's events ring to commit after
+    (0: none)."""
+
+    msg: bytes | None
+    tracer: tuple[int, int, int, int]
+    bpf_end: int
 
 
 class CaptureWriter:
@@ -97,12 +110,16 @@ class CaptureWriter:
         out.keep_free(RESERVE_BYTES)
         self._comms: dict[int, str] = {}
         self._ring = SharedRing.create(ring or ring_bytes())
-        args = helper_process.argv("pasta_trace.capture.event_writer", out.fd, self._ring.fd)
+        #: what was handed over, for a guardian should this process and the writer both die (capture.ledger)
+        self._ledger = Ledger.create()
+        self._handed = 0  # events put in the ring, or drained after the writer died
+        self._bpf_end = 0  # the end of the last batch drained from the kernel's events ring
+        args = helper_process.argv("pasta_trace.capture.event_writer", out.fd, self._ring.fd, self._ledger.fd)
         # its own process group: a terminal's Ctrl-C reaches the whole foreground
         # group, and the tracer, not the writer, decides when writing ends
         self._proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=helper_process.env(), cwd=helper_process.CWD,
-                                      pass_fds=(out.fd, self._ring.fd), process_group=0)
+                                      pass_fds=(out.fd, self._ring.fd, self._ledger.fd), process_group=0)
         #: gives the kernel's events ring space back (take_over); before it, the drain does
         self._commit: Callable[[int], None] = lambda end: None
         self._queue = WriterQueue()
@@ -119,6 +136,11 @@ class CaptureWriter:
         self._commit = commit
         self._queue.put(frame(b"W", json.dumps(spec).encode()))
 
+    def notice(self, spec: dict) -> guardian.Notice:
+        """What the guardians need to complete the capture should this process and the
+        writer process both die (``spec``: take_over's)."""
+        return guardian.Notice(spec, self.out.fd, self._ledger.fd, os.pidfd_open(self._proc.pid))
+
     def guard(self, spec: dict) -> None:
         """Have the writer process guard the tracer's late-load stops too (guardian.watch_in_thread)."""
         self._queue.put(frame(b"G", json.dumps(spec).encode()))
@@ -129,17 +151,25 @@ class CaptureWriter:
         return self._proc.pid
 
     def _send_loop(self) -> None:
-        """Blocking pipe writes happen here, with the GIL released."""
+        """Blocking pipe writes happen here, with the GIL released.  A batch's
+        last message: the ledger first, then the pipe, then the kernel's ring
+        (capture.ledger says why in that order).  Once the writer process is
+        gone, batches are still published and committed, never sent."""
         out = self._proc.stdin
-        try:
-            while (msg := self._queue.get()) is not None:
-                out.write(msg)
-                out.flush()
-                # in the pipe, which outlives us: the kernel may reuse the records' space now
-                if msg[:1] == b"R" and (end := RING_PART.unpack_from(msg, HEADER.size)[4]):
-                    self._commit(end)
-        except (BrokenPipeError, OSError) as e:
-            self._send_error = e
+        while (item := self._queue.get()) is not None:
+            batch = item if isinstance(item, _Batch) else None
+            msg = batch.msg if batch is not None else item
+            if batch is not None:
+                self._ledger.publish("TRACER", batch.tracer)
+            if msg is not None and self._send_error is None:
+                try:
+                    out.write(msg)
+                    out.flush()
+                except OSError as e:  # BrokenPipeError: the writer process died
+                    self._send_error = e
+            if batch is not None and batch.bpf_end:
+                # in the pipe, which outlives us, or counted: the kernel may reuse the records' space now
+                self._commit(batch.bpf_end)
 
     # ------------------------------------------------------------------ input
 
@@ -149,20 +179,24 @@ class CaptureWriter:
         counted in lost_behind.  ``bpf_end``: the position in the kernel's events
         ring these records end at (take_over), committed once the writer process
         knows of them; ``held``: the events drained and held back meanwhile."""
+        self._bpf_end = bpf_end or self._bpf_end
         if self.died is not None or self._ended():
             self.died_unwritten += recs.size  # nobody will write them: counted, never put in the ring
-            if bpf_end:
-                self._commit(bpf_end)
+            self._handed += recs.size
+            self._queue.put(_Batch(None, (self._handed, self._bpf_end, held, self.lost_behind), bpf_end))
             return
         fit, parts = self._ring.put(recs)
         self.lost_behind += recs.size - fit
+        self._handed += fit
         size = recs.dtype.itemsize
-        for i, (pos, nbytes) in enumerate(parts):
-            last = i == len(parts) - 1
-            self._queue.put(frame(b"R", RING_PART.pack(pos, nbytes, size, int(not last), bpf_end if last else 0,
-                                                       held, self.lost_behind)))
         if not parts and (recs.size or bpf_end):  # none fit, or none to write: the counts and position still go
-            self._queue.put(frame(b"R", RING_PART.pack(0, 0, size, 0, bpf_end, held, self.lost_behind)))
+            parts = [(0, 0)]
+        for i, (pos, nbytes) in enumerate(parts):
+            more = i < len(parts) - 1
+            msg = frame(b"R", RING_PART.pack(pos, nbytes, size, int(more), 0 if more else bpf_end, held,
+                                             self.lost_behind))
+            self._queue.put(msg if more else _Batch(msg, (self._handed, self._bpf_end, held, self.lost_behind),
+                                                    bpf_end))
         self.events += fit
 
     @property
@@ -242,32 +276,21 @@ class CaptureWriter:
 
     def _recover(self) -> None:
         """The writer process died: what it wrote is the events files on
-        disk (each renamed into place whole); everything else handed to it is
-        counted unwritten.  Its half-written temporary file goes."""
+        disk (each renamed into place whole), what it could not write it
+        published (capture.ledger); everything else handed to it is counted
+        in died_unwritten.  Its half-written temporary file goes."""
         self.kill()
         self._ended()
         if self.died is None:  # it answered nothing yet exited 0: still not a writer that finished
             self.died = "the events writer process ended without its final answer"
-        codes = {k: i for i, k in enumerate(schema.KIND_NAMES)}
-        names = sorted(os.listdir(self.out.fd))
-        for name in names:  # OutputDir.new_temp's names; the tracer writes none of its own meanwhile
-            if name.startswith(".") and name.endswith(".tmp"):
-                try:
-                    os.unlink(name, dir_fd=self.out.fd)
-                except OSError:
-                    pass
-        self.event_files = [self.dir / n for n in names if n.startswith("events-") and n.endswith(".parquet")]
-        written = 0
-        for path in self.event_files:
-            data = pl.read_parquet(path, columns=["pid", "comm", "kind"])
-            written += data.height
-            for kind, n in data.group_by(pl.col("kind").cast(pl.String)).len().iter_rows():
-                self.by_kind[codes[kind]] += n
-            for pid, comm in data.select("pid", "comm").unique(subset="pid", keep="any").with_columns(
-                    pl.col("comm").cast(pl.String)).iter_rows():
-                self._comms.setdefault(pid, comm)
-        self.written = written
-        self.died_unwritten += self.events - written
+        disk = events_on_disk(self.out)
+        self.event_files = [self.dir / n for n in disk.files]
+        self.by_kind += disk.by_kind
+        for pid, comm in disk.comms.items():
+            self._comms.setdefault(pid, comm)
+        self.written = disk.rows
+        self.unwritten = (self._ledger.read("UNWRITTEN") or (0,))[0]  # a full disk before its death
+        self.died_unwritten += self.events - self.written - self.unwritten
         self.write_error = self.write_error or self.died
         self._write_names()
 

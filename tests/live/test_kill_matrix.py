@@ -12,7 +12,10 @@ matter.  Real tracers on the real stub libraries and workloads.
   with one line; events on disk + counted losses == the workload's own count.
   The tracer dies (alone or with a guardian): the events writer writes its
   backlog and the events left in the kernel's ring, and completes the manifest
-  with the kernel's loss counts: the same sum holds.
+  with the kernel's loss counts: the same sum holds.  The tracer and the
+  writer die together (or the writer during its takeover): a guardian
+  completes the manifest from the files on disk and the ledger, and the same
+  sum holds.
 """
 
 from __future__ import annotations
@@ -192,6 +195,11 @@ def test_guardians_that_die_are_replaced(families, tmp_path, tracer):
 FLOOD = 2_000_000  # per thread, two threads: the writer holds a backlog when it is killed
 #: the kills that leave the writer alive need no backlog of the writer's, only events in flight
 SHORT_FLOOD = 500_000
+#: a writer killed after the tracer is killed this long after it: in its takeover, or just done
+TAKEOVER_S = 0.1
+#: every loss counter that can hold an event of the flood
+FLOOD_LOSSES = ("lost_events", "lost_inflight", "lost_writer_behind", "lost_unwritten", "lost_writer_died",
+                "lost_tracer_died")
 
 
 @pytest.fixture
@@ -203,42 +211,70 @@ def sleeper():
     p.wait()
 
 
+def _frozen(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    states = []
+    for tid in tids:
+        try:
+            states.append(Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass  # a thread that ended
+    return bool(states) and all(st == "T" for st in states)
+
+
 def _flood_then_kill(cuda, tmp_path: Path, tracer, sleeper, who: list[str], flood: int = FLOOD):
     """A capture of a flood whose events writer is SIGKILLed (with ``who``
     else) once its first file is on disk: (tracer, out dir, the calls the
-    workload made, the writer's PID).  A tracer to be killed is frozen
-    (SIGSTOP) there instead, as a tracer that does not get the CPU is: the
-    rest of the flood fills the kernel's ring (and then counts as lost_events)
-    while nothing drains it, and the kill comes once the workload has ended."""
-    report = tmp_path / "cuda.json"
-    proc = subprocess.Popen([str(cuda.workload), "--lib", str(cuda.stub), "--report", str(report),
-                             "--threads", "2", "--iters", "0", "--flood", str(flood), "--wait"])
+    workloads made, the writer's PID, the guardians' PIDs).  A writer killed
+    after the tracer is killed TAKEOVER_S later.  A tracer to be killed is
+    frozen (SIGSTOP) there instead, as a tracer that does not get the CPU is,
+    and a second workload floods then: the kernel's ring fills (and then
+    counts lost_events) while nothing drains it, whenever the first flood
+    ends.  The kill comes once the workloads have ended."""
+    names = ["first", "second"] if "tracer" in who else ["first"]
+    reports = {n: tmp_path / f"{n}.json" for n in names}
+    procs = {n: subprocess.Popen([str(cuda.workload), "--lib", str(cuda.stub), "--report", str(r), "--threads", "2",
+                                  "--iters", "0", "--flood", str(flood if n == "first" else SHORT_FLOOD), "--wait"])
+             for n, r in reports.items()}
     try:
-        pid = int(wait_for_file(report.with_name(report.name + ".ready"), proc=proc))
+        pids = [int(wait_for_file(r.with_name(r.name + ".ready"), proc=procs[n])) for n, r in reports.items()]
         out = tmp_path / "cap"
-        # the sleeper keeps the capture going after the workload's end: the writer still has its backlog
-        t = tracer(["-p", f"{pid},{sleeper.pid}", "-o", str(out)])
+        # the sleeper keeps the capture going after the workloads' end: the writer still has its backlog
+        t = tracer(["-p", ",".join(map(str, [*pids, sleeper.pid])), "-o", str(out)])
         t.wait_ready(timeout=300)
         assert _wait(lambda: len(helpers(t.proc.pid, "event_writer")) == 1, 60, 0.01)  # started after the banner
         writer = helpers(t.proc.pid, "event_writer")
-        os.kill(pid, signal.SIGUSR1)
-        if "tracer" in who:
-            assert _wait(lambda: any(out.glob("events-*.parquet")), 120, 0.01)
-            t.proc.send_signal(signal.SIGSTOP)
-        assert proc.wait(timeout=300) == 0
+        os.kill(pids[0], signal.SIGUSR1)
         assert _wait(lambda: any(out.glob("events-*.parquet")), 120, 0.01)
-        pids = {"writer": writer, "tracer": [t.proc.pid], "guardian": helpers(t.proc.pid, "guardian")[:1]}
-        for w in who:
-            os.kill(pids[w][0], signal.SIGKILL)
+        if "tracer" in who:
+            t.proc.send_signal(signal.SIGSTOP)
+            assert _wait(lambda: _frozen(t.proc.pid), 30, 0.01)
+            os.kill(pids[1], signal.SIGUSR1)
+        for p in procs.values():
+            assert p.wait(timeout=300) == 0
+        guardians = helpers(t.proc.pid, "guardian")
+        targets = {"writer": writer, "tracer": [t.proc.pid], "guardian": guardians[:1]}
+        for i, w in enumerate(who):
+            if w == "writer" and "tracer" in who[:i]:
+                time.sleep(TAKEOVER_S)
+            os.kill(targets[w][0], signal.SIGKILL)
     finally:
-        proc.kill()
-    rep = read_report(report)
-    return t, out, len(expect.expected_calls(rep, {"run"})) + rep["flood"]["calls"], writer[0]
+        for p in procs.values():
+            p.kill()
+    calls = 0
+    for r in reports.values():
+        rep = read_report(r)
+        calls += len(expect.expected_calls(rep, {"run"})) + rep["flood"]["calls"]
+    return t, out, calls, writer[0], guardians
 
 
 def test_a_writer_killed_in_a_flood_is_a_counted_loss(families, tmp_path, tracer, sleeper):
     cuda = families[0]
-    t, out, calls, writer = _flood_then_kill(cuda, tmp_path, tracer, sleeper, ["writer"])
+    t, out, calls, writer, _ = _flood_then_kill(cuda, tmp_path, tracer, sleeper, ["writer"])
     assert t.finish() == 1
     err = t.stderr()
     assert "Traceback" not in err, err
@@ -260,18 +296,34 @@ def test_a_writer_killed_in_a_flood_is_a_counted_loss(families, tmp_path, tracer
 
 
 @pytest.mark.parametrize("who", [["writer", "guardian"], ["writer", "tracer"], ["tracer"], ["guardian"],
-                                 ["tracer", "guardian"]])
+                                 ["tracer", "guardian"], ["tracer", "writer"]])
 def test_kills_in_a_flood_leave_nothing_stopped(families, tmp_path, tracer, sleeper, who):
     """The other kills in a flood: a tracer that lives ends as it should (1
     with the writer dead, 0 at Ctrl-C after a guardian died and was replaced);
-    a writer whose tracer died writes its backlog and ends; nothing is left
-    stopped."""
+    a writer whose tracer died writes its backlog and ends; a guardian whose
+    tracer and writer died completes the capture; nothing is left stopped."""
     cuda = families[0]
-    t, out, calls, writer = _flood_then_kill(cuda, tmp_path, tracer, sleeper, who,
-                                             FLOOD if "writer" in who else SHORT_FLOOD)
+    t, out, calls, writer, guardians = _flood_then_kill(cuda, tmp_path, tracer, sleeper, who,
+                                                        FLOOD if "writer" in who else SHORT_FLOOD)
     if "tracer" in who:
         assert t.finish() == -signal.SIGKILL
-        if "writer" not in who:
+        if "writer" in who:
+            # the guardians resume, wait for the writer's end, and one of them completes the manifest
+            assert _wait(lambda: all(_state(g) in (None, "Z") for g in guardians), 120, 0.05), t.stderr()
+            cap = open_capture(out)
+            assert cap.complete, (cap.problems, t.stderr())
+            counts = cap.manifest["counts"]
+            on_disk = cap.events.select(pl.len()).collect().item()
+            assert on_disk == counts["events"]
+            assert on_disk + sum(counts[k] for k in FLOOD_LOSSES) == calls, (on_disk, counts)
+            assert counts["lost_tracer_died"] == 0  # without native stacks the tracer holds nothing back
+            assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no half-written file
+            assert "Traceback" not in t.stderr(), t.stderr()
+            if who[0] == "writer":  # killed with a backlog, before any takeover: the guardian counted it
+                assert counts["lost_writer_died"] > 0
+                assert any("a guardian completed it" in n for n in cap.manifest["notes"])
+                assert "a guardian completed the capture's manifest" in t.stderr()
+        else:
             # the tracer's end is its end of input: it writes what it holds, drains the events
             # left in the kernel's ring until the tracer is gone, and completes the manifest
             # ended: a zombie until the dying tracer, its parent, has released its uprobes (seconds)
