@@ -20,7 +20,7 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 import expect
-from pasta_run import read_report, run_pasta, wait_for_file
+from pasta_run import descendants, read_report, run_pasta, wait_for_file
 from pasta_trace.probes.catalog import APIS
 from pasta_trace.read import open_capture
 
@@ -129,9 +129,25 @@ def test_calls_through_real_libraries_captured_with_return_codes(require_bpf, re
         pytest.skip(f"checked {', '.join(r[0] for r in runs)} only: {'; '.join(unavailable)}")
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.live
 def test_sigkill_leaves_readable_parquet(require_bpf, families, tmp_path, tracer):
-    """kill -9 the tracer mid-run: the files left hold every call made more than one flush interval earlier."""
+    """kill -9 the tracer mid-run: the events writer takes over (capture.takeover) and completes the
+    capture; the files hold every call made before the kill."""
     cuda = families[0]
     out, report, go = tmp_path / "cap", tmp_path / "report.json", tmp_path / "go"
     t = tracer(["-o", str(out), "--", str(cuda.workload), "--lib", str(cuda.stub), "--report", str(report),
@@ -139,13 +155,21 @@ def test_sigkill_leaves_readable_parquet(require_bpf, families, tmp_path, tracer
     try:
         wait_for_file(report.with_name(report.name + ".ready"), timeout=180)
         time.sleep(FLUSH_INTERVAL_S * 1.5)
+        writer = [p for p in descendants(t.proc.pid) if b"capture.event_writer" in _cmdline(p)]
+        assert len(writer) == 1
         t.proc.send_signal(signal.SIGKILL)
         # a killed tracer's uprobes are removed by the kernel as it exits, 0.1-0.25 s each
         t.proc.wait(timeout=300)
     finally:
         go.touch()  # the workload finishes (untraced) and writes its report, whatever happened
     wait_for_file(report, timeout=60)
+    # the writer completes the manifest once it has drained the kernel's ring, then exits: not
+    # before the tracer's end was seen, not necessarily before the tracer was reaped
+    deadline = time.monotonic() + 120
+    while _running(writer[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     cap = open_capture(out)
-    assert not cap.complete
+    assert cap.complete, cap.problems
+    assert any("died during the capture" in n for n in cap.manifest["notes"])
     assert expect.mismatches(cap, [read_report(report)], {"setup", "before_go"}) == []
     assert [f for f in os.listdir(out) if f.endswith(".parquet") and f.startswith("events")]
