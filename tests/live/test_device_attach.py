@@ -42,15 +42,20 @@ def lib() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def workload(build_dir: Path) -> Path:
-    out = build_dir / "attach" / "attach_workload"
+def _gcc(build_dir: Path, name: str) -> Path:
+    """tests/fixtures/attach/NAME.c built into build_dir/attach/NAME (renamed into place: concurrent sessions)."""
+    out = build_dir / "attach" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    subprocess.run(["gcc", "-O2", "-Wall", "-pthread", str(FIXTURES / "attach_workload.c"), "-o", str(tmp), "-ldl"],
+    subprocess.run(["gcc", "-O2", "-Wall", "-pthread", str(FIXTURES / f"{name}.c"), "-o", str(tmp), "-ldl"],
                    check=True)
     tmp.replace(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def workload(build_dir: Path) -> Path:
+    return _gcc(build_dir, "attach_workload")
 
 
 class Running:
@@ -125,6 +130,19 @@ def test_a_thread_blocked_in_read_keeps_its_read_errno_and_mask(lib, workload, r
     assert mask == 1 << (signal.SIGUSR2 - 1)
     start_and_stop(w.pid, lib, tmp_path)
     assert tg.sigblk(w.pid, w.pid) == mask
+    assert w.finish("hello\n") == "got hello errno 77 usr2 blocked\n"
+
+
+def test_a_thread_blocked_in_poll_with_a_timeout_sees_no_eintr(lib, workload, running, tmp_path):
+    """poll's -ERESTART_RESTARTBLOCK: restart_syscall after our rt_sigreturn would return EINTR;
+    the poll is made again instead."""
+    w = running(workload, "poll")
+    deadline = time.monotonic() + 10
+    while tg.thread_syscall(w.pid, w.pid) != 7:  # in poll (it said "ready" just before)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start_and_stop(w.pid, lib, tmp_path)
+    assert tg.thread_syscall(w.pid, w.pid) == 7
     assert w.finish("hello\n") == "got hello errno 77 usr2 blocked\n"
 
 

@@ -31,7 +31,7 @@ def _regs(**kw) -> Regs:
     (-512, 0x401000, 0),      # -ERESTARTSYS: read(0) again
     (-513, 0x401000, 0),      # -ERESTARTNOINTR
     (-514, 0x401000, 0),      # -ERESTARTNOHAND (poll, pause)
-    (-516, 0x401000, 219),    # -ERESTART_RESTARTBLOCK (nanosleep): restart_syscall
+    (-516, 0x401000, 0),      # -ERESTART_RESTARTBLOCK (poll with a timeout): the call again, not restart_syscall
     (-4, 0x401002, -4),       # -EINTR: what the program was going to see anyway, left alone
     (5, 0x401002, 5),         # a finished read of 5 bytes
 ])

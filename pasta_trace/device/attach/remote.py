@@ -18,9 +18,14 @@ after the sigreturn sets the registers and XSAVE state it saved once more.
 
 A thread stopped inside a system call that the stop interrupted (-ERESTART*)
 has the restart applied in the frame (the instruction pointer moved back to
-the ``syscall`` instruction, rax = the call number again, or restart_syscall
-for -ERESTART_RESTARTBLOCK), as the kernel does when no handler runs: the
-program never sees EINTR.
+the ``syscall`` instruction, rax = the call number again), as the kernel does
+when no handler runs: the program never sees EINTR.  For -ERESTART_RESTARTBLOCK
+(poll, nanosleep or a futex wait with a relative timeout) the kernel would
+call restart_syscall, which resumes the wait with the time left; but
+rt_sigreturn, our frame's way back, makes any pending restart_syscall return
+EINTR (it resets the thread's restart block), so the call itself is made
+again, with its arguments (still in its registers) and so its whole timeout:
+such a wait may last up to one timeout longer, never ends early.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from .ptrace import PTRACE_EVENT_STOP, SYSCALL_INFO_ENTRY, SYSCALL_INFO_EXIT, Pt
 
 RED_ZONE = 128
 ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK = 512, 513, 514, 516
-NR_RT_SIGRETURN, NR_RESTART_SYSCALL = 15, 219
+NR_RT_SIGRETURN = 15
 UC_FP_XSTATE, UC_SIGCONTEXT_SS, UC_STRICT_RESTORE_SS = 1, 2, 4
 FP_XSTATE_MAGIC1, FP_XSTATE_MAGIC2 = 0x46505853, 0x46505845
 #: an invalid sigaltstack mode: rt_sigreturn's restore_altstack then changes nothing
@@ -71,7 +76,8 @@ def resume_regs(r: Regs) -> Regs:
     nr, ret = _signed(r.orig_rax), -_signed(r.rax)
     if nr >= 0 and ret in (ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK):
         out.rip = r.rip - 2  # `syscall` is two bytes
-        out.rax = NR_RESTART_SYSCALL if ret == ERESTART_RESTARTBLOCK else nr
+        # not restart_syscall for -ERESTART_RESTARTBLOCK: after our rt_sigreturn it returns EINTR
+        out.rax = nr
     out.orig_rax = (1 << 64) - 1
     return out
 
