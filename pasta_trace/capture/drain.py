@@ -55,8 +55,9 @@ class DrainLoop:
     def __init__(self, bpf, writer: CaptureWriter, tracker: ProcessTracker, watcher: LateLoadWatcher, *,
                  on_flush: Callable[[], None], say: Callable[[str], None], status: Callable[[str], None] | None,
                  stacks: StackCollector | None = None, native: NativeCollector | None = None,
-                 namer: AttachNamer | None = None):
+                 namer: AttachNamer | None = None, on_events: Callable[[np.ndarray], None] | None = None):
         self._bpf = bpf
+        self._on_events = on_events  # each drain's records (--device cupti -p: a late injection)
         self._namer = namer
         self._stacks = stacks
         self._native = native
@@ -152,6 +153,8 @@ class DrainLoop:
         if recs.size:
             self._tracker.seen_in_events(np.unique(recs["pid"]).tolist())
             self._tracker.seen_launches(recs)
+            if self._on_events is not None:
+                self._on_events(recs)
         names = self._names.drain()
         self._writer.add_names(names)
         if self._namer is not None:

@@ -231,7 +231,8 @@ class Session:
             namer = None if opts.aggregate else AttachNamer(api_names)
             self._drain = DrainLoop(self.bpf, writer, self._tracker, self._watcher,
                                     on_flush=lambda: self._on_flush(writer), say=self.say, status=self.status,
-                                    stacks=self._stacks, native=self._native, namer=namer)
+                                    stacks=self._stacks, native=self._native, namer=namer,
+                                    on_events=device.seen if device is not None and opts.mode == "pid" else None)
             exit_code = self._drain.run(stop=lambda: self._stop, held=held, mode=opts.mode, duration=opts.duration)
             finisher = Finisher(opts, out, self.owner, self._probes, self._tracker, api_names, self._stacks,
                                 self._native, say=self.say, known_full=lambda: self._watcher.known_full,
@@ -293,7 +294,7 @@ class Session:
         if self.opts.mode == "pid":
             from ..device.attach.collector import AttachedDevice
 
-            return AttachedDevice(self._out, self.opts.pids, say=self.say)
+            return AttachedDevice(self._out, self.opts.pids, say=self.say, late=not self.opts.aggregate)
         return DeviceSession(self.opts.device, self._out, command=self.opts.command)
 
     def _release_stops(self) -> None:

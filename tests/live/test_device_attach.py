@@ -14,11 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from cli_run import ROOT, cli, one_error_line  # tests/fixtures/cli_run.py
+from pasta_run import Tracer  # tests/fixtures/pasta_run.py
 from pasta_trace.device.attach import target as tg
 from pasta_trace.device.attach.collector import (NO_CUPTI, NOT_STARTED, START, STOP, call_collector,
                                                  collector_library, preflight)
@@ -26,6 +29,7 @@ from pasta_trace.device.attach.ptrace import Tracee
 from pasta_trace.device.attach.remote import HeldThread
 from pasta_trace.errors import PastaError, PermissionsError, UsageError
 from pasta_trace.probes.elf import exported_symbols
+from pasta_trace.read import open_capture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ptrace of another process needs root here")
 FIXTURES = ROOT / "tests" / "fixtures" / "attach"
@@ -208,19 +212,88 @@ def test_sigkill_of_the_tracer_leaves_the_program_running(lib, workload, running
     assert (out == "got hello errno 77 usr2 blocked\n") or not errno_kept, out
 
 
-def test_refused_without_libcuda(running):
+def test_refused_without_libcuda_under_aggregate(running):
+    """--aggregate drains no events, so no first driver call is seen: the process must have libcuda."""
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
+        assert preflight(sleeper.pid, None, late=True).dlopen > 0
         with pytest.raises(UsageError) as e:
             preflight(sleeper.pid, None)
         assert str(e.value) == (
             f"PID {sleeper.pid} has not loaded libcuda yet: --device cupti -p attaches to a process that has "
             "(run pasta-trace after its first CUDA call, or launch it with --device cupti -- CMD)")
-        r = cli("-p", str(sleeper.pid), "--device", "cupti", "-o", "/nonexistent/never-made")
-        assert (r.returncode, one_error_line(r)) == (2, f"pasta-trace: error: {e.value}")
+        r = cli("-p", str(sleeper.pid), "--device", "cupti", "--aggregate", "-o", "/nonexistent/never-made")
+        assert (r.returncode, one_error_line(r)) == (
+            2, f"pasta-trace: error: PID {sleeper.pid} has not loaded libcuda yet: with --aggregate, --device cupti "
+            "-p needs a process that has (its first driver call is seen in the events, which --aggregate does not "
+            "read): leave out --aggregate")
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+@pytest.fixture(scope="session")
+def late_workload(build_dir: Path) -> Path:
+    return _gcc(build_dir, "late_cuda_workload")
+
+
+def wait_for(what: str, cond, tracer: Tracer, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline or tracer.proc.poll() is not None:
+            tracer.kill()
+            pytest.fail(f"{what}: not within {timeout} s; pasta-trace said:\n{tracer.stderr()}")
+        time.sleep(0.02)
+
+
+def test_injected_at_the_first_driver_call_after_a_late_load(require_bpf, lib, late_workload, running, tmp_path):
+    """Attached before the program loads libcuda: its open of libcuda is held for the probes as any
+    late load, the collector comes after that dlopen (the program saw no collector when its dlopen
+    returned) at the first driver call, CUPTI says "no device" there, and every call is captured."""
+    w = running(late_workload, lib)
+    out = tmp_path / "cap"
+    tracer = Tracer(["-p", str(w.pid), "--device", "cupti", "-o", str(out)], tmp_path / "tracer.log")
+    try:
+        tracer.wait_ready()
+        assert (f"PID {w.pid} has not loaded libcuda yet: its CUPTI collector is loaded at its first driver call"
+                in tracer.stderr())
+        assert not maps_collector(w.pid, lib)
+        w.proc.stdin.write("go\n")
+        w.proc.stdin.flush()
+        assert w.proc.stdout.readline() == "loaded collector=0\n"
+        note = f"no device timeline for PID {w.pid}: CUPTI unavailable: "
+        wait_for("the collector's answer", lambda: note in tracer.stderr(), tracer)
+        assert maps_collector(w.pid, lib)
+        assert_running_untraced(w.pid)
+        said = w.finish("stop\n")
+        m = re.fullmatch(r"rounds ([1-9][0-9]*) collector=1 ok\n", said)
+        assert m, said
+        rounds = int(m.group(1))
+        assert tracer.finish() == 0, tracer.stderr()
+    finally:
+        tracer.kill()
+    cap = open_capture(out)
+    assert cap.complete, cap.problems
+    assert cap.losses == {}
+    [seen] = [n for n in cap.manifest["notes"] if n.startswith(note)]
+    assert seen.endswith("(no GPU, or a driver CUPTI cannot use)"), seen
+    calls = Counter(cap.events.filter(pl.col("pid") == w.pid).select(pl.col("api").cast(pl.String))
+                    .collect()["api"].to_list())
+    assert calls == {"cuInit": 1, "cuDeviceGetCount": rounds, "cuMemAlloc_v2": rounds, "cuMemFree_v2": rounds}
+    assert not list(tmp_path.glob(".cap.device-*"))
+
+
+def test_a_program_that_never_loads_libcuda_gets_a_note(require_bpf, lib, late_workload, running, tmp_path):
+    w = running(late_workload, lib, "never")
+    out = tmp_path / "cap"
+    r = cli("-p", str(w.pid), "--device", "cupti", "-d", "1", "-o", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    note = f"the device collector was never injected: PID {w.pid} never loaded libcuda"
+    assert note in json.loads((out / "manifest.json").read_text())["notes"]
+    assert f"warning: {note}\n" in r.stderr
+    assert not maps_collector(w.pid, lib)
+    assert_running_untraced(w.pid)
+    assert w.finish("stop\n") == "never\n"
 
 
 def test_refused_in_a_static_binary(cuda_stub, tmp_path):

@@ -10,7 +10,23 @@ run on.  ``result`` is gpu_probes/host/cupti_inject.cpp's AttachResult.
 
     dev = AttachedDevice(out, pids, say=print)    # refusals (exit 2 or 77) before anything is loaded
     dev.start(warn)                               # after the probes are attached
+    dev.seen(events)                              # each drain's events: the late injections
     files = dev.finish()                          # stop in each process, files into capture_dir/device/
+
+A process that has not loaded libcuda yet at the attach gets its collector
+later, at the first driver call the probes see from it (``seen``, called
+with each drain's events, in the drain loop's thread), never inside the
+late-load stop at its open of libcuda: there the thread that opens it is
+inside dlopen, holding the loader's lock, with the whole process stopped, and
+the collector's own dlopen would wait for that lock forever.  A driver call
+seen by a uprobe of libcuda means its dlopen has returned (its relocations and
+constructors are done, and CUPTI finds a usable driver); the maps alone would
+say only that libcuda is mapped, which it is from inside that dlopen on.  The
+call may be seen a drain (5-20 ms) after it is made: the records from the
+injection on are the ones kept, as for a process attached mid-run.  Under
+``--aggregate`` no events are drained, so there the process must have loaded
+libcuda at the attach.  A process that never makes a driver call gets a note
+in the manifest instead of a device file.
 """
 
 from __future__ import annotations
@@ -21,8 +37,11 @@ import struct
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from ...capture import reach
 from ...errors import PastaError, UsageError
+from ...probes import catalog
 from ...probes.elf import exported_symbols
 from ...safe_output import OutputDir, invoking_user
 from ..inject import DEFAULT_MANIFEST, DeviceSession, built_artefacts
@@ -52,14 +71,20 @@ def has_libcuda(mapped: list[tg.Mapping]) -> bool:
     return any(os.path.basename(m.path).startswith("libcuda.so") for m in mapped)
 
 
-def preflight(pid: int, uid: int | None) -> tg.Libc:
-    """Every refusal that needs no stop: raises PastaError (exit 2 or 77)."""
+#: the probe catalog's ids of libcuda's calls (the events' ``api``)
+DRIVER_APIS = np.array([i for i, a in enumerate(catalog.APIS) if a.family == "cuda"], dtype=np.uint16)
+
+
+def preflight(pid: int, uid: int | None, *, late: bool = False) -> tg.Libc:
+    """Every refusal that needs no stop: raises PastaError (exit 2 or 77).
+    ``late``: a process without libcuda is not refused (its collector comes
+    at its first driver call)."""
     if (why := reach.refusal(pid, uid)) is not None:
         raise why
     if (why := tg.refusal(pid)) is not None:
         raise why
     mapped = tg.maps(pid)
-    if not has_libcuda(mapped):
+    if not late and not has_libcuda(mapped):
         raise UsageError(f"PID {pid} has not loaded libcuda yet: --device cupti -p attaches to a process that "
                          "has (run pasta-trace after its first CUDA call, or launch it with --device cupti -- CMD)")
     return tg.find_libc(pid, mapped)
@@ -112,16 +137,23 @@ def call_collector(pid: int, lib: Path, entry: str, out_path: str | None, *, uid
 
 class AttachedDevice(DeviceSession):
     """The CUPTI collector of a -p capture: started in each process at the
-    attach, stopped at the end; its files are collected as a launched
-    command's (DeviceSession.finish)."""
+    attach (or, in one that had not loaded libcuda, at its first driver call),
+    stopped at the end; its files are collected as a launched command's
+    (DeviceSession.finish)."""
 
     def __init__(self, out: OutputDir, pids: list[int], *, manifest: Path | None = None,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, late: bool = True) -> None:
         self.backend, self.out, self.command = "cupti", out, None
         self.say = say
         self.lib = collector_library(manifest or DEFAULT_MANIFEST)
         self.uid = reach.traced_uid()
-        self.libcs = {pid: preflight(pid, self.uid) for pid in pids}
+        self.libcs = {pid: preflight(pid, self.uid, late=True) for pid in pids}
+        #: processes without libcuda at the attach: their collector waits for their first driver call
+        self.pending = [pid for pid in pids if not has_libcuda(tg.maps(pid))]
+        if self.pending and not late:
+            raise UsageError(f"PID {self.pending[0]} has not loaded libcuda yet: with --aggregate, --device cupti -p "
+                             "needs a process that has (its first driver call is seen in the events, which "
+                             "--aggregate does not read): leave out --aggregate")
         owner = invoking_user()
         if owner is None and pids:  # root's own capture: the process writes as its own user
             st = os.stat(f"/proc/{pids[0]}")
@@ -129,15 +161,21 @@ class AttachedDevice(DeviceSession):
         self.staging, self._staging_fd = out.staging(owner)
         self.started: list[int] = []
         self._on_signal: Callable[[int], bool] | None = None
+        self._poll: Callable[[], int] | None = None
+        self._warn: Callable[[str], None] = lambda msg: self.say(f"warning: {msg}")
 
     def env(self) -> dict[str, str]:
         return {}
 
     def start(self, warn: Callable[[str], None], poll: Callable[[], int] | None = None) -> None:
-        """Start recording in every process; CUPTI unable to run there (no GPU) is a warning.
-        ``poll`` handles the capture's own stops at a library load (Session.poll): the
-        collector's libraries are probed and the process resumed as any library's."""
+        """Start recording in every process that has loaded libcuda; CUPTI unable to run there
+        (no GPU) is a warning.  ``poll`` handles the capture's own stops at a library load
+        (Session.poll): the collector's libraries are probed and the process resumed as any
+        library's."""
+        self._warn = warn
         if poll is not None:
+            self._poll = poll
+
             def late_load_stop(sig: int) -> bool:
                 if sig != signal.SIGSTOP:
                     return False
@@ -147,21 +185,56 @@ class AttachedDevice(DeviceSession):
                     return False
 
             self._on_signal = late_load_stop
-        for pid, libc in self.libcs.items():
-            if not os.path.isdir(f"/proc/{pid}"):
-                warn(f"no device timeline for PID {pid}: it exited before its collector was started")
-                continue
-            path = str(self.staging / device_file_name(pid, "cupti"))
-            rc, msg = call_collector(pid, self.lib, START, path, uid=self.uid, libc=libc, on_signal=self._on_signal)
-            if rc == OK:
-                self.started.append(pid)
-                self.say(f"Recording kernel, memcpy and memset activity of PID {pid} from now on (CUPTI)")
-            elif rc == NO_CUPTI:
-                warn(f"no device timeline for PID {pid}: {msg} (no GPU, or a driver CUPTI cannot use)")
+        for pid in self.libcs:
+            if pid in self.pending:
+                self.say(f"PID {pid} has not loaded libcuda yet: its CUPTI collector is loaded at its first "
+                         "driver call")
             else:
-                warn(f"no device timeline for PID {pid}: {msg}")
+                self._start_one(pid)
+
+    def seen(self, recs: np.ndarray) -> None:
+        """The events of one drain: a waiting process with a driver call among them gets its collector now."""
+        if not self.pending or not recs.size:
+            return
+        calls = recs["pid"][np.isin(recs["api"], DRIVER_APIS)]
+        ready = [pid for pid in self.pending if (calls == pid).any()]
+        if not ready:
+            return
+        if self._poll is not None:
+            try:
+                self._poll()  # first, resume whatever the capture holds stopped at a library load
+            except Exception:  # noqa: BLE001 - the watcher closed (the capture's end): nothing is held
+                pass
+        for pid in ready:
+            self.pending.remove(pid)
+            try:
+                self._start_one(pid, late=True)
+            except PastaError as e:  # the capture goes on without it
+                self._warn(f"no device timeline for PID {pid}: {e}")
+
+    def _start_one(self, pid: int, *, late: bool = False) -> None:
+        if not os.path.isdir(f"/proc/{pid}"):
+            self._warn(f"no device timeline for PID {pid}: it exited before its collector was started")
+            return
+        path = str(self.staging / device_file_name(pid, "cupti"))
+        rc, msg = call_collector(pid, self.lib, START, path, uid=self.uid, libc=self.libcs[pid],
+                                 on_signal=self._on_signal)
+        if rc == OK:
+            self.started.append(pid)
+            when = "from its first driver call on" if late else "from now on"
+            self.say(f"Recording kernel, memcpy and memset activity of PID {pid} {when} (CUPTI)")
+        elif rc == NO_CUPTI:
+            self._warn(f"no device timeline for PID {pid}: {msg} (no GPU, or a driver CUPTI cannot use)")
+        else:
+            self._warn(f"no device timeline for PID {pid}: {msg}")
 
     def finish(self) -> list[Path]:
+        for pid in self.pending:
+            self._warn(f"the device collector was never injected: PID {pid} never loaded libcuda"
+                       if not _maps_libcuda(pid) else
+                       f"the device collector was never injected: PID {pid} loaded libcuda but made no "
+                       "driver call that the probes saw")
+        self.pending = []
         for pid in self.started:
             try:
                 rc, msg = call_collector(pid, self.lib, STOP, None, uid=self.uid, libc=self.libcs[pid],
@@ -173,3 +246,11 @@ class AttachedDevice(DeviceSession):
                 self.say(f"warning: PID {pid}: the CUPTI collector was not stopped: {msg}")
         self.started = []
         return super().finish()
+
+
+def _maps_libcuda(pid: int) -> bool:
+    """Whether ``pid`` has libcuda mapped now (False once it has exited: it never called it while traced)."""
+    try:
+        return has_libcuda(tg.maps(pid))
+    except OSError:
+        return False
