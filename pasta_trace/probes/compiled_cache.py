@@ -324,6 +324,7 @@ def state(path: Path | None = None) -> tuple[bool, str]:
 # ------------------------------------------------------------ BCC modules
 
 
+@lru_cache(maxsize=1)
 def _libbcc():
     """libbcc with the prototypes of the table functions bcc's Python does not declare
     (a handle of our own: BCC's ``lib`` stays as BCC set it)."""
