@@ -108,6 +108,6 @@ def test_gpu_check_step_runs_on_the_stand_in(build_dir, tmp_path, monkeypatch):
     tab = gc.Table()
     (tmp_path / "work").mkdir()  # gpu_check's main makes it
     gc.attach_names_probes(tab, "550.163.01", gc.python_for_pasta(), tmp_path / "work")
-    assert [r for r in tab.rows if r[3] != "ok"] == [
+    assert [r for r in tab.rows if r[3] != "PASS"] == [
         (f"[attach {mode}] name offset", "-", "0x58", "info") for mode in gc.ATTACH_MODES]
     assert len(tab.rows) == 2 + 3 * 5
