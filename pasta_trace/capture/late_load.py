@@ -182,6 +182,11 @@ class LateLoadWatcher:
             self.own(g.pid)
         self.guardians_replaced = 0
         self._notice: guardian.Notice | None = None  # for the guardians, should we and our writer die
+        # the other tracers' processes before we stop anyone: a tracer in its set-up opens the
+        # libraries of the processes it scans, and does not poll; two of them, each stopping the
+        # other at such an open before it knew it, waited for each other for good.  Of two tracers
+        # each marks itself before it looks: at least the later one sees the other
+        self.own_others()
         self._cfg[self._cfg.Key(1)] = self._cfg.Leaf(1)
         self.stops = 0  # opens of a traced name paused
         self.map_stops = 0  # first executable mappings of a file paused
