@@ -29,7 +29,7 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 7)
+CAPTURE_FORMAT_VERSION = (1, 8)  # 1.8: counts.stacks.unheld_exits
 
 #: Version of the device record file (TLV) format, written in its file header
 #: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;
@@ -502,7 +502,8 @@ STOP_RECORD = Record(
             ("dev", "u64", "", "KNOWN_FILE.dev of the opened file"),
             ("ino", "u64", "", "inode of the opened file"),
             ("tgid", "u32", "", "the stopped process"),
-            ("fd", "i32", "", "the descriptor the open returned (or mapped); -1: stopped at its exec"),
+            ("fd", "i32", "", "the descriptor the open returned (or mapped); -1: stopped at its exec; "
+             "-2: at its interpreter's finalization (Python stacks)"),
             ("path", f"char[{DISCOVER_PATH_LEN}]", "", "the name passed to open (empty: stopped at an mmap)"),
         ]
     ),
@@ -537,6 +538,8 @@ PY_STATS = {
     "unreadable_stacks": 1,  # a Python thread whose frames could not be read (fault, freed memory)
     "no_python_thread": 2,  # events of a Python process from a thread running no Python code (not a loss)
     "truncated_stacks": 3,  # events whose stack was cut at --stack-depth
+    # Python processes that finalized without being held until their stacks were read (pt_stops full)
+    "unheld_exits": 4,
 }
 
 #: Marks an unused offset in pt_py_proc (no _PyCFrame hop, no owner to filter).

@@ -9,12 +9,21 @@ freed them.  bpf/c10.bpf.c marks the tensor events of a finalizing process
 (FLAG_AT_EXIT, the events' `at_exit` column) and the tools count a tensor
 freed only at exit as never freed.
 
-Both names are probed: CPython 3.10-3.13 call Py_FinalizeEx from Py_RunMain
-(through the PLT in a shared build, directly in a static one), an embedding
-program may call Py_Finalize, and in 3.13 Py_Finalize jumps past
-Py_FinalizeEx to the function both share.  One probe per file (pid -1): a
+The three names are probed: CPython 3.10-3.13 call Py_FinalizeEx from
+Py_RunMain (through the PLT in a shared build, directly in a static one), an
+embedding program may call Py_Finalize, and in 3.13 Py_Finalize jumps past
+Py_FinalizeEx to the function both share, which Py_Exit calls too: a program
+ending in sys.exit() or an uncaught SystemExit finalizes from Py_Exit without
+entering Py_FinalizeEx (3.11 and 3.12 enter both; the first marks the
+start).  One probe per file (pid -1): a
 process that maps it later is covered, and the probe's pid filter
-(pt_skip) keeps other processes out."""
+(pt_skip) keeps other processes out.
+
+A second handler on the same entry, HOLD (bpf/discover.bpf.c), stops a
+process whose Python stacks are walked until the tracer has read the code
+objects its stacks name (LateLoadWatcher.on_finalizing drains the stacks):
+a program that makes its calls and exits at once is otherwise gone before
+they are read, and its frames stay unnamed."""
 
 from __future__ import annotations
 
@@ -23,8 +32,9 @@ from typing import Callable
 
 from ..probes import elf, pinned
 
-SYMBOLS = ("Py_FinalizeEx", "Py_Finalize")
+SYMBOLS = ("Py_FinalizeEx", "Py_Finalize", "Py_Exit")
 HANDLER = "pt_py_finalize"
+HOLD = "pt_py_finalize_hold"
 
 
 class FinalizeProbes:
@@ -57,7 +67,8 @@ class FinalizeProbes:
                 if sym is None or sym.vaddr in seen:
                     continue
                 seen.add(sym.vaddr)
-                self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=HANDLER.encode(), pid=-1)
+                for fn in (HANDLER, HOLD):
+                    self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=fn.encode(), pid=-1)
                 self.files[found].append(name)
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception; a damaged file stays traced without it
             self.say(f"warning: {path}: interpreter finalization not probed ({type(e).__name__}: {e}); tensors "

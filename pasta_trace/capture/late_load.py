@@ -52,6 +52,8 @@ STOP_RECORD = schema.STOP_RECORD
 KNOWN_MAX = 1024
 #: processes stopped at once, waiting for the tracer
 STOPS_MAX = 16384
+#: pt_stops fd of a Python process held at its interpreter's finalization (bpf/discover.bpf.c)
+FINALIZING_FD = -2
 #: pages of the fork/exec/exit ring (80 bytes a record: 13,000 of them).  It fills while the
 #: tracer attaches to a new library (a second or more), and -a reports every process of the
 #: machine: 16 pages dropped 1,223 notifications of 200 processes started during one attach.
@@ -155,6 +157,7 @@ class LateLoadWatcher:
         on_warning: Callable[[str], None] = lambda msg: None,
         on_mapped: Callable[[OpenedLibrary], Opened | bool] = lambda lib: Opened.PLAIN,
         on_map: Callable[[np.void], None] = lambda rec: None,
+        on_finalizing: Callable[[], None] = lambda: None,
     ):
         self._bpf = bpf
         self._ring: RingBuffer | None = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
@@ -162,6 +165,8 @@ class LateLoadWatcher:
         self._plain = bpf["plain_files"]
         self.on_library, self.on_fork, self.on_exec, self.on_exit = on_library, on_fork, on_exec, on_exit
         self.on_mapped, self.on_map = on_mapped, on_map
+        #: Python processes held at their finalization wait for it (it reads their stacks' code objects)
+        self.on_finalizing = on_finalizing
         self.on_warning = on_warning
         stops_fd = bpf["pt_stops"].map_fd
         self._stops = Map(stops_fd, 4, STOP_RECORD.dtype.itemsize)
@@ -343,6 +348,8 @@ class LateLoadWatcher:
         self.stops += sum(o and int(st["fd"]) >= 0 for o, (_, st) in zip(opened, pending))  # not execs
         self.map_stops += sum(not o and int(st["fd"]) >= 0 for o, (_, st) in zip(opened, pending))
         try:
+            if any(int(st["fd"]) == FINALIZING_FD for _, st in pending):
+                self.on_finalizing()
             for _, st in pending:
                 if int(st["fd"]) < 0:
                     continue  # stopped at its exec: its maps were read when the ring's exec record was (on_exec)

@@ -97,7 +97,8 @@ class Session:
                                            verbose=opts.verbose, saved_maps=self._saved_maps)
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn,
-                                        on_mapped=self._on_library, on_map=self._on_map)
+                                        on_mapped=self._on_library, on_map=self._on_map,
+                                        on_finalizing=self._stacks.drain if self._stacks is not None else lambda: None)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
         self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
                                        stacks=self._stacks, native=self._native)
