@@ -91,17 +91,17 @@ def test_launch(tmp_path, cuda_stub):
     check(out, reports)
 
 
-def test_attach(tmp_path, cuda_stub, tracer):
-    """-p: attached while each program waits a few frames deep with its first thread already started."""
+def attached(tmp_path, tracer, command, tracer_args: list[str]) -> tuple[Path, list[Path]]:
+    """Start ``command(python, report)`` (a workload run with --wait) under each interpreter, attach
+    with -p once each is ready, let them go, and stop the tracer: the capture and the reports."""
     out = tmp_path / "cap"
     started = []
     try:
         for i, py in enumerate(ALL):
             report = tmp_path / f"w{i}.json"
-            proc = subprocess.Popen(workload(py, report, cuda_stub, "--wait"))
+            proc = subprocess.Popen(command(py, report))
             started.append((proc, report, int(wait_for_file(report.with_name(report.name + ".ready"), proc=proc))))
-        t = tracer(["-p", ",".join(str(pid) for _, _, pid in started), "-o", str(out),
-                    "--stack-depth", str(DEPTH)])
+        t = tracer(["-p", ",".join(str(pid) for _, _, pid in started), "-o", str(out), *tracer_args])
         t.wait_ready(timeout=120)
         for _, report, _ in started:
             report.with_name(report.name + ".go").touch()
@@ -111,7 +111,13 @@ def test_attach(tmp_path, cuda_stub, tracer):
         for proc, _, _ in started:
             proc.kill()
     assert t.stop() == 0, t.stderr()
-    check(out, [r for _, r, _ in started])
+    return out, [r for _, r, _ in started]
+
+
+def test_attach(tmp_path, cuda_stub, tracer):
+    """-p: attached while each program waits a few frames deep with its first thread already started."""
+    check(*attached(tmp_path, tracer, lambda py, report: workload(py, report, cuda_stub, "--wait"),
+                    ["--stack-depth", str(DEPTH)]))
 
 
 def test_system_wide(tmp_path, cuda_stub, tracer):
