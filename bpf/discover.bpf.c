@@ -499,23 +499,29 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 /* pt_stops fd of a process held at its interpreter's finalization */
 #define PT_STOP_FINALIZING -2
 
-/* The entry of Py_FinalizeEx / Py_Finalize (capture/finalize_probe.py) in a
- * Python process whose stacks are walked: stop it (a pt_stops record, as an
- * open is) until user space has drained the stacks ring and read the code
- * objects its stacks name.  A short program otherwise exits, its memory with
- * it, before the tracer's drain reads them, and its frames stay `?`.  Once
- * per finalization; a process pt_stops cannot hold is counted in py_stats
- * (unheld_exits). */
+/* The entry of Py_FinalizeEx / Py_Finalize / Py_Exit (capture/finalize_probe.py),
+ * in place of c10.bpf.c's pt_py_finalize: marks the process finalizing (its
+ * first entry: Py_Exit enters Py_FinalizeEx too), and a Python process whose
+ * stacks are walked is stopped there (a pt_stops record, as an open is) until
+ * user space has drained the stacks ring and read the code objects its stacks
+ * name.  A short program otherwise exits, its memory with it, before the
+ * tracer's drain reads them, and its frames stay `?`.  Once per process; one
+ * pt_stops cannot hold is counted in py_stats (unheld_exits). */
 int pt_py_finalize_hold(struct pt_regs *ctx)
 {
+    if (pt_skip())
+        return 0;
     u64 id = bpf_get_current_pid_tgid();
     u32 tid = (u32)id, tgid = id >> 32;
+    u64 now = bpf_ktime_get_ns();
+    if (py_finalizing.insert(&tgid, &now))
+        return 0; /* finalizing already: held at its first entry */
     if (!py_procs.lookup(&tgid) || !pt_traced(tgid) || !pt_armed() || pt_own_process(tgid))
         return 0;
     struct pt_stop *st = pt_stop_scratch();
     if (!st)
         return 0;
-    st->ts_ns = bpf_ktime_get_ns();
+    st->ts_ns = now;
     st->tgid = tgid;
     st->fd = PT_STOP_FINALIZING;
     if (pt_stops.update(&tid, st)) {

@@ -19,11 +19,13 @@ start).  One probe per file (pid -1): a
 process that maps it later is covered, and the probe's pid filter
 (pt_skip) keeps other processes out.
 
-A second handler on the same entry, HOLD (bpf/discover.bpf.c), stops a
-process whose Python stacks are walked until the tracer has read the code
-objects its stacks name (LateLoadWatcher.on_finalizing drains the stacks):
-a program that makes its calls and exits at once is otherwise gone before
-they are read, and its frames stay unnamed."""
+Where the program has it (the discover program is appended to the probes),
+HOLD (bpf/discover.bpf.c) is attached in HANDLER's place: it marks the
+process finalizing the same way, and at the first entry it stops a process
+whose Python stacks are walked until the tracer has read the code objects
+its stacks name (LateLoadWatcher.on_finalizing drains the stacks): a program
+that makes its calls and exits at once is otherwise gone before they are
+read, and its frames stay unnamed."""
 
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ class FinalizeProbes:
         #: (dev, inode) of each interpreter file tried -> the symbols probed there (empty: none)
         self.files: dict[tuple[int, int], list[str]] = {}
         self._pins: list[pinned.PinnedFile] = []
+        self._fn: bytes | None = None
 
     def watch(self, pid: int, path: str) -> None:
         """Probe the interpreter file ``path`` as ``pid`` mapped it, unless done."""
@@ -67,8 +70,7 @@ class FinalizeProbes:
                 if sym is None or sym.vaddr in seen:
                     continue
                 seen.add(sym.vaddr)
-                for fn in (HANDLER, HOLD):
-                    self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=fn.encode(), pid=-1)
+                self.bpf.attach_uprobe(name=pin.path.encode(), addr=sym.vaddr, fn_name=self._handler(), pid=-1)
                 self.files[found].append(name)
         except Exception as e:  # noqa: BLE001 - BCC raises bare Exception; a damaged file stays traced without it
             self.say(f"warning: {path}: interpreter finalization not probed ({type(e).__name__}: {e}); tensors "
@@ -79,6 +81,16 @@ class FinalizeProbes:
                 self.say(f"PID {pid}: interpreter finalization probed at {', '.join(self.files[found])} ({path})")
         else:
             pin.close()
+
+    def _handler(self) -> bytes:
+        """HOLD where the program has it, else HANDLER (decided once)."""
+        if self._fn is None:
+            try:
+                self.bpf.load_func(HOLD.encode(), self.bpf.KPROBE)
+                self._fn = HOLD.encode()
+            except Exception:  # noqa: BLE001 - BCC raises a bare Exception for a function it does not have
+                self._fn = HANDLER.encode()
+        return self._fn
 
     def close(self) -> None:
         """After the probes were removed (ProbeSet.detach takes every uprobe of the program)."""
