@@ -72,6 +72,10 @@ class Session:
         checks.check_privileges()
         if self.opts.mode == "pid":
             check_readable(self.opts.pids)
+            if self.opts.device == "cupti" and self.opts.aggregate:
+                from ..device.attach.collector import check_aggregate
+
+                check_aggregate(self.opts.pids)
 
     def setup(self, env: dict[str, str] | None = None) -> HeldCommand | None:
         """Load the BPF program and attach to the libraries of the chosen

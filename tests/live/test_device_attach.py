@@ -212,7 +212,7 @@ def test_sigkill_of_the_tracer_leaves_the_program_running(lib, workload, running
     assert (out == "got hello errno 77 usr2 blocked\n") or not errno_kept, out
 
 
-def test_refused_without_libcuda_under_aggregate(running):
+def test_refused_without_libcuda_under_aggregate(running, tmp_path):
     """--aggregate drains no events, so no first driver call is seen: the process must have libcuda."""
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
@@ -222,11 +222,13 @@ def test_refused_without_libcuda_under_aggregate(running):
         assert str(e.value) == (
             f"PID {sleeper.pid} has not loaded libcuda yet: --device cupti -p attaches to a process that has "
             "(run pasta-trace after its first CUDA call, or launch it with --device cupti -- CMD)")
-        r = cli("-p", str(sleeper.pid), "--device", "cupti", "--aggregate", "-o", "/nonexistent/never-made")
+        out = tmp_path / "never" / "made"
+        r = cli("-p", str(sleeper.pid), "--device", "cupti", "--aggregate", "-o", str(out))
         assert (r.returncode, one_error_line(r)) == (
             2, f"pasta-trace: error: PID {sleeper.pid} has not loaded libcuda yet: with --aggregate, --device cupti "
             "-p needs a process that has (its first driver call is seen in the events, which --aggregate does not "
             "read): leave out --aggregate")
+        assert not (tmp_path / "never").exists()  # refused before the output is made
     finally:
         sleeper.kill()
         sleeper.wait()

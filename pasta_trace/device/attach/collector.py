@@ -75,6 +75,24 @@ def has_libcuda(mapped: list[tg.Mapping]) -> bool:
 DRIVER_APIS = np.array([i for i, a in enumerate(catalog.APIS) if a.family == "cuda"], dtype=np.uint16)
 
 
+def _not_loaded_under_aggregate(pid: int) -> UsageError:
+    return UsageError(f"PID {pid} has not loaded libcuda yet: with --aggregate, --device cupti -p needs a process "
+                      "that has (its first driver call is seen in the events, which --aggregate does not read): "
+                      "leave out --aggregate")
+
+
+def check_aggregate(pids: list[int]) -> None:
+    """--aggregate reads no events, so a process without libcuda would never
+    get its collector: refused before anything is loaded or written."""
+    for pid in pids:
+        try:
+            mapped = tg.maps(pid)
+        except OSError:
+            continue  # gone, or not readable: the attach says so in its own words
+        if not has_libcuda(mapped):
+            raise _not_loaded_under_aggregate(pid)
+
+
 def preflight(pid: int, uid: int | None, *, late: bool = False) -> tg.Libc:
     """Every refusal that needs no stop: raises PastaError (exit 2 or 77).
     ``late``: a process without libcuda is not refused (its collector comes
@@ -151,9 +169,7 @@ class AttachedDevice(DeviceSession):
         #: processes without libcuda at the attach: their collector waits for their first driver call
         self.pending = [pid for pid in pids if not has_libcuda(tg.maps(pid))]
         if self.pending and not late:
-            raise UsageError(f"PID {self.pending[0]} has not loaded libcuda yet: with --aggregate, --device cupti -p "
-                             "needs a process that has (its first driver call is seen in the events, which "
-                             "--aggregate does not read): leave out --aggregate")
+            raise _not_loaded_under_aggregate(self.pending[0])
         owner = invoking_user()
         if owner is None and pids:  # root's own capture: the process writes as its own user
             st = os.stat(f"/proc/{pids[0]}")
