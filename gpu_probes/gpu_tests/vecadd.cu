@@ -7,10 +7,8 @@
 #include <cstdlib>
 #include <cuda_runtime.h>
 
-__global__ void vecadd(const float *a, const float *b, float *c, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
-}
+#define GP_PROGRAM "vecadd"
+#include "vecadd.cuh"
 
 /* Smallest non-zero step of %globaltimer seen by one thread spinning on it. */
 __global__ void timer_res(unsigned long long *out, int iters) {
@@ -26,14 +24,6 @@ __global__ void timer_res(unsigned long long *out, int iters) {
     *out = best;
 }
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e = (x);                                                                                           \
-        if (e != cudaSuccess) {                                                                                        \
-            std::fprintf(stderr, "vecadd: %s: %s\n", #x, cudaGetErrorString(e));                                       \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
 
 int main(int argc, char **argv) {
     const int n = argc > 1 ? std::atoi(argv[1]) : (1 << 22);

@@ -9,18 +9,8 @@
 #include <numeric>
 #include <vector>
 
-__global__ void vecadd(const float *a, const float *b, float *c, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
-}
-
-/* The first failed call ends the program, naming the call. */
-static bool failed(cudaError_t e, const char *what) {
-    if (e != cudaSuccess) std::fprintf(stderr, "vecadd_graph: %s: %s\n", what, cudaGetErrorString(e));
-    return e != cudaSuccess;
-}
-#define CK(x)                                                                                                          \
-    if (failed((x), #x)) return 1
+#define GP_PROGRAM "vecadd_graph"
+#include "vecadd.cuh"
 
 int main(int argc, char **argv) {
     const int nodes = argc > 1 ? std::atoi(argv[1]) : 3;

@@ -20,19 +20,8 @@
 #include <unistd.h>
 #include <cuda_runtime.h>
 
-__global__ void vecadd(const float *a, const float *b, float *c, int n) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) c[i] = a[i] + b[i];
-}
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e = (x);                                                                                           \
-        if (e != cudaSuccess) {                                                                                        \
-            std::fprintf(stderr, "vecadd_loop: %s: %s\n", #x, cudaGetErrorString(e));                                  \
-            return 1;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
+#define GP_PROGRAM "vecadd_loop"
+#include "vecadd.cuh"
 
 static bool exists(const std::string &p) { return access(p.c_str(), F_OK) == 0; }
 
