@@ -26,9 +26,7 @@ from ..parquet_scan import Scanner
 from ..read import Capture, with_scan
 from ..safe_output import StagedDir
 from .clock_align import fit_offsets
-from .timeline import MARKER
-
-KIND = "pasta-trace cluster timeline"
+from .layout import CLUSTER_KIND, MARKER
 #: frames kept whole (not partitioned): what moves with the clock and the pids
 _TIME = {"events": ("ts_ns",), "names": ("ts_ns",), "processes": ("start_ns", "exit_ns"), "stacks": (),
          "communicators": ("ts_ns", "end_ts_ns"), "libraries": ()}
@@ -124,7 +122,7 @@ def write_cluster(caps: list[Capture], staged: StagedDir, *, sync_ns: int) -> pl
         pl.concat(ranks).cast(schema.CLUSTER_RANKS_SCHEMA).write_parquet(tmp / "ranks.parquet")
         meta = {
             "format_version": ".".join(map(str, schema.TIMELINE_FORMAT_VERSION)),
-            "kind": KIND, "pasta_trace_version": __version__,
+            "kind": CLUSTER_KIND, "pasta_trace_version": __version__,
             "sources": [str(c.path) for c in caps],
             "capture_manifest": _manifest(caps, offsets),
             "manifests": [c.manifest for c in caps],

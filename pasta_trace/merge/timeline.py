@@ -25,11 +25,12 @@ from ..parquet_scan import Scanner
 from ..read import Capture, drop_unkeyed, open_capture, read_json, with_scan
 from ..safe_output import StagedDir
 from .allocations import allocations
+from .cluster import load_cluster
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
 from .pages import alloc_touches, attributed_pages, hotness, working_set
+from .layout import CLUSTER_KIND, MARKER
 from .stats import MergeStats, from_frames, saved_stats
 
-MARKER = "timeline.json"
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
          "processes": schema.PROCESSES_SCHEMA, "libraries": schema.LIBRARIES_SCHEMA,
          "stacks": schema.STACKS_SCHEMA, "communicators": schema.COMMUNICATORS_SCHEMA}
@@ -48,9 +49,7 @@ def load(path: str | Path) -> Capture:
     if not is_timeline(p):
         return open_capture(p)
     meta = read_json(p / MARKER, schema.TIMELINE_SHAPE, schema.TIMELINE_FORMAT_VERSION, "timeline header")
-    if meta.get("kind") == "pasta-trace cluster timeline":
-        from .cluster import load_cluster  # the cluster layout builds on this module's marker
-
+    if meta.get("kind") == CLUSTER_KIND:
         return load_cluster(p, meta)
     saved = meta.get("merge_stats")
     # a newer minor version may save more counts, an older one fewer (saved_stats): every one is a count
