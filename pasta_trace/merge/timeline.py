@@ -27,8 +27,8 @@ from ..safe_output import StagedDir
 from .allocations import allocations
 from .cluster import load_cluster
 from .kernels import TOLERANCE_NS, device_executions, kernel_executions
-from .pages import alloc_touches, attributed_pages, hotness, working_set
 from .layout import CLUSTER_KIND, MARKER
+from .pages import alloc_touches, attributed_pages, hotness, working_set
 from .stats import MergeStats, from_frames, saved_stats
 
 _HOST = {"events": schema.EVENTS_SCHEMA, "names": schema.NAMES_SCHEMA,
