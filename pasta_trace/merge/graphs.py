@@ -14,8 +14,9 @@ attach after the warm-up of a vLLM or torch.compile program) runs kernels
 this capture never saw: it is one row named `graph@0x<exec>` with the reason,
 never a guess.  So is the graph of a capture that began before the trace (its
 end carries no capture id); the launches made on its stream before that end
-were recorded, not run, and are no launch rows (precaptured_launches).  Launches made on a stream joined to a capture through an
-event (cross-stream capture) are not marked captured by the probes.
+were recorded, not run, and are no launch rows (precaptured_launches).  A stream joined to a capture
+through an event (cross-stream capture) carries its origin's capture id: its launches are that graph's nodes.
+Copies and memsets made under capture are kind `captured` too; only the captured launches are kernel nodes.
 
 With CUPTI device data (device format 1.2), the kernels a graph launch ran
 are known from the device: CUPTI gives each kernel of a graph its graph and
@@ -31,6 +32,7 @@ import polars as pl
 from ..hexfmt import hex_expr
 from ..probes.catalog import APIS, GRAPH_LAUNCHES
 from ..read import Capture
+from ..schema import Kind
 
 #: the launch rows' columns a graph launch has no value for per kernel
 GRAPH_COLUMNS = {"via_graph": pl.Boolean, "graph_exec": pl.UInt64}
@@ -45,6 +47,8 @@ _CREATES = [s for s, sh in _SHAPES.items() if sh == "graph_create"]
 _KERNEL_NODES = [s for s, sh in _SHAPES.items() if sh == "graph_kernel_node"]
 _CHILDREN = [s for s, sh in _SHAPES.items() if sh == "graph_child_node"]
 _INSTANTIATES = [s for s, sh in _SHAPES.items() if sh == "graph_instantiate"]
+#: the launch APIs: of the captured events, those that are kernel nodes (not a copy or memset)
+_LAUNCHES = [a.symbol for a in APIS if a.kind == Kind.launch]
 #: the kernel columns a node carries onto each launch of its graph
 _KERNEL = ["func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shmem", "caller", "caller_fp"]
 #: nested children are followed this deep
@@ -82,7 +86,7 @@ def _nodes(ev: pl.DataFrame, defs: pl.DataFrame) -> pl.DataFrame:
     definition holds, children's included, each with the time it joined."""
     ends = ev.filter(pl.col("api").is_in(_CAPTURE_ENDS) & pl.col("dst").is_not_null() & pl.col("ptr").is_not_null())
     captured = ev.filter((pl.col("kind") == "captured") & pl.col("dst").is_not_null()
-                         & ~pl.col("api").is_in(_KERNEL_NODES)).join(
+                         & pl.col("api").is_in(_LAUNCHES)).join(
         ends.select("pid", "dst", pl.col("ptr").alias("graph"), pl.col("ts_ns").alias("def_ts")),
         on=["pid", "dst"], how="inner")
     cols = ["pid", "graph", "def_ts", pl.col("ts_ns").alias("node_ts"), *_KERNEL]
