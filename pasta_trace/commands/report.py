@@ -17,7 +17,7 @@ from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
 from ..reporters import Reporter, Results, gather
-from ..reporters.html_page import HtmlReporter
+from ..reporters.html import HtmlReporter
 from ..reporters.json_doc import JsonReporter
 from ..reporters.terminal import TerminalReporter
 from ..safe_output import OutputFile

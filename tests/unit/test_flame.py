@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from pasta_trace import schema
-from pasta_trace.export.html_flame import flame_svg
+from pasta_trace.reporters.html.flame import flame_svg
 from pasta_trace.read import open_capture
 from pasta_trace.tools.flame import flames
 from test_tools_capture import T0, write_device_capture

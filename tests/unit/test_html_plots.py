@@ -8,8 +8,8 @@ import re
 
 import polars as pl
 
-from pasta_trace.export import html_plots
-from pasta_trace.export.html_plots import XS, Window
+from pasta_trace.reporters.html import plots as html_plots
+from pasta_trace.reporters.html.plots import XS, Window
 
 
 def test_memory_keeps_each_bins_minimum_and_maximum() -> None:
@@ -37,7 +37,7 @@ def test_marks_are_placed_in_data_units_with_labels_from_the_capture_start() -> 
 def test_tensor_memory_is_stacked_by_call_site_over_the_bytes_from_before() -> None:
     """Site A holds 100 B from 0.25 s to 0.75 s, site B 50 B from 0.5 s; the allocator also held 40 B from before
     the capture, and reserved 404 B (y = 212 - bytes / 2 on a 240 px plot)."""
-    from pasta_trace.export.html_tensors import tensor_memory_svg
+    from pasta_trace.reporters.html.tensors import tensor_memory_svg
 
     steps = pl.DataFrame({"pid": [1] * 3, "device": ["cuda:0"] * 3, "call_site": ["a.py:1 A", "b.py:2 B", "a.py:1 A"],
                           "ts_ns": [250_000_000, 500_000_000, 750_000_000], "delta_bytes": [100, 50, -100]})

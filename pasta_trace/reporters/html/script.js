@@ -1,54 +1,3 @@
-"""The HTML report's style sheet and its one small script, both inline: the
-page loads nothing from anywhere.  The script only adds to a page that reads
-well without it: it fits the time plots to the window, zooms them (drag across
-a plot to zoom into that range; ctrl+wheel; the buttons), labels kernels where
-their names fit, sorts tables by a click on a header, and shows the frame
-under the pointer in a flame graph."""
-
-STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1d232a;background:#f4f5f7}
-header{background:#1d2b3a;color:#fff;padding:18px 28px}
-header h1{margin:0 0 8px;font-size:22px;font-weight:600}
-dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0;font-size:13px}
-dl.facts dt{color:#9fb3c8}dl.facts dd{margin:0;font-family:ui-monospace,monospace}
-.banner{background:#c62828;color:#fff;font-weight:700;padding:10px 28px;font-size:15px}
-nav{padding:8px 28px;background:#e4e7eb;font-size:13px}nav a{margin-right:14px;color:#1d4e89;white-space:nowrap;display:inline-block}
-section{background:#fff;margin:16px 28px;padding:14px 18px;border-radius:6px;box-shadow:0 1px 2px #0002}
-section h2{font-size:17px;margin:0 0 4px}section h3{font-size:14px;margin:14px 0 4px}
-section p.desc{margin:0 0 10px;color:#52606d;font-size:13px}
-p.note{color:#7b8794;font-style:italic}
-dl.findings{display:grid;grid-template-columns:max-content 1fr;gap:4px 18px;margin:6px 0 0;font-size:14px}
-dl.findings dt{font-weight:600;color:#52606d}dl.findings dd{margin:0}
-dl.findings code{font-family:ui-monospace,monospace;font-size:13px}
-svg.plot{display:block;width:100%;height:auto;user-select:none}
-svg.tplot{cursor:crosshair}svg.tplot rect.bg{fill:transparent}
-svg.tplot .view rect,svg.tplot .view path,svg.tplot .view line{vector-effect:non-scaling-stroke}
-svg.tplot rect.ev{stroke-width:2}svg.tplot rect.kern{stroke-width:1}
-svg.tplot line.peak{stroke-width:7;stroke-linecap:round}
-svg.tplot rect.sel{fill:#1d4e8922;stroke:#1d4e89}
-svg text{font:11px system-ui,sans-serif;fill:#3e4c59}svg text.klabel{fill:#fff;pointer-events:none}
-.axis,.tick{stroke:#7b8794}.grid{stroke:#e4e7eb}
-.legend{font-size:12px;margin:6px 0 0 190px}.key{margin-right:14px;white-space:nowrap}.key svg{margin-right:4px;vertical-align:middle}
-.zoombar{display:none;gap:6px;align-items:center;font-size:12px;color:#52606d;margin:0 0 6px 190px}
-.js .zoombar{display:flex;flex-wrap:wrap}.zoombar .hint{margin-left:10px;color:#7b8794}.zoombar button{font:12px system-ui,sans-serif;padding:1px 8px;cursor:pointer;white-space:nowrap}
-.ramp{display:inline-block;width:120px;height:10px;margin-right:8px;vertical-align:middle;
-background:linear-gradient(90deg,rgb(255,245,235),rgb(127,39,4))}
-svg.flame{display:block}svg.flame rect.fr{stroke:#fff;stroke-width:.5}svg.flame rect.fr:hover{stroke:#1d232a;stroke-width:1}
-svg.flame svg.fl{pointer-events:none}svg.flame text{font:11px ui-monospace,monospace;fill:#1d232a}
-.flame-detail{font:12px ui-monospace,monospace;color:#3e4c59;min-height:1.5em;margin:4px 0 8px}
-table.tool{border-collapse:collapse;font-size:12px;width:100%}
-table.tool th{text-align:left;background:#f0f2f5;padding:4px 8px;border-bottom:1px solid #cbd2d9;position:sticky;top:0;
-cursor:pointer;white-space:nowrap;user-select:none}
-table.tool th.num{text-align:right}table.tool th[aria-sort=ascending]::after{content:" \\25B2"}
-table.tool th[aria-sort=descending]::after{content:" \\25BC"}
-table.tool td{padding:3px 8px;border-bottom:1px solid #eef0f2;font-family:ui-monospace,monospace;white-space:nowrap}
-table.tool td.num{text-align:right}table.tool td.wrap{white-space:normal;min-width:18em;overflow-wrap:anywhere}
-table.tool caption{caption-side:bottom;text-align:left;color:#7b8794;padding-top:4px}
-.scroll{max-height:480px;overflow:auto}
-footer{color:#7b8794;font-size:12px;padding:8px 28px 24px}
-"""
-
-SCRIPT = r"""
 document.documentElement.classList.add("js");
 (() => {
 const NS = document.querySelector("svg")?.namespaceURI;  // SVG's; spelled out, it would read as an address
@@ -184,4 +133,3 @@ for (const g of document.querySelectorAll("svg.flame")) {
   });
 }
 })();
-"""

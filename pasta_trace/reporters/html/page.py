@@ -10,30 +10,45 @@ from the capture's start."""
 
 from __future__ import annotations
 
+import functools
 from html import escape
+from importlib import resources
+from string import Template
+from typing import TextIO
 
 import polars as pl
 
-from .. import __version__, merge
-from ..read import Capture
-from ..tools.findings import Finding
-from ..tools.flame import flames
-from ..tools.hotness import page_launch_matrix
-from ..tools.memory import memory_timeline
-from ..tools.render import format_frame, human_ns
-from ..tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
-from ..tools.tensors import site_steps, tensor_timeline
-from . import html_plots
-from .html_assets import SCRIPT, STYLE
-from .html_flame import flame_svg
-from .html_heatmap import heatmap_svg
-from .html_tensors import TOP_SITES as TOP_TENSOR_SITES, tensor_memory_svg
+from ... import __version__, merge
+from ...read import Capture
+from ...tools.findings import Finding
+from ...tools.flame import flames
+from ...tools.hotness import page_launch_matrix
+from ...tools.memory import memory_timeline
+from ...tools.render import format_frame, human_ns
+from ...tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
+from ...tools.tensors import site_steps, tensor_timeline
+from ..results import Results
+from . import plots
+from .flame import flame_svg
+from .heatmap import heatmap_svg
+from .tensors import TOP_SITES as TOP_TENSOR_SITES, tensor_memory_svg
 
 #: rows per table in the page; the full data is in --json and CSV
 TABLE_ROWS = 200
 #: long free text goes after the numbers, so that the numbers line up at the left
 LAST_COLUMNS = ("cmdline", "container_id")
 NO_DEVICE = "needs device data (gpu_probes or CUPTI); this capture has none"
+
+
+@functools.cache
+def _asset(name: str) -> str:
+    """page.html, style.css or script.js: package data beside this module,
+    inlined into every page so that the page loads nothing from anywhere."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _template() -> Template:
+    return Template(_asset("page.html"))
 
 
 def _facts_html(facts: dict) -> str:
@@ -123,26 +138,26 @@ def _time_sections(cap: Capture, facts: dict, by_name: dict[str, ToolResult]) ->
     t0, t1 = _activity(cap, kernels)
     if t0 is None:
         return [_section("timeline", "Timeline overview", "", '<p class="note">no events recorded</p>')]
-    w = html_plots.Window(t0, t1, facts["start_ts_ns"] if facts["start_ts_ns"] is not None else t0)
+    w = plots.Window(t0, t1, facts["start_ts_ns"] if facts["start_ts_ns"] is not None else t0)
     mem = by_name["memory"].frame if "memory" in by_name else memory_timeline(cap)
     return [
         _section(
             "timeline", "Timeline overview",
             "API calls per host thread (one band per kind) and kernel executions per GPU stream; hover for "
             "details. Times are seconds after the capture started, as in the tables; the plots begin at the "
-            f"first traced call{html_plots.time_span_note(w)}.",
-            ZOOMBAR + html_plots.timeline_svg(cap.events, kernels, w),
+            f"first traced call{plots.time_span_note(w)}.",
+            ZOOMBAR + plots.timeline_svg(cap.events, kernels, w),
         ),
         _section(
             "memory", "Device memory over time",
             "Live device bytes per process (allocations minus frees; pinned host memory excluded); dots mark "
             "peaks. Same time axis as the timeline, zoomed with it.",
-            html_plots.memory_svg(mem, w) if mem.height else '<p class="note">no device allocations</p>',
+            plots.memory_svg(mem, w) if mem.height else '<p class="note">no device allocations</p>',
         ),
     ] + _tensor_section(cap, w, by_name)
 
 
-def _tensor_section(cap: Capture, w: html_plots.Window, by_name: dict[str, ToolResult]) -> list[str]:
+def _tensor_section(cap: Capture, w: plots.Window, by_name: dict[str, ToolResult]) -> list[str]:
     """Tensor memory stacked by call site, for captures with tensor events (PyTorch)."""
     tl = by_name["tensor_memory"].frame if "tensor_memory" in by_name else tensor_timeline(cap)
     if tl.height == 0:
@@ -209,13 +224,13 @@ def render_html(cap: Capture, facts: dict, results: list[ToolResult], findings: 
         + [("flames", "flame graphs"), ("heatmap", "heat map")]
         + [(f"tool-{r.tool.name}", r.tool.name) for r in results]
     )
-    return (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>pasta-trace report: {escape(facts['path'])}</title>"
-        f"<style>{STYLE}{html_plots.css()}</style></head><body>"
-        f'<header><h1>pasta-trace report</h1><dl class="facts">{_facts_html(facts)}</dl></header>'
-        + (f'<div class="banner" id="incomplete">{escape(banner)}</div>' if banner else "")
-        + f"<nav>{nav}</nav>" + "".join(sections)
-        + f"<footer>pasta-trace {escape(__version__)}</footer><script>{SCRIPT}</script></body></html>\n"
+    return _template().substitute(
+        title=escape(facts["path"]), style=_asset("style.css"), plot_style=plots.css(), facts=_facts_html(facts),
+        banner=f'<div class="banner" id="incomplete">{escape(banner)}</div>' if banner else "",
+        nav=nav, sections="".join(sections), version=escape(__version__), script=_asset("script.js"),
     )
+
+
+class HtmlReporter:
+    def render(self, results: Results, out: TextIO) -> None:
+        out.write(render_html(results.cap, results.facts, results.tools, results.findings))

@@ -10,9 +10,9 @@ from html import escape
 
 import polars as pl
 
-from ..tools.flame import Flame
-from ..tools.render import scale
-from .html_plots import esc
+from ...tools.flame import Flame
+from ...tools.render import scale
+from .plots import esc
 
 ROW_H = 18
 #: frames narrower than this share of the whole (half a pixel at 1000 px) are left out

@@ -2,9 +2,9 @@
 bytes held over time stacked by the call site that allocated them (the way
 PyTorch's memory_viz shows them), the bytes the allocator held from before
 the capture at the bottom, and what it reserved as a line on top.  Each plot
-shares the time axis of the timeline and zooms with it (html_plots).
+shares the time axis of the timeline and zooms with it (plots.py).
 
-Values are taken at the end of each bin (html_plots.BINS per window), and a
+Values are taken at the end of each bin (plots.BINS per window), and a
 band is drawn only at the bins where some band changed, so the drawing grows
 with the events, not with the window."""
 
@@ -14,9 +14,9 @@ from html import escape
 
 import polars as pl
 
-from ..tools.render import human_bytes
-from ..tools.tensors import BEFORE
-from .html_plots import AXIS_H, BINS, LEFT, SERIES_COLOURS, XS, Window, _byte_ticks, _plot
+from ...tools.render import human_bytes
+from ...tools.tensors import BEFORE
+from .plots import AXIS_H, BINS, LEFT, SERIES_COLOURS, XS, Window, _byte_ticks, _plot
 
 #: call sites drawn on their own; the others are one band
 TOP_SITES = 8
@@ -77,7 +77,7 @@ def _one(key: tuple, steps: pl.DataFrame, timeline: pl.DataFrame, w: Window, hei
     def y(v: pl.Expr) -> pl.Expr:
         return (top_px + plot_h - v * plot_h / ymax).round(1)
 
-    # steps as html_plots.memory_svg draws them: a level holds from the start of its bin
+    # steps as plots.memory_svg draws them: a level holds from the start of its bin
     paths = (
         stacked.sort("order", "bin")
         .with_columns((pl.col("bin") * bin_w).round(1).alias("x0"), y(pl.col("top")).alias("yt"),

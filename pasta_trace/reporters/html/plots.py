@@ -17,8 +17,8 @@ from html import escape
 
 import polars as pl
 
-from .. import schema
-from ..tools.render import human_bytes, human_ns
+from ... import schema
+from ...tools.render import human_bytes, human_ns
 
 WIDTH = 1000  # the drawing's width until the page's script fits it to the window
 LEFT = 190  # room for lane labels

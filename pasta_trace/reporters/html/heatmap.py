@@ -8,7 +8,7 @@ from html import escape
 
 import polars as pl
 
-from .html_plots import LEFT, PLOT_W, WIDTH, esc
+from .plots import LEFT, PLOT_W, WIDTH, esc
 
 _LIGHT = (255, 245, 235)
 _DARK = (127, 39, 4)
