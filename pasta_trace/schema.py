@@ -37,8 +37,9 @@ CAPTURE_FORMAT_VERSION = (1, 8)  # 1.8: counts.stacks.unheld_exits
 DEVICE_FORMAT_VERSION = (1, 2)
 
 #: Version of the merged timeline layout (1.1: cluster timelines, many captures in one;
-#: 1.2: kernels' via_graph and graph_exec; 1.3: kernels' ret).
-TIMELINE_FORMAT_VERSION = (1, 3)
+#: 1.2: kernels' via_graph and graph_exec; 1.3: kernels' ret; 1.4: kernels' graph_id and
+#: graph_node_id, read as null from an older timeline).
+TIMELINE_FORMAT_VERSION = (1, 4)
 
 DEVICE_MAGIC = 0x42525047  # bytes b"GPRB" little-endian
 
@@ -1484,6 +1485,10 @@ TIMELINE_FRAMES: dict[str, dict[str, pl.DataType]] = {
         # timeline 1.2: a kernel a CUDA graph launch ran (one row per kernel per graph launch), and its exec
         "via_graph": pl.Boolean,
         "graph_exec": pl.UInt64,
+        # timeline 1.4: CUPTI's ids of the graph and node that ran the kernel (null: not run by a
+        # graph launch, or no CUPTI record of it); the node is the exec's, made at instantiation
+        "graph_id": pl.UInt32,
+        "graph_node_id": pl.UInt64,
         "match": pl.Enum(MATCH_NAMES),  # null: no device execution matched
         "launch_id": pl.UInt64,
         "device": pl.UInt32,

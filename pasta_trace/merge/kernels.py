@@ -95,8 +95,11 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
     )
     dev = device_executions(cap, tolerance_ns).collect()  # held in cap.cache: no copy
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
-                "gpu_start_ns", "gpu_end_ns", "dev_name", *_COUNTERS]
+                "gpu_start_ns", "gpu_end_ns", "dev_name", "graph_id", "graph_node_id", *_COUNTERS]
     if dev.height:
+        # CUPTI writes 0 for a kernel no graph ran: null on the timeline, as where no CUPTI record is
+        dev = dev.with_columns(pl.when(pl.col("graph_id") != 0).then(pl.col(c)).alias(c)
+                               for c in ("graph_id", "graph_node_id"))
         # each matched execution claims one launch, (pid, launch_seq), a row of launch_order: its
         # columns are gathered onto the launches by that position, where a join of millions of
         # launches on (pid, launch_seq) would hash both sides

@@ -36,7 +36,7 @@ def test_merge_writes_a_timeline_and_prints_stats(tmp_path: Path, capsys) -> Non
     assert cap_out.out == ""  # stdout carries data only
     assert cap_out.err.splitlines() == [*STATS_LINES, f"Wrote {out}", f"You can now run: pasta-trace report {out}"]
     meta = json.loads((out / "timeline.json").read_text())
-    assert meta["format_version"] == "1.3"
+    assert meta["format_version"] == "1.4"
     assert meta["merge_stats"]["unmatched_device"] == 1
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["timeline.json", "device", "events.parquet", "names.parquet", "processes.parquet", "libraries.parquet",
