@@ -58,16 +58,15 @@ OPEN_HINT = {"perfetto": "open it at https://ui.perfetto.dev (Open trace file)",
 
 
 def _csv(cap: Capture, out: OutputDir) -> tuple[str, list[str]]:
-    from ..export import csv
     from ..reporters import Results
-    from ..reporters.csv_dir import CsvReporter
+    from ..reporters.csv_dir import CsvReporter, notes
     from ..tools.run import run_tools
 
     results = Results(cap, run_tools(cap))
     CsvReporter().render(results, out)
     out.hand_over(invoking_user())  # root's own use: a directory taken over gets its owner and mode back
     out.close()
-    return f"events.csv and {len(results.tools)} tool tables", csv.notes(results.tools)
+    return f"events.csv and {len(results.tools)} tool tables", notes(results.tools)
 
 
 def _trace(cap: Capture, out: OutputFile, fmt: str) -> tuple[str, list[str]]:

@@ -11,7 +11,7 @@ from polars.testing import assert_frame_equal
 
 from pasta_trace import schema
 from pasta_trace.cli import main
-from pasta_trace.export.csv import flat
+from pasta_trace.reporters.csv_dir import flat
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
 from test_export_model import T0, write_capture
