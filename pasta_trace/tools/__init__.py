@@ -1,20 +1,30 @@
 """Analyses.  Each tool is a function of a Capture returning a frame, plus an
-optional text renderer, registered in one table (`REGISTRY`) so `report`,
-`report --html` and `export --format csv` pick every tool up.  Tools import no
-BCC and never touch the kernel; they read only what `pasta_trace.read` /
+optional text renderer, declared once with `@tool(...)` (tools.registry) and
+listed in one table (`REGISTRY`) so `report`, `report --html` and
+`export --format csv` pick every tool up.  Tools import no BCC and never
+touch the kernel; they read only what `pasta_trace.read` /
 `pasta_trace.merge` give them.
-
-Each module lists its tools in `TOOLS`; they are registered here, in the order
-reports show them.
 """
 
 from . import (api_errors, call_sites, collectives, gpu_time, hotness, kernels, leaks, memory, overview, prefetch,
                stragglers, sync, tensors, transfers)
-from .registry import REGISTRY, Tool, register
+from .registry import Tool, in_order
 
-for _module in (overview, api_errors, kernels, memory, leaks, tensors, transfers, sync, collectives, stragglers,
-                call_sites, gpu_time, hotness, prefetch):
-    for _tool in _module.TOOLS:
-        register(_tool)
+#: the order reports show the tools in
+REPORT_ORDER = (
+    "processes", "api_errors",
+    "kernels", "kernel_call_sites",
+    "memory", "memory_totals", "memory_peaks", "peak_call_sites", "leaks", "leak_call_sites",
+    "tensor_memory", "tensor_peaks", "tensor_peak_call_sites", "tensor_fragmentation", "tensor_leaks",
+    "tensors_never_freed",
+    "transfers", "transfer_call_sites", "copy_storms", "repeated_copies", "repeated_copy_call_sites",
+    "sync", "sync_call_sites",
+    "collectives", "collective_bandwidth", "stragglers", "straggler_ranks", "hangs",
+    "call_sites",
+    "launch_gaps", "gpu_idle", "working_set", "alloc_hotness", "page_hotness", "prefetch",
+)
+REGISTRY: dict[str, Tool] = in_order(REPORT_ORDER)
 
-__all__ = ["REGISTRY", "Tool", "register"]
+# the modules are imported for the tools they declare
+__all__ = ["REGISTRY", "REPORT_ORDER", "Tool", "api_errors", "call_sites", "collectives", "gpu_time", "hotness",
+           "kernels", "leaks", "memory", "overview", "prefetch", "stragglers", "sync", "tensors", "transfers"]

@@ -8,7 +8,7 @@ import polars as pl
 from ..call_result import api_errors as _api_errors
 from ..read import Capture
 from .calls import capture_calls
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 API_ERRORS = columns(
     PID, ("api", pl.String, "", "the API"),
@@ -21,21 +21,11 @@ API_ERRORS = columns(
 )
 
 
-@returns(API_ERRORS)
+@tool("api_errors", "API errors (failed calls)", API_ERRORS, reads_aggregate=True,
+      description="calls that returned an error, per process, API and return code, out of all calls of that API",
+      terminal_columns=("pid", "api", "error", "failed", "calls", "first_ts_ns", "last_ts_ns"))
 def api_errors(cap: Capture) -> pl.DataFrame:
     """The calls that returned an error, per process, API and code: every
     call whose return code the probes read (all but the events of a capture
     made before launches, copies, memsets and frees had return probes)."""
     return _api_errors(capture_calls(cap)).collect(engine="streaming")
-
-
-TOOLS = [
-    Tool(
-        name="api_errors",
-        reads_aggregate=True,
-        title="API errors (failed calls)",
-        compute=api_errors,
-        description="calls that returned an error, per process, API and return code, out of all calls of that API",
-        terminal_columns=("pid", "api", "error", "failed", "calls", "first_ts_ns", "last_ts_ns"),
-    ),
-]

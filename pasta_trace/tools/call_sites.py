@@ -20,7 +20,7 @@ from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
 from .render import human_bytes
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 from .sites import NO_STACK, site_depth, with_site
 from .tensors import TENSOR_KINDS, tensor_events
 
@@ -56,7 +56,10 @@ def _per_stack(cap: Capture) -> pl.LazyFrame:
     return pl.concat([calls, tensors], how="vertical_relaxed")
 
 
-@returns(CALL_SITES)
+@tool("call_sites", "Call sites (the Python line of each call)", CALL_SITES,
+      description="per process and line (the user's, or the innermost with --call-site innermost): allocations and "
+                  "frees, tensor bytes allocated, other calls, launches, device and pinned host bytes allocated, "
+                  "bytes copied, syncs and time blocked in them; (no stack) gathers the calls without one")
 def by_call_site(cap: Capture) -> pl.DataFrame:
     """Per process and line: most time blocked first, then most bytes
     allocated, then most calls."""
@@ -167,16 +170,3 @@ def render_stacks(frame: pl.DataFrame, by: str = "bytes") -> str:
         if first["truncated"]:
             out.append("    ... (truncated at --stack-depth)")
     return "\n".join(out) if out else "none"
-
-
-TOOLS = [
-    Tool(
-        name="call_sites",
-        title="Call sites (the Python line of each call)",
-        compute=by_call_site,
-        description="per process and line (the user's, or the innermost with --call-site innermost): "
-                    "allocations and frees, tensor bytes allocated, other calls, launches, device and pinned host "
-                    "bytes allocated, bytes copied, syncs and time blocked in them; (no stack) gathers the calls "
-                    "without one",
-    ),
-]

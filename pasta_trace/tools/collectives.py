@@ -9,7 +9,7 @@ from .. import merge
 from ..call_result import done
 from ..merge import collective_calls
 from ..read import Capture
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 #: nccl-tests' bus bandwidth: algorithm bytes (`size` x this) and the bus factor, per API
 _ALGO_BYTES_X_NRANKS = ("ncclAllGather", "ncclReduceScatter", "ncclAlltoAll", "ncclGather", "ncclScatter")
@@ -38,7 +38,10 @@ COLLECTIVES = columns(
 _PER_RANK_KEYS = ["comm_id", "rank", "nranks", "pid", "communicator", "api"]
 
 
-@returns(COLLECTIVES)
+@tool("collectives", "NCCL collectives per rank", COLLECTIVES,
+      description="calls, bytes and time in the call per communicator, rank and NCCL call",
+      terminal_columns=("comm_id", "rank", "nranks", "pid", "api", "calls", "failed", "bytes", "call_ns",
+                        "max_call_ns"))
 def collectives(cap: Capture) -> pl.DataFrame:
     """Per communicator, rank and NCCL call: how many, bytes, time in the call."""
     return finish_per_rank(per_rank(collective_calls(cap)))
@@ -106,7 +109,10 @@ BANDWIDTH = columns(
 )
 
 
-@returns(BANDWIDTH)
+@tool("collective_bandwidth", "NCCL bus bandwidth", BANDWIDTH, needs_device=True,
+      description="GPU time, algorithm and bus bandwidth of each collective whose kernels have device timing",
+      terminal_columns=("comm_id", "seq", "rank", "api", "count", "datatype", "bytes", "gpu_ns", "group_ops", "algbw",
+                        "busbw"))
 def bandwidth(cap: Capture) -> pl.DataFrame:
     """Per collective with device timing: the GPU time of the kernels its
     call launched and the algorithm and bus bandwidth."""
@@ -147,24 +153,3 @@ def bandwidth(cap: Capture) -> pl.DataFrame:
         .select([pl.col(c).cast(col.dtype) for c, col in BANDWIDTH.items()])
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="collectives",
-        title="NCCL collectives per rank",
-        compute=collectives,
-        description="calls, bytes and time in the call per communicator, rank and NCCL call",
-        terminal_columns=("comm_id", "rank", "nranks", "pid", "api", "calls", "failed", "bytes", "call_ns",
-                          "max_call_ns"),
-    ),
-    Tool(
-        name="collective_bandwidth",
-        title="NCCL bus bandwidth",
-        compute=bandwidth,
-        needs_device=True,
-        description="GPU time, algorithm and bus bandwidth of each collective whose kernels have device timing",
-        terminal_columns=("comm_id", "seq", "rank", "api", "count", "datatype", "bytes", "gpu_ns", "group_ops",
-                          "algbw", "busbw"),
-    ),
-]

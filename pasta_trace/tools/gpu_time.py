@@ -11,7 +11,7 @@ import polars as pl
 
 from .. import merge
 from ..read import Capture
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 _GAPS = (
     ("kernels", pl.UInt32, "count", "kernel executions with device timing"),
@@ -66,14 +66,21 @@ _COLUMNS = [
 ]
 
 
-@returns(LAUNCH_GAPS)
+@tool("launch_gaps", "Launch gaps per stream", LAUNCH_GAPS, needs_device=True,
+      description="per process and stream: kernels, busy and idle time, largest gap, launch-to-start latency",
+      terminal_columns=("pid", "stream", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
+                        "launch_to_start_mean_ns"))
 def launch_gaps(cap: Capture) -> pl.DataFrame:
     """Per process and stream: gaps between consecutive kernels on that stream."""
     keys = ["pid", "stream"]
     return _gaps(_timed(cap), keys).select(*keys, *_COLUMNS).sort(keys).collect(engine="streaming")
 
 
-@returns(GPU_IDLE)
+@tool("gpu_idle", "GPU idle time", GPU_IDLE, needs_device=True,
+      description="per GPU: processes, span of kernel activity, busy time (union over streams and processes), "
+                  "idle time",
+      terminal_columns=("device", "processes", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
+                        "launch_to_start_mean_ns"))
 def gpu_idle(cap: Capture) -> pl.DataFrame:
     """Per GPU, all processes and streams on it together: how much of the span
     of kernel activity the GPU did no work."""
@@ -83,29 +90,3 @@ def gpu_idle(cap: Capture) -> pl.DataFrame:
         _gaps(timed, ["device"]).join(procs, on="device")
         .select("device", "processes", *_COLUMNS).sort("device").collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="launch_gaps",
-        title="Launch gaps per stream",
-        compute=launch_gaps,
-        needs_device=True,
-        description="per process and stream: kernels, busy and idle time, largest gap, launch-to-start latency",
-        terminal_columns=(
-            "pid", "stream", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
-            "launch_to_start_mean_ns",
-        ),
-    ),
-    Tool(
-        name="gpu_idle",
-        title="GPU idle time",
-        compute=gpu_idle,
-        needs_device=True,
-        description="per GPU: processes, span of kernel activity, busy time (union over streams and processes), idle time",
-        terminal_columns=(
-            "device", "processes", "kernels", "span_ns", "busy_ns", "idle_ns", "idle_share", "max_gap_ns",
-            "launch_to_start_mean_ns",
-        ),
-    ),
-]

@@ -12,7 +12,7 @@ import polars as pl
 from .. import merge
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
 _ACCESSES = ("accesses", pl.UInt64, "count", "thread-level accesses")
@@ -44,7 +44,8 @@ PAGE_HOTNESS = columns(
 )
 
 
-@returns(WORKING_SET)
+@tool("working_set", "Working set per kernel execution", WORKING_SET, needs_device=True,
+      description="per launch: distinct pages touched, their bytes, accesses, allocations touched")
 def working_set(cap: Capture) -> pl.DataFrame:
     """Per kernel execution: the pages and allocations it touched."""
     return (
@@ -63,7 +64,10 @@ def working_set(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(ALLOC_HOTNESS)
+@tool("alloc_hotness", "Hotness per allocation", ALLOC_HOTNESS, needs_device=True,
+      description="per allocation: accesses, pages touched out of pages spanned, launches that touched it",
+      terminal_columns=("pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "pages_touched", "pages_spanned",
+                        "touched_share", "launches"))
 def alloc_hotness(cap: Capture) -> pl.DataFrame:
     """Per allocation instance touched, hottest first."""
     first_page = pl.col("alloc_base") // PAGE_BYTES
@@ -88,7 +92,8 @@ def alloc_hotness(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(PAGE_HOTNESS)
+@tool("page_hotness", "Hotness per page", PAGE_HOTNESS, needs_device=True,
+      description="per page: accesses, launches that touched it, first launch, owning allocation")
 def page_hotness(cap: Capture) -> pl.DataFrame:
     """Per process and page, hottest first."""
     return (
@@ -131,32 +136,3 @@ def page_launch_matrix(cap: Capture, max_pages: int = 64, max_launches: int = 64
         .sort(["pid", "page", "launch_ts_ns", "launch_id"])
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="working_set",
-        title="Working set per kernel execution",
-        compute=working_set,
-        needs_device=True,
-        description="per launch: distinct pages touched, their bytes, accesses, allocations touched",
-    ),
-    Tool(
-        name="alloc_hotness",
-        title="Hotness per allocation",
-        compute=alloc_hotness,
-        needs_device=True,
-        description="per allocation: accesses, pages touched out of pages spanned, launches that touched it",
-        terminal_columns=(
-            "pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "pages_touched", "pages_spanned",
-            "touched_share", "launches",
-        ),
-    ),
-    Tool(
-        name="page_hotness",
-        title="Hotness per page",
-        compute=page_hotness,
-        needs_device=True,
-        description="per page: accesses, launches that touched it, first launch, owning allocation",
-    ),
-]

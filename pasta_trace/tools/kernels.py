@@ -13,7 +13,7 @@ from ..call_result import failed
 from ..demangle import display_names
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import PID, TOP_CALL_SITE, Tool, columns, returns
+from .registry import PID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, top_site, with_launch_site
 from .span import duration_ns
 
@@ -149,7 +149,10 @@ def _times() -> list[pl.Expr]:
     ]
 
 
-@returns(KERNELS)
+@tool("kernels", "Kernel summary", KERNELS, reads_aggregate=True,
+      description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
+      terminal_columns=("pid", "display_name", "launches", "failed_launches", "via_graph", "launches_per_s", "shapes",
+                        "top_grid", "top_block", "api_ns", "gpu_ns", "gpu_mean_ns", "top_call_site"))
 def kernel_summary(cap: Capture) -> pl.DataFrame:
     """Per process and kernel name, most launched first."""
     dur_s = duration_ns(cap) / 1e9
@@ -167,7 +170,10 @@ def kernel_summary(cap: Capture) -> pl.DataFrame:
     return _finish(cap, summary, _top_shape(shaped, pl.col("_n").sum()), top_site(ex, _KEY, pl.len()), dur_s)
 
 
-@returns(KERNEL_SITES)
+@tool("kernel_call_sites", "Launches by call site", KERNEL_SITES,
+      description="launches, API and GPU time per Python line and kernel",
+      terminal_columns=("pid", "call_site", "display_name", "launches", "failed_launches", "api_ns", "gpu_ns",
+                        "gpu_mean_ns"))
 def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
     """Launches per Python line and kernel, most first; launches without a
     stack together under (no stack).  Empty for an --aggregate capture."""
@@ -182,27 +188,3 @@ def kernel_by_call_site(cap: Capture) -> pl.DataFrame:
         .collect(engine="streaming")
         .pipe(_with_display)
     )
-
-
-TOOLS = [
-    Tool(
-        name="kernels",
-        reads_aggregate=True,
-        title="Kernel summary",
-        compute=kernel_summary,
-        description="launches per kernel and process: count, rate, grid/block shapes, API time, GPU time",
-        terminal_columns=(
-            "pid", "display_name", "launches", "failed_launches", "via_graph", "launches_per_s", "shapes",
-            "top_grid", "top_block",
-            "api_ns", "gpu_ns", "gpu_mean_ns", "top_call_site",
-        ),
-    ),
-    Tool(
-        name="kernel_call_sites",
-        title="Launches by call site",
-        compute=kernel_by_call_site,
-        description="launches, API and GPU time per Python line and kernel",
-        terminal_columns=("pid", "call_site", "display_name", "launches", "failed_launches", "api_ns", "gpu_ns",
-                          "gpu_mean_ns"),
-    ),
-]

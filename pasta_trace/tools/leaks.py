@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .registry import PID, TID, Tool, columns, returns
+from .registry import PID, TID, columns, tool
 from .sites import NO_STACK, allocation_sites
 from .span import bounds
 
@@ -31,7 +31,8 @@ def _never_freed(cap: Capture) -> pl.LazyFrame:
     return allocation_sites(cap, device_only=False).filter(pl.col("free_ts_ns").is_null())
 
 
-@returns(LEAKS)
+@tool("leaks", "Leak candidates (never freed)", LEAKS,
+      description="allocations with no free before the capture ended, largest first, with age at capture end")
 def leak_candidates(cap: Capture) -> pl.DataFrame:
     """Allocations with no free before the capture ended, largest first."""
     _, end = bounds(cap)
@@ -46,7 +47,8 @@ def leak_candidates(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(LEAK_SITES)
+@tool("leak_call_sites", "Leaks by call site", LEAK_SITES,
+      description="allocations never freed before the capture ended, by the Python line that made them")
 def leaks_by_call_site(cap: Capture) -> pl.DataFrame:
     """The leak candidates summed per Python line, most bytes first."""
     return (
@@ -56,19 +58,3 @@ def leaks_by_call_site(cap: Capture) -> pl.DataFrame:
         .sort(["leaked_bytes", "pid", "call_site"], descending=[True, False, False])
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="leaks",
-        title="Leak candidates (never freed)",
-        compute=leak_candidates,
-        description="allocations with no free before the capture ended, largest first, with age at capture end",
-    ),
-    Tool(
-        name="leak_call_sites",
-        title="Leaks by call site",
-        compute=leaks_by_call_site,
-        description="allocations never freed before the capture ended, by the Python line that made them",
-    ),
-]

@@ -12,7 +12,7 @@ import polars as pl
 from .. import lifetimes, merge
 from ..read import Capture
 from . import render
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 from .sites import NO_STACK, allocation_sites, top_site
 
 _API = ("api", pl.String, "", "allocation API (for a free: the API that allocated the block)")
@@ -49,7 +49,46 @@ PEAK_SITES = columns(
 )
 
 
-@returns(TIMELINE)
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(ts: pl.Series, live: pl.Series, width: int = 60) -> str:
+    """Live bytes as a one-line step plot: the maximum in each of `width` time bins,
+    carrying the last level through bins without events."""
+    if ts.len() == 0:
+        return ""
+    t0, t1 = ts.min(), ts.max()
+    span = max(t1 - t0, 1)
+    bins = (
+        pl.DataFrame({"b": ((ts - t0) * (width - 1) // span).cast(pl.Int64), "v": live})
+        .group_by("b")
+        .agg(pl.col("v").max())
+    )
+    full = (
+        pl.DataFrame({"b": pl.int_range(0, width, eager=True)})
+        .join(bins, on="b", how="left")
+        .sort("b")
+        .with_columns(pl.col("v").forward_fill().fill_null(0))
+    )
+    top = max(int(full["v"].max()), 1)
+    return "".join(_SPARK[min(len(_SPARK) - 1, v * len(_SPARK) // (top + 1))] for v in full["v"])
+
+
+def render_timeline(df: pl.DataFrame) -> str:
+    if df.height == 0:
+        return "no device allocations\n"
+    out = []
+    for (pid,), part in df.group_by("pid", maintain_order=True):
+        peak = part["live_bytes"].max()
+        out.append(
+            f"pid {pid}: peak {render.human_bytes(peak)}, end {render.human_bytes(part['live_bytes'][-1])}, "
+            f"{part.height} steps\n  {sparkline(part['ts_ns'], part['live_bytes'])}"
+        )
+    return "\n".join(out) + "\n"
+
+
+@tool("memory", "Memory timeline (live device bytes)", TIMELINE, render_text=render_timeline,
+      description="one row per allocation or free: live device bytes per process after it, overall and per API")
 def memory_timeline(cap: Capture) -> pl.DataFrame:
     """One row per allocation or free of device memory, in time order per process."""
     allocs = merge.allocations(cap).filter((pl.col("kind") != "host") & lifetimes.holds_memory())
@@ -112,7 +151,8 @@ def _live_at_peaks(cap: Capture, peaks: pl.LazyFrame, no_stack: str | None) -> p
     return pl.concat([every, one], how="diagonal_relaxed").filter(live)
 
 
-@returns(PEAKS)
+@tool("memory_peaks", "Memory peaks", PEAKS,
+      description="peak live device bytes per process and when, overall and per allocation API")
 def memory_peaks(cap: Capture) -> pl.DataFrame:
     """Per process: the peak of live device bytes and when it was first reached,
     overall (api = "all") and for each allocation API alone."""
@@ -129,7 +169,8 @@ def live_at_peak(cap: Capture) -> pl.LazyFrame:
     return _live_at_peaks(cap, peaks, NO_STACK)
 
 
-@returns(PEAK_SITES)
+@tool("peak_call_sites", "Memory held at the peak, by call site", PEAK_SITES,
+      description="device bytes live at each process's peak of live bytes, by the Python line that allocated them")
 def peak_by_call_site(cap: Capture) -> pl.DataFrame:
     """Device bytes live at each process's peak, by the Python line that
     allocated them, most first."""
@@ -141,7 +182,8 @@ def peak_by_call_site(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(TOTALS)
+@tool("memory_totals", "Memory allocated and freed (device vs pinned host)", TOTALS, reads_aggregate=True,
+      description="per process: bytes allocated, freed and still held, device memory and pinned host memory apart")
 def memory_totals(cap: Capture) -> pl.DataFrame:
     """Per process, device memory and pinned host memory apart.  Failed calls
     count nowhere.  An --aggregate capture keeps no per-free sizes: freed,
@@ -150,71 +192,3 @@ def memory_totals(cap: Capture) -> pl.DataFrame:
     if cap.aggregate is not None:
         return lifetimes.aggregate_totals(cap.aggregate).collect(engine="streaming")
     return lifetimes.totals(merge.allocations(cap)).collect(engine="streaming")
-
-
-_SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(ts: pl.Series, live: pl.Series, width: int = 60) -> str:
-    """Live bytes as a one-line step plot: the maximum in each of `width` time bins,
-    carrying the last level through bins without events."""
-    if ts.len() == 0:
-        return ""
-    t0, t1 = ts.min(), ts.max()
-    span = max(t1 - t0, 1)
-    bins = (
-        pl.DataFrame({"b": ((ts - t0) * (width - 1) // span).cast(pl.Int64), "v": live})
-        .group_by("b")
-        .agg(pl.col("v").max())
-    )
-    full = (
-        pl.DataFrame({"b": pl.int_range(0, width, eager=True)})
-        .join(bins, on="b", how="left")
-        .sort("b")
-        .with_columns(pl.col("v").forward_fill().fill_null(0))
-    )
-    top = max(int(full["v"].max()), 1)
-    return "".join(_SPARK[min(len(_SPARK) - 1, v * len(_SPARK) // (top + 1))] for v in full["v"])
-
-
-def render_timeline(df: pl.DataFrame) -> str:
-    if df.height == 0:
-        return "no device allocations\n"
-    out = []
-    for (pid,), part in df.group_by("pid", maintain_order=True):
-        peak = part["live_bytes"].max()
-        out.append(
-            f"pid {pid}: peak {render.human_bytes(peak)}, end {render.human_bytes(part['live_bytes'][-1])}, "
-            f"{part.height} steps\n  {sparkline(part['ts_ns'], part['live_bytes'])}"
-        )
-    return "\n".join(out) + "\n"
-
-
-TOOLS = [
-    Tool(
-        name="memory",
-        title="Memory timeline (live device bytes)",
-        compute=memory_timeline,
-        render_text=render_timeline,
-        description="one row per allocation or free: live device bytes per process after it, overall and per API",
-    ),
-    Tool(
-        name="memory_totals",
-        reads_aggregate=True,
-        title="Memory allocated and freed (device vs pinned host)",
-        compute=memory_totals,
-        description="per process: bytes allocated, freed and still held, device memory and pinned host memory apart",
-    ),
-    Tool(
-        name="memory_peaks",
-        title="Memory peaks",
-        compute=memory_peaks,
-        description="peak live device bytes per process and when, overall and per allocation API",
-    ),
-    Tool(
-        name="peak_call_sites",
-        title="Memory held at the peak, by call site",
-        compute=peak_by_call_site,
-        description="device bytes live at each process's peak of live bytes, by the Python line that allocated them",
-    ),
-]

@@ -11,7 +11,7 @@ from ..read import Capture
 from .calls import capture_calls, is_aggregate
 from .memory import peak_rows
 from .exprs import measured_sum
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 PROCESSES = columns(
     PID, ("comm", pl.String, "", "command name"), ("cmdline", pl.String, "", "command line"),
@@ -94,7 +94,11 @@ def _from_aggregate(cap: Capture) -> tuple[pl.LazyFrame, pl.LazyFrame, pl.LazyFr
     return per_pid, kernels, memory
 
 
-@returns(PROCESSES)
+@tool("processes", "Processes and GPUs", PROCESSES, reads_aggregate=True,
+      description="per process: command, threads, API calls, launches, kernels, device memory, copies, syncs, "
+                  "GPUs used",
+      terminal_columns=("pid", "comm", "api_calls", "failed_calls", "launches", "kernels", "device_alloc_bytes",
+                        "peak_live_bytes", "copy_bytes", "sync_ns", "gpus"))
 def overview(cap: Capture) -> pl.DataFrame:
     """One row per traced process.  From an --aggregate capture, the kernel's
     counts and byte sums; threads, sync_ns and peak_live_bytes are null there."""
@@ -115,18 +119,3 @@ def overview(cap: Capture) -> pl.DataFrame:
         .sort("pid")
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="processes",
-        reads_aggregate=True,
-        title="Processes and GPUs",
-        compute=overview,
-        description="per process: command, threads, API calls, launches, kernels, device memory, copies, syncs, GPUs used",
-        terminal_columns=(
-            "pid", "comm", "api_calls", "failed_calls", "launches", "kernels", "device_alloc_bytes", "peak_live_bytes", "copy_bytes",
-            "sync_ns", "gpus",
-        ),
-    ),
-]

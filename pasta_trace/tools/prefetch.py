@@ -11,7 +11,7 @@ import polars as pl
 from .. import merge
 from ..hexfmt import hex_expr
 from ..read import Capture
-from .registry import PID, Tool, columns, returns
+from .registry import PID, columns, tool
 
 PAGE_BYTES = pl.lit(2, pl.UInt64).pow(pl.col("page_shift"))
 PLAN = columns(
@@ -28,7 +28,9 @@ PLAN = columns(
 )
 
 
-@returns(PLAN)
+@tool("prefetch", "UVM prefetch plan (managed memory)", PLAN, needs_device=True,
+      description="per launch and managed allocation: page ranges first touched by that launch, as prefetch calls",
+      terminal_columns=("pid", "launch_id", "name", "pages", "bytes", "advice"))
 def prefetch_plan(cap: Capture) -> pl.DataFrame:
     """Per launch and managed allocation: the page ranges that launch touches
     first, each as one prefetch to issue on its stream before it."""
@@ -79,17 +81,3 @@ def prefetch_plan(cap: Capture) -> pl.DataFrame:
         "pid", "launch_id", "name", "stream", pl.col("alloc_api").cast(pl.String), "alloc_base",
         "page_first", "page_last", "pages", "prefetch_ptr", "bytes", "advice",
     )
-
-
-TOOLS = [
-    Tool(
-        name="prefetch",
-        title="UVM prefetch plan (managed memory)",
-        compute=prefetch_plan,
-        needs_device=True,
-        description="per launch and managed allocation: page ranges first touched by that launch, as prefetch calls",
-        terminal_columns=(
-            "pid", "launch_id", "name", "pages", "bytes", "advice",
-        ),
-    ),
-]

@@ -1,15 +1,18 @@
 """The one table of analyses, and the declared output schema of each.
 
-Every tool's compute function declares the frame it returns with `returns`:
-one `Column` (dtype, unit, meaning) per column, in order.  The declaration
-is the function's "Columns:" docstring, what `Tool.columns` gives the
-reporters (units for headers, handles as hex in CSV), and what
-tests/unit/test_tool_schemas.py checks every compute() result against."""
+Every tool is declared once, on its compute function, with `@tool(name,
+title, columns, ...)`: the frame it returns (one `Column` (dtype, unit,
+meaning) per column, in order) and what the reports need to show it.  The
+columns are the function's "Columns:" docstring, what `Tool.columns` gives
+the reporters (units for headers, handles as hex in CSV), and what
+tests/unit/test_tool_schemas.py checks every compute() result against.
+`in_order` makes the declared tools one table, in the order reports show
+them (tools.REGISTRY)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import polars as pl
 
@@ -72,7 +75,7 @@ class Tool:
     name: str  # short id, used in CSV file names and --tool filters
     title: str  # heading in reports
     #: Capture -> frame (a capture directory or a merged timeline, pasta_trace.read.Capture),
-    #: declared with `returns`
+    #: its columns declared by `tool` (`returns`)
     compute: Callable[..., pl.DataFrame]
     needs_device: bool = False  # True: empty result (and a note) without device data
     #: True: computes from an --aggregate capture's counts too; otherwise such a
@@ -92,16 +95,47 @@ class Tool:
         return self.compute.columns  # type: ignore[attr-defined]
 
 
-REGISTRY: dict[str, Tool] = {}
+#: every tool declared with `tool`, by name, in the order their modules were
+#: imported: `in_order` puts them in the reports' order
+_DECLARED: dict[str, Tool] = {}
 
 
-def register(tool: Tool) -> Tool:
-    if tool.name in REGISTRY:
-        raise ValueError(f"tool {tool.name!r} registered twice")
-    if not isinstance(getattr(tool.compute, "columns", None), dict):
-        raise ValueError(f"tool {tool.name!r}: its compute function declares no columns (tools.registry.returns)")
-    missing = set(tool.terminal_columns or ()) - set(tool.columns)
-    if missing:
-        raise ValueError(f"tool {tool.name!r}: terminal_columns not declared: {', '.join(sorted(missing))}")
-    REGISTRY[tool.name] = tool
-    return tool
+def tool(
+    name: str,
+    title: str,
+    cols: Columns,
+    *,
+    needs_device: bool = False,
+    reads_aggregate: bool = False,
+    needs_tensors: bool = False,
+    render_text: Callable[[pl.DataFrame], str] | None = None,
+    description: str = "",
+    terminal_columns: tuple[str, ...] | None = None,
+) -> Callable[[F], F]:
+    """Declare the decorated compute function a tool (the fields of `Tool`),
+    returning the frame `cols` describes (as `returns`).  The function is
+    left as it is, callable on its own."""
+    def wrap(fn: F) -> F:
+        if name in _DECLARED:
+            raise ValueError(f"tool {name!r} registered twice")
+        missing = set(terminal_columns or ()) - set(cols)
+        if missing:
+            raise ValueError(f"tool {name!r}: terminal_columns not declared: {', '.join(sorted(missing))}")
+        returns(cols)(fn)
+        _DECLARED[name] = Tool(name=name, title=title, compute=fn, needs_device=needs_device,
+                               reads_aggregate=reads_aggregate, needs_tensors=needs_tensors, render_text=render_text,
+                               description=description, terminal_columns=terminal_columns)
+        return fn
+    return wrap
+
+
+def in_order(names: Sequence[str]) -> dict[str, Tool]:
+    """The declared tools, as one table in the order of `names`, which names
+    each of them once: a tool left out of a report would go unseen."""
+    unknown = [n for n in names if n not in _DECLARED]
+    left_out = [n for n in _DECLARED if n not in names]
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    for what, which in (("no such tool", unknown), ("not in the order", left_out), ("named twice", twice)):
+        if which:
+            raise ValueError(f"tools {what}: {', '.join(which)}")
+    return {n: _DECLARED[n] for n in names}

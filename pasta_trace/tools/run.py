@@ -14,7 +14,8 @@ from .. import merge, schema
 from ..device.status import status_lines
 from ..read import Capture
 from .calls import capture_calls
-from .registry import REGISTRY, Tool
+from . import REGISTRY
+from .registry import Tool
 from .span import bounds
 from .tensors import TENSOR_KINDS
 

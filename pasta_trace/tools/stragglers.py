@@ -12,7 +12,7 @@ import polars as pl
 
 from ..read import Capture
 from ..merge import collective_entries as _entries
-from .registry import Tool, columns, returns
+from .registry import columns, tool
 from .span import bounds
 
 _COLL = (
@@ -67,7 +67,8 @@ def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-@returns(STRAGGLERS)
+@tool("stragglers", "NCCL stragglers (last rank into each collective)", STRAGGLERS,
+      description="per collective (comm_id, seq): the rank that entered last and how much later, in order")
 def stragglers(cap: Capture) -> pl.DataFrame:
     """Per collective entered by two ranks or more, in order: the rank that
     entered last, and by how much."""
@@ -93,7 +94,8 @@ STRAGGLER_RANKS = columns(
 )
 
 
-@returns(STRAGGLER_RANKS)
+@tool("straggler_ranks", "NCCL straggler ranks", STRAGGLER_RANKS,
+      description="per communicator and rank: collectives it entered last and the waits it caused")
 def straggler_ranks(cap: Capture) -> pl.DataFrame:
     """Per communicator and rank: how often it entered last and the waits it caused, worst first."""
     entries = _entries(cap)
@@ -127,7 +129,10 @@ HANGS = columns(
 )
 
 
-@returns(HANGS)
+@tool("hangs", "NCCL hangs (collectives some ranks never entered)", HANGS,
+      description="collectives that some ranks entered and others of the communicator never did",
+      terminal_columns=("comm_id", "seq", "api", "nranks", "entered", "missing", "missing_ranks", "missing_pids",
+                        "waiting_ns"))
 def hangs(cap: Capture) -> pl.DataFrame:
     """Collectives that some ranks entered and other ranks of the same
     communicator (seen joining it) never did before the capture ended."""
@@ -168,27 +173,3 @@ def finish_hangs(parts: pl.LazyFrame, members: pl.LazyFrame, end: int | None) ->
         .select([pl.col(c).cast(col.dtype) for c, col in HANGS.items()])
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="stragglers",
-        title="NCCL stragglers (last rank into each collective)",
-        compute=stragglers,
-        description="per collective (comm_id, seq): the rank that entered last and how much later, in order",
-    ),
-    Tool(
-        name="straggler_ranks",
-        title="NCCL straggler ranks",
-        compute=straggler_ranks,
-        description="per communicator and rank: collectives it entered last and the waits it caused",
-    ),
-    Tool(
-        name="hangs",
-        title="NCCL hangs (collectives some ranks never entered)",
-        compute=hangs,
-        description="collectives that some ranks entered and others of the communicator never did",
-        terminal_columns=("comm_id", "seq", "api", "nranks", "entered", "missing", "missing_ranks", "missing_pids",
-                          "waiting_ns"),
-    ),
-]

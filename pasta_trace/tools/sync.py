@@ -7,7 +7,7 @@ import polars as pl
 
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import PID, TID, TOP_CALL_SITE, Tool, columns, returns
+from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, with_site, with_top_site
 from .span import duration_ns
 
@@ -46,7 +46,8 @@ def _summary(syncs: pl.LazyFrame, keys: list[str], span: int) -> pl.LazyFrame:
     )
 
 
-@returns(SYNC)
+@tool("sync", "Synchronisation (time blocked)", SYNC,
+      description="calls and time blocked per process, thread, sync API and stream (null stream: context/device-wide)")
 def synchronisation(cap: Capture) -> pl.DataFrame:
     """Per process, thread, sync API and stream, most time blocked first."""
     keys = ["pid", "tid", "api", "stream"]
@@ -59,7 +60,8 @@ def synchronisation(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(SYNC_SITES)
+@tool("sync_call_sites", "Time blocked by call site", SYNC_SITES,
+      description="calls and time blocked per Python line and sync API")
 def sync_by_call_site(cap: Capture) -> pl.DataFrame:
     """Time blocked per Python line and sync API, most first; the calls
     without a stack together under (no stack)."""
@@ -70,19 +72,3 @@ def sync_by_call_site(cap: Capture) -> pl.DataFrame:
               nulls_last=True)
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="sync",
-        title="Synchronisation (time blocked)",
-        compute=synchronisation,
-        description="calls and time blocked per process, thread, sync API and stream (null stream: context/device-wide)",
-    ),
-    Tool(
-        name="sync_call_sites",
-        title="Time blocked by call site",
-        compute=sync_by_call_site,
-        description="calls and time blocked per Python line and sync API",
-    ),
-]

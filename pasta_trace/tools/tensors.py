@@ -28,7 +28,7 @@ from ..read import Capture
 from ..tensor_source import CPU_APIS, REPORT_API, TENSOR_KINDS, left_at_exit  # noqa: F401 - the tools' names
 from . import render
 from .memory import sparkline
-from .registry import PID, TID, TOP_CALL_SITE, Tool, columns, returns
+from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, top_site, with_site
 from .span import bounds
 
@@ -70,7 +70,25 @@ TIMELINE = columns(
 )
 
 
-@returns(TIMELINE)
+def render_timeline(df: pl.DataFrame) -> str:
+    if df.height == 0:
+        return "no tensor memory events\n"
+    out = []
+    for (pid, device), part in df.group_by("pid", "device", maintain_order=True):
+        reserved = part["reserved_bytes"].drop_nulls()
+        res = f", reserved peak {render.human_bytes(reserved.max())}" if reserved.len() else ""
+        out.append(
+            f"pid {pid} {device}: peak {render.human_bytes(part['held_bytes'].max())}{res}, "
+            f"end {render.human_bytes(part['held_bytes'][-1])}, {part.height} events\n"
+            f"  {sparkline(part['ts_ns'], part['held_bytes'])}"
+        )
+    return "\n".join(out) + "\n"
+
+
+@tool("tensor_memory", "Tensor memory timeline (allocated vs reserved, per device)", TIMELINE,
+      needs_tensors=True, render_text=render_timeline,
+      description="one row per tensor allocation or free (PyTorch's allocators, libc10): tensor bytes held per "
+                  "process and device, and what the allocator reserved; never summed with driver allocations")
 def tensor_timeline(cap: Capture) -> pl.DataFrame:
     """One row per tensor allocation or free, in time order per process and
     device: allocated against reserved bytes."""
@@ -130,7 +148,9 @@ def live_at_peak(cap: Capture, peaks: pl.DataFrame) -> pl.LazyFrame:
         peaks.lazy().select("pid", "device", "peak_ts_ns", "peak_bytes"), on=["pid", "device"]).filter(live)
 
 
-@returns(PEAKS)
+@tool("tensor_peaks", "Tensor memory peaks", PEAKS, needs_tensors=True,
+      description="per process and device: the most tensor bytes held, when, what was reserved then, and the call "
+                  "site holding the most of it")
 def tensor_peaks(cap: Capture) -> pl.DataFrame:
     """Per process and device: the peak of tensor bytes held, and when."""
     peaks = peak_rows(cap)
@@ -149,7 +169,8 @@ PEAK_SITES = columns(
 )
 
 
-@returns(PEAK_SITES)
+@tool("tensor_peak_call_sites", "Tensor memory held at the peak, by call site", PEAK_SITES, needs_tensors=True,
+      description="tensor bytes live at each process and device's peak, by the Python line that allocated them")
 def tensor_peak_call_sites(cap: Capture) -> pl.DataFrame:
     """Tensor bytes held at each (process, device)'s peak, by the Python line
     that allocated them, most first."""
@@ -185,7 +206,9 @@ FRAGMENTATION = columns(
 )
 
 
-@returns(FRAGMENTATION)
+@tool("tensor_fragmentation", "Tensor memory fragmentation (reserved - allocated)", FRAGMENTATION, needs_tensors=True,
+      description="per process and device of a caching allocator: bytes reserved from the driver and not in a tensor, "
+                  "at most and at the end")
 def tensor_fragmentation(cap: Capture) -> pl.DataFrame:
     """Per process and device whose allocator reports its totals (the CUDA
     and ROCm caching allocators): reserved bytes against allocated bytes."""
@@ -220,7 +243,9 @@ NEVER_FREED = columns(
 )
 
 
-@returns(NEVER_FREED)
+@tool("tensors_never_freed", "Tensors never freed by the end", NEVER_FREED, needs_tensors=True,
+      description="tensors allocated during the capture and still live at its end, or freed only by the interpreter's "
+                  "finalization at exit, largest first")
 def tensors_never_freed(cap: Capture) -> pl.DataFrame:
     """Tensors allocated during the capture and still live at its end, or
     freed only when the interpreter finalized (what the program left), largest first."""
@@ -244,7 +269,9 @@ LEAKS = columns(
 )
 
 
-@returns(LEAKS)
+@tool("tensor_leaks", "Tensor leaks (call sites whose tensors pile up)", LEAKS, needs_tensors=True,
+      description="call sites holding more tensor bytes at the end than at the capture's midpoint, through tensors "
+                  "allocated in its second half and never freed")
 def tensor_leaks(cap: Capture) -> pl.DataFrame:
     """Call sites whose tensors keep piling up: they hold more bytes at the
     end than at the capture's midpoint, through at least two tensors
@@ -283,70 +310,3 @@ def site_steps(cap: Capture) -> pl.LazyFrame:
         life.filter(pl.col("free_ts_ns").is_not_null()).select(
             *cols, pl.col("free_ts_ns").alias("ts_ns"), -pl.col("size").cast(pl.Int64).alias("delta_bytes")),
     ])
-
-
-def render_timeline(df: pl.DataFrame) -> str:
-    if df.height == 0:
-        return "no tensor memory events\n"
-    out = []
-    for (pid, device), part in df.group_by("pid", "device", maintain_order=True):
-        reserved = part["reserved_bytes"].drop_nulls()
-        res = f", reserved peak {render.human_bytes(reserved.max())}" if reserved.len() else ""
-        out.append(
-            f"pid {pid} {device}: peak {render.human_bytes(part['held_bytes'].max())}{res}, "
-            f"end {render.human_bytes(part['held_bytes'][-1])}, {part.height} events\n"
-            f"  {sparkline(part['ts_ns'], part['held_bytes'])}"
-        )
-    return "\n".join(out) + "\n"
-
-
-TOOLS = [
-    Tool(
-        name="tensor_memory",
-        title="Tensor memory timeline (allocated vs reserved, per device)",
-        compute=tensor_timeline,
-        needs_tensors=True,
-        render_text=render_timeline,
-        description="one row per tensor allocation or free (PyTorch's allocators, libc10): tensor bytes held per "
-                    "process and device, and what the allocator reserved; never summed with driver allocations",
-    ),
-    Tool(
-        name="tensor_peaks",
-        title="Tensor memory peaks",
-        compute=tensor_peaks,
-        needs_tensors=True,
-        description="per process and device: the most tensor bytes held, when, what was reserved then, and the "
-                    "call site holding the most of it",
-    ),
-    Tool(
-        name="tensor_peak_call_sites",
-        title="Tensor memory held at the peak, by call site",
-        compute=tensor_peak_call_sites,
-        needs_tensors=True,
-        description="tensor bytes live at each process and device's peak, by the Python line that allocated them",
-    ),
-    Tool(
-        name="tensor_fragmentation",
-        title="Tensor memory fragmentation (reserved - allocated)",
-        compute=tensor_fragmentation,
-        needs_tensors=True,
-        description="per process and device of a caching allocator: bytes reserved from the driver and not in a "
-                    "tensor, at most and at the end",
-    ),
-    Tool(
-        name="tensor_leaks",
-        title="Tensor leaks (call sites whose tensors pile up)",
-        compute=tensor_leaks,
-        needs_tensors=True,
-        description="call sites holding more tensor bytes at the end than at the capture's midpoint, through "
-                    "tensors allocated in its second half and never freed",
-    ),
-    Tool(
-        name="tensors_never_freed",
-        title="Tensors never freed by the end",
-        compute=tensors_never_freed,
-        needs_tensors=True,
-        description="tensors allocated during the capture and still live at its end, or freed only by the "
-                    "interpreter's finalization at exit, largest first",
-    ),
-]

@@ -9,7 +9,7 @@ import polars as pl
 from ..call_result import done
 from ..read import Capture
 from .exprs import measured_sum
-from .registry import PID, TID, TOP_CALL_SITE, Tool, columns, returns
+from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .render import human_bytes, human_ns
 from .sites import NO_STACK, with_site, with_top_site
 
@@ -88,7 +88,10 @@ def _volume(copies: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
     )
 
 
-@returns(TRANSFERS)
+@tool("transfers", "Transfers by direction", TRANSFERS,
+      description="copies, bytes, API time and small copies per process and direction (h2d, d2h, d2d, ...)",
+      terminal_columns=("pid", "direction", "copies", "bytes", "api_ns", "small_copies", "mean_bytes", "api_gb_per_s",
+                        "top_call_site"))
 def transfers_by_direction(cap: Capture) -> pl.DataFrame:
     """Per process and direction, most bytes first."""
     keys = ["pid", "direction"]
@@ -100,7 +103,9 @@ def transfers_by_direction(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(TRANSFER_SITES)
+@tool("transfer_call_sites", "Transfers by call site", TRANSFER_SITES,
+      description="copies, bytes and API time per Python line and direction",
+      terminal_columns=("pid", "call_site", "direction", "copies", "bytes", "api_ns", "small_copies"))
 def transfers_by_call_site(cap: Capture) -> pl.DataFrame:
     """Per process, Python line and direction, most bytes first."""
     return (
@@ -110,7 +115,13 @@ def transfers_by_call_site(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(STORMS)
+@tool("copy_storms",
+      f"Small-copy storms (<= {human_bytes(SMALL_COPY_BYTES)}, >= {STORM_MIN_COPIES} copies, "
+      f"gaps <= {human_ns(STORM_GAP_NS)})",
+      STORMS,
+      description="runs of small copies on one thread in quick succession: batch them into one copy",
+      terminal_columns=("pid", "tid", "start_ts_ns", "span_ns", "copies", "bytes", "api_ns", "directions",
+                        "top_call_site"))
 def copy_storms(
     cap: Capture,
     small_bytes: int = SMALL_COPY_BYTES,
@@ -156,7 +167,9 @@ def _host_copies(cap: Capture, no_stack: str | None = None) -> pl.LazyFrame:
     return _copies(cap, no_stack).with_columns(host.alias("host_addr")).filter(pl.col("host_addr").is_not_null())
 
 
-@returns(REPEATED)
+@tool("repeated_copies", "Same host range copied repeatedly", REPEATED,
+      description="host ranges (address, size) copied more than once in one direction, by bytes copied again",
+      terminal_columns=("pid", "direction", "host_addr", "size", "copies", "repeated_bytes", "api_ns", "top_call_site"))
 def repeated_copies(cap: Capture) -> pl.DataFrame:
     """The same host range (address and size) copied more than once in the same
     direction: candidates for keeping the data on the device.  Most bytes
@@ -182,7 +195,8 @@ def repeated_copies(cap: Capture) -> pl.DataFrame:
     )
 
 
-@returns(REPEATED_SITES)
+@tool("repeated_copy_call_sites", "Host ranges copied again, by call site", REPEATED_SITES,
+      description="copies of a host range copied before in that direction, per Python line that made them")
 def repeated_copies_by_call_site(cap: Capture) -> pl.DataFrame:
     """The copies that copied a host range again (every copy of a range in a
     direction after its first), by the Python line that made them: the line
@@ -203,51 +217,3 @@ def repeated_copies_by_call_site(cap: Capture) -> pl.DataFrame:
         .sort(["repeated_bytes", "pid", "call_site", "direction"], descending=[True, False, False, False])
         .collect(engine="streaming")
     )
-
-
-TOOLS = [
-    Tool(
-        name="transfers",
-        title="Transfers by direction",
-        compute=transfers_by_direction,
-        description="copies, bytes, API time and small copies per process and direction (h2d, d2h, d2d, ...)",
-        terminal_columns=(
-            "pid", "direction", "copies", "bytes", "api_ns", "small_copies", "mean_bytes", "api_gb_per_s",
-            "top_call_site",
-        ),
-    ),
-    Tool(
-        name="transfer_call_sites",
-        title="Transfers by call site",
-        compute=transfers_by_call_site,
-        description="copies, bytes and API time per Python line and direction",
-        terminal_columns=("pid", "call_site", "direction", "copies", "bytes", "api_ns", "small_copies"),
-    ),
-    Tool(
-        name="copy_storms",
-        title=(
-            f"Small-copy storms (<= {human_bytes(SMALL_COPY_BYTES)}, >= {STORM_MIN_COPIES} copies, "
-            f"gaps <= {human_ns(STORM_GAP_NS)})"
-        ),
-        compute=copy_storms,
-        description="runs of small copies on one thread in quick succession: batch them into one copy",
-        terminal_columns=(
-            "pid", "tid", "start_ts_ns", "span_ns", "copies", "bytes", "api_ns", "directions", "top_call_site",
-        ),
-    ),
-    Tool(
-        name="repeated_copies",
-        title="Same host range copied repeatedly",
-        compute=repeated_copies,
-        description="host ranges (address, size) copied more than once in one direction, by bytes copied again",
-        terminal_columns=(
-            "pid", "direction", "host_addr", "size", "copies", "repeated_bytes", "api_ns", "top_call_site",
-        ),
-    ),
-    Tool(
-        name="repeated_copy_call_sites",
-        title="Host ranges copied again, by call site",
-        compute=repeated_copies_by_call_site,
-        description="copies of a host range copied before in that direction, per Python line that made them",
-    ),
-]

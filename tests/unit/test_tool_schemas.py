@@ -1,5 +1,5 @@
 """Every registered tool returns exactly the frame it declares (column names,
-order and dtypes, `tools.registry.returns`), on captures of every shape:
+order and dtypes, `tools.registry.tool`), on captures of every shape:
 synthetic with device data, Python stacks, syncs and copies; host only; no
 calls at all; --aggregate.  The declaration is also the tool function's
 "Columns:" docstring and is listed in docs/tools.md."""
