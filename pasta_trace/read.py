@@ -36,7 +36,7 @@ import polars as pl
 
 from . import schema
 from .errors import FormatError
-from .json_doc import check_shape, load_json
+from .json_shape import check_shape, load_json
 from .parquet_scan import Scanner
 
 

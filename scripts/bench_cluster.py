@@ -13,7 +13,7 @@ write, timed on its own).  Then, on that timeline:
   polars   tools.stragglers on the opened timeline, read lazily from Parquet
            (the collective calls matched to their communicators, grouped by
            collective): collective rows per second, best of --repeat
-  dask     pasta_trace.cluster.analyse's stragglers step on a LocalCluster
+  dask     pasta_trace.dask_cluster.analyse's stragglers step on a LocalCluster
            of --workers single-threaded worker processes (read, match,
            shuffle by collective, per-collective step), best of --repeat
 
@@ -81,9 +81,9 @@ def best(fn, repeat: int) -> tuple[float, float, object]:
 
 
 def dask_stragglers(timeline: Path, client) -> pl.DataFrame:
-    from pasta_trace import cluster
+    from pasta_trace import dask_cluster
 
-    return cluster.analyse(timeline, client, tools=("stragglers",))["stragglers"]
+    return dask_cluster.analyse(timeline, client, tools=("stragglers",))["stragglers"]
 
 
 def main() -> int:

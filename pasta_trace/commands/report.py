@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.progress import Progress
 
 from .. import merge
-from ..cluster import address as scheduler_address
+from ..dask_cluster import address as scheduler_address
 from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
 from ..reporters import Reporter, Results, gather
 from ..reporters.html import HtmlReporter
-from ..reporters.json_doc import JsonReporter
+from ..reporters.json_report import JsonReporter
 from ..reporters.terminal import TerminalReporter
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
@@ -117,15 +117,15 @@ def _report(args: argparse.Namespace, cap: Capture, html: OutputFile | None) -> 
 
 
 def _on_cluster(args: argparse.Namespace, cap) -> Results:
-    from .. import cluster  # Dask only where asked for
+    from .. import dask_cluster  # Dask only where asked for
 
-    names = args.tool or list(cluster.TOOLS)
-    others = [n for n in names if n not in cluster.TOOLS]
+    names = args.tool or list(dask_cluster.TOOLS)
+    others = [n for n in names if n not in dask_cluster.TOOLS]
     if others:
-        raise UsageError(f"--cluster runs {', '.join(cluster.TOOLS)}; not {others[0]}")
-    client = cluster.connect(args.cluster)
+        raise UsageError(f"--cluster runs {', '.join(dask_cluster.TOOLS)}; not {others[0]}")
+    client = dask_cluster.connect(args.cluster)
     try:
-        frames = cluster.analyse(Path(args.path).resolve(), client)
+        frames = dask_cluster.analyse(Path(args.path).resolve(), client)
     finally:
         client.close()
     return Results(cap, [ToolResult(REGISTRY[n], frames[n]) for n in names])

@@ -97,9 +97,9 @@ def test_report_on_a_server_that_is_not_dask(tmp_path: Path, capsys, answer) -> 
 
 def test_report_on_a_scheduler_without_workers(tmp_path: Path, capsys, monkeypatch) -> None:
     distributed = pytest.importorskip("distributed")
-    from pasta_trace import cluster
+    from pasta_trace import dask_cluster
 
-    monkeypatch.setattr(cluster, "WORKER_WAIT_S", 2.0)
+    monkeypatch.setattr(dask_cluster, "WORKER_WAIT_S", 2.0)
     cap = fx.write(tmp_path / "c")
     with distributed.LocalCluster(n_workers=0, processes=False, protocol="tcp", host="127.0.0.1",
                                   dashboard_address=None) as lc:

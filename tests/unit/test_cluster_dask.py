@@ -11,7 +11,7 @@ distributed = pytest.importorskip("distributed", reason="distributed (the cluste
 
 from cluster_fixtures import pids, whole, write_part  # noqa: E402
 
-from pasta_trace import cluster, merge  # noqa: E402
+from pasta_trace import dask_cluster, merge  # noqa: E402
 from pasta_trace.tools import REGISTRY  # noqa: E402
 
 
@@ -38,9 +38,9 @@ def client():
 
 
 def test_dask_equals_polars(timeline, client):
-    got = cluster.analyse(timeline, client)
+    got = dask_cluster.analyse(timeline, client)
     cap = merge.load(timeline)
-    assert list(got) == list(cluster.TOOLS)
+    assert list(got) == list(dask_cluster.TOOLS)
     for name, df in got.items():
         want = REGISTRY[name].compute(cap)
         assert want.height > 0, name
@@ -53,7 +53,7 @@ def test_not_a_cluster_timeline(tmp_path, client):
 
     src = whole(tmp_path)
     with pytest.raises(UsageError, match="is not a cluster timeline"):
-        cluster.analyse(src, client)
+        dask_cluster.analyse(src, client)
 
 
 def test_report_on_a_scheduler(timeline, client, capsys):

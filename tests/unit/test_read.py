@@ -235,7 +235,7 @@ def test_not_a_capture(tmp_path: Path) -> None:
 def test_what_the_writers_write_fits_the_shape_readers_check(tmp_path: Path) -> None:
     from pasta_trace import synthetic
     from pasta_trace.capture.manifest import ClockSample, Manifest, counts
-    from pasta_trace.json_doc import shape_problem
+    from pasta_trace.json_shape import shape_problem
 
     m = Manifest(command_line=["pasta-trace", "-a"], mode="system", start=ClockSample.now(), end=ClockSample.now(),
                  pids=[1, 2], counts=counts(events=3, names=1, lost={loss.name: 0 for loss in schema.LOSSES},

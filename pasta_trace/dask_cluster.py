@@ -10,8 +10,8 @@ collective comes back.  Needs the `cluster` extra (dask[dataframe],
 distributed):
 
     from distributed import Client
-    from pasta_trace import cluster
-    results = cluster.analyse("cluster.parquet", Client("tcp://scheduler:8786"))
+    from pasta_trace import dask_cluster
+    results = dask_cluster.analyse("cluster.parquet", Client("tcp://scheduler:8786"))
     results["stragglers"]          # a Polars DataFrame, as tools.stragglers gives
 """
 
