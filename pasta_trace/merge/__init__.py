@@ -11,7 +11,7 @@ from __future__ import annotations
 from .allocations import allocations
 from .attribution import Segments, segments
 from .cluster import load_cluster, write_cluster
-from .collectives import calls_on_communicators, collective_calls, collective_entries, entered
+from .collective_calls import calls_on_communicators, collective_calls, collective_entries, entered
 from .executions import TOLERANCE_NS, device_executions
 from .graphs import (device_graph_kernels, graph_kernel_launches, graph_launch_counts, graph_launches,
                      unknown_graph_names)

@@ -22,7 +22,7 @@ import polars as pl
 
 from .. import schema
 from ..read import Capture
-from .collectives import collective_entries
+from .collective_calls import collective_entries
 
 #: pids are below 2^22 (Linux PID_MAX_LIMIT): a capture's pids that collide
 #: with an earlier capture's move up by a multiple of it.

@@ -23,7 +23,7 @@ def collective_calls(cap: Capture) -> pl.LazyFrame:
 
 def calls_on_communicators(events: pl.LazyFrame, communicators: pl.LazyFrame) -> pl.LazyFrame:
     """collective_calls from the events (all, or some processes' whole
-    histories: pasta_trace.cluster runs it per partition) and communicators."""
+    histories: pasta_trace.dask_cluster runs it per partition) and communicators."""
     comms = communicators.select(
         "pid", "communicator", "host", "comm_id", "rank", "nranks",
         pl.col("ts_ns").alias("_made"), pl.col("end_ts_ns").alias("_end")).collect()
