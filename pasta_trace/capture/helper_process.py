@@ -34,8 +34,9 @@ _BOOT = (
 
 
 def package_parent() -> str:
-    """The directory this pasta_trace package was imported from."""
-    return str(Path(__file__).resolve().parents[2])
+    """The directory this pasta_trace package was imported from (one level
+    up from the package per dot of this module's name, wherever it sits)."""
+    return str(Path(__file__).resolve().parents[__name__.count(".")])
 
 
 def argv(module: str, *args: object) -> list[str]:
