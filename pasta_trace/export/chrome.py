@@ -165,7 +165,7 @@ def _gpu(model: TraceModel, streams: pl.DataFrame) -> list[Part]:
             pl.when(pl.col("grid_x").is_not_null()).then(_dim3("grid")),
             pl.when(pl.col("block_x").is_not_null()).then(_dim3("block")),
             _arg("cupti_correlation", pl.col("cupti_correlation").cast(pl.String)),
-            _num("overlap_ns"),
+            _num("graph_id"), _num("graph_node_id"), _num("overlap_ns"),
         )),
     ])
     flow = _event("f", [pl.lit('"cat":"ac2g","name":"ac2g","bp":"e"'), _arg("id", pl.col("corr").cast(pl.String)),

@@ -65,6 +65,7 @@ ARGS: tuple[tuple[str, str], ...] = (
     ("bytes", "uint"), ("cupti_copy_kind", "uint"), ("stream_id", "uint"), ("device", "uint"),
     ("stack", "str"),  # the caller's stack, one "function file:line" per line, innermost first
     ("tensor_device", "str"), ("allocated_bytes", "uint"), ("reserved_bytes", "uint"),
+    ("graph_id", "uint"), ("graph_node_id", "uint"),  # CUPTI's, of a kernel a graph launch ran
 )
 
 

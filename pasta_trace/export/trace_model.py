@@ -57,6 +57,7 @@ class TraceModel:
     api: pl.DataFrame
     #: pid, label, stream, name, ts_ns, dur_ns (null: no device timing), corr,
     #: cupti_correlation, device (with device timing), grid_*/block_*,
+    #: graph_id, graph_node_id (CUPTI's, of a kernel a graph launch ran),
     #: overlap_ns (see `serialized`)
     kernels: pl.DataFrame
     #: pid, label, stream (host handle, when CUPTI's stream id maps to one),
@@ -142,7 +143,8 @@ def _collective_flows(cap: Capture) -> pl.DataFrame:
 #: the columns of merge.kernel_executions the trace draws (the rest, device
 #: counters among them, are never read: left out before the merge computes them)
 KERNEL_COLUMNS = ("pid", "launch_seq", "ts_ns", "stream", "name", "gpu_start_ns", "gpu_end_ns", "correlation_id",
-                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "via_graph", "ret")
+                  "device", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "via_graph", "ret",
+                  "graph_id", "graph_node_id")
 
 
 def _launch_rows(api: pl.DataFrame, ex: pl.DataFrame) -> pl.Series:
@@ -218,6 +220,7 @@ def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.Data
         device=pl.when(has_gpu).then(pl.col("device")),
         grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
         block_x="block_x", block_y="block_y", block_z="block_z",
+        graph_id="graph_id", graph_node_id="graph_node_id",
     )
     return api, kernels
 
@@ -277,6 +280,8 @@ def _kernel_rows(cap: Capture, launches: pl.DataFrame, first_corr: int) -> pl.Da
         device=pl.lit(None, dtype=KERNEL_SCHEMA["device"]),
         grid_x="grid_x", grid_y="grid_y", grid_z="grid_z",
         block_x="block_x", block_y="block_y", block_z="block_z",
+        graph_id=pl.lit(None, dtype=KERNEL_SCHEMA["graph_id"]),
+        graph_node_id=pl.lit(None, dtype=KERNEL_SCHEMA["graph_node_id"]),
     )
 
 
