@@ -23,7 +23,10 @@ are known from the device: CUPTI gives each kernel of a graph its graph and
 node ids and the correlation id of the graph launch call, so one correlation
 id is one graph launch (device_graph_kernels).  Such a graph launch's rows are
 then its device kernels, one each, whatever the host saw of the graph; the
-host's estimate stays beside them for comparison (graph_launch_counts)."""
+host's estimate stays beside them for comparison (graph_launch_counts).  Each
+device kernel takes its handle and call site from the host node it ran
+(_node_of_each_kernel): found by name and shape, since in a graph with
+parallel branches the GPU's start order need not be the capture order."""
 
 from __future__ import annotations
 
@@ -53,6 +56,11 @@ _LAUNCHES = [a.symbol for a in APIS if a.kind == Kind.launch]
 _KERNEL = ["func", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "shmem", "caller", "caller_fp"]
 #: nested children are followed this deep
 _MAX_DEPTH = 16
+#: what a device kernel and a host node of one graph launch are paired by, the first that
+#: pairs every kernel of the launch: name and shape, name, place (_node_of_each_kernel)
+_PAIRINGS = (["name", *_KERNEL[1:7]], ["name"], [])
+#: the host node's columns a device kernel takes
+_LENT = ["func", "shmem", "caller", "caller_fp"]
 
 
 def _graph_calls(cap: Capture) -> pl.DataFrame:
@@ -264,13 +272,60 @@ def graph_launch_counts(cap: Capture) -> pl.DataFrame:
     ).sort("_launch").select([pl.col(c).cast(t) for c, t in schema.items()])
 
 
+def _node_names(cap: Capture, nodes: pl.DataFrame) -> pl.DataFrame:
+    """`nodes` (pid, func, ts_ns) with `name`: the handle's latest name at
+    ts_ns, else any name of it (names found offline carry no time), as
+    kernels.kernel_names names the launch rows; null where none was seen."""
+    names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
+                             pl.col("ts_ns").fill_null(0).alias("_name_ts")).drop_nulls(["func", "name"]).collect()
+    first = names.sort("_name_ts").group_by("pid", "func").agg(pl.col("name").first().alias("_any"))
+    timed = _asof(nodes, names, ["pid", "func"], "ts_ns", "_name_ts")
+    return timed.join(first, on=["pid", "func"], how="left").with_columns(
+        pl.coalesce("name", "_any").alias("name")).drop("_name_ts", "_any")
+
+
+def _node_of_each_kernel(cap: Capture, ran: pl.DataFrame, dev: pl.DataFrame) -> pl.DataFrame:
+    """(_launch, pos, *_LENT): per device kernel of a graph launch (`dev`,
+    `pos` its place by GPU start), the host node it ran (`ran`, the launch's
+    nodes in capture order; as many as its device kernels).
+
+    The k-th node of a name and shape is the k-th device kernel of them: the
+    node's handle named as the launch rows are (mangled, as CUPTI names the
+    kernel), its grid and block against the device's.  Where that does not
+    pair every kernel of a launch (a shape the host did not read), by name
+    alone; where names cannot pair them either (a node whose handle was never
+    named), by place: the k-th node in capture order is the k-th kernel to
+    start, right only where the graph is one chain.  Kernels alike in name
+    and shape in two parallel branches are paired in start order, which may
+    swap their call sites.  CUPTI's graph_node_id does not give the capture
+    order: a kernel record carries the id of the exec's node, cloned from the
+    graph's at instantiation (NVIDIA's cuda_graphs_trace sample maps the two
+    through CUPTI_CBID_RESOURCE_GRAPHNODE_CLONED), in an order CUPTI does not
+    document."""
+    host = _node_names(cap, ran.select("_launch", "pid", "ts_ns", "pos", *_KERNEL[1:7], *_LENT))
+    dev = dev.select("_launch", "pos", "name", *_KERNEL[1:7])
+    out = []
+    for keys in _PAIRINGS:
+        rank = (pl.col("pos").rank("ordinal").over("_launch", *keys) if keys else pl.col("pos")).alias("_rank")
+        # null names or shapes pair nothing (a join matches no nulls): their launch goes on
+        pairs = dev.with_columns(rank).join(host.with_columns(rank).select("_launch", *keys, "_rank", *_LENT),
+                                            on=["_launch", *keys, "_rank"])
+        whole = pairs.group_by("_launch").len("_n").join(dev.group_by("_launch").len("_k"), on="_launch").filter(
+            pl.col("_n") == pl.col("_k")).select("_launch")
+        out.append(pairs.join(whole, on="_launch").select("_launch", "pos", *_LENT))
+        host, dev = (f.join(whole, on="_launch", how="anti") for f in (host, dev))
+    return pl.concat(out)
+
+
 def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.DataFrame:
     """One launch row per kernel a graph launch runs, with `columns` (the
     launch events' schema; kind `launch`, via_graph true, graph_exec the exec):
     the graph launch's time, thread, stream and call; the node's kernel and
     shape; no API time of its own (the graph launch's is not split).  A graph
     launch whose kernels were not seen is one row with func = the exec, named
-    by unknown_graph_names."""
+    by unknown_graph_names.  A graph launch CUPTI recorded is its device
+    kernels in start order, each with the handle and call site of the host
+    node it ran (_node_of_each_kernel) where the host saw as many nodes."""
     ev = _graph_calls(cap)
     empty = pl.DataFrame(schema=columns)
     if ev.is_empty():
@@ -286,12 +341,12 @@ def graph_kernel_launches(cap: Capture, columns: dict[str, pl.DataType]) -> pl.D
     parts = [ran.select(cols), unknown.select(cols)]
     dev = device_graph_kernels(cap).drop_nulls("_launch")
     if dev.height:
-        # the launches CUPTI saw run their device kernels: the host's node at the same
-        # place lends its handle and call site only where the counts agree
+        # the launches CUPTI saw run their device kernels: the host's node each ran lends
+        # its handle and call site, only where the counts agree
         parts = [p.join(dev.select("_launch").unique(), on="_launch", how="anti") for p in parts]
         agree = ran.group_by("_launch").len("_host").join(dev.group_by("_launch").len("_dev"), on="_launch").filter(
             pl.col("_host") == pl.col("_dev")).select("_launch")
-        lent = ran.join(agree, on="_launch").select("_launch", "pos", "func", "shmem", "caller", "caller_fp")
+        lent = _node_of_each_kernel(cap, ran.join(agree, on="_launch"), dev.join(agree, on="_launch"))
         on_dev = launches.drop(*[c for c in _KERNEL if c in launches.columns]).join(
             dev.select("_launch", "pos", *_KERNEL[1:7]), on="_launch").join(lent, on=["_launch", "pos"], how="left")
         parts.append(on_dev.select(cols))
