@@ -1,12 +1,15 @@
-"""Multi-process and multi-GPU overview: one row per traced process, for
-system-wide captures where several programs share the machine's GPUs."""
+"""What ran and what failed.  The multi-process and multi-GPU overview: one
+row per traced process, for system-wide captures where several programs
+share the machine's GPUs.  API errors: the calls that returned an error
+code, by process, API and code, with the code's name from the vendor
+headers."""
 
 from __future__ import annotations
 
 import polars as pl
 
 from .. import lifetimes, merge
-from ..call_result import done, failed
+from ..call_result import api_errors as _api_errors, done, failed
 from ..read import Capture
 from .calls import capture_calls, is_aggregate
 from .memory import peak_rows
@@ -119,3 +122,24 @@ def overview(cap: Capture) -> pl.DataFrame:
         .sort("pid")
         .collect(engine="streaming")
     )
+
+
+API_ERRORS = columns(
+    PID, ("api", pl.String, "", "the API"),
+    ("error", pl.String, "", "the code's name from the vendor headers, e.g. CUDA_ERROR_NOT_INITIALIZED"),
+    ("ret", pl.Int32, "", "the return code"),
+    ("failed", pl.UInt64, "count", "calls of api that returned it"),
+    ("calls", pl.UInt64, "count", "every call of api by the process"),
+    ("first_ts_ns", pl.Int64, "ts", "first such failure (--aggregate: of the counted group)"),
+    ("last_ts_ns", pl.Int64, "ts", "last such failure"),
+)
+
+
+@tool("api_errors", "API errors (failed calls)", API_ERRORS, reads_aggregate=True,
+      description="calls that returned an error, per process, API and return code, out of all calls of that API",
+      terminal_columns=("pid", "api", "error", "failed", "calls", "first_ts_ns", "last_ts_ns"))
+def api_errors(cap: Capture) -> pl.DataFrame:
+    """The calls that returned an error, per process, API and code: every
+    call whose return code the probes read (all but the events of a capture
+    made before launches, copies, memsets and frees had return probes)."""
+    return _api_errors(capture_calls(cap)).collect(engine="streaming")

@@ -23,9 +23,9 @@ import pytest
 from pasta_run import run_pasta
 from pasta_trace.probes.catalog import API_ID, APIS
 from pasta_trace.read import open_capture
-from pasta_trace.tools.api_errors import api_errors
 from pasta_trace.tools.kernels import kernel_summary
 from pasta_trace.tools.memory import memory_timeline
+from pasta_trace.tools.overview import api_errors
 from pasta_trace.tools.transfers import transfers_by_direction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
