@@ -13,8 +13,7 @@ from pasta_trace import schema
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
 from pasta_trace.tools.call_sites import NO_STACK, by_call_site
-from pasta_trace.tools.leaks import leaks_by_call_site
-from pasta_trace.tools.memory import peak_by_call_site
+from pasta_trace.tools.memory import leaks_by_call_site, peak_by_call_site
 
 SYNC, ALLOC = 11, 22  # stack ids
 SITE_SYNC, SITE_ALLOC = "train.py:40 Model.step", "train.py:12 make_buffer"
