@@ -115,7 +115,7 @@ def _time_axis(y: int, w: Window) -> str:
     return f'<g class="taxis">{"".join(parts)}</g>'
 
 
-def _plot(pid: str, label: str, w: Window, height: int, outer: list[str], inner: list[str]) -> str:
+def time_plot(pid: str, label: str, w: Window, height: int, outer: list[str], inner: list[str]) -> str:
     """The outer SVG (labels, axis) around the zoomable view of the marks."""
     view_h = height - AXIS_H
     return (
@@ -197,11 +197,11 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, w: Window) -> str:
         for k in kinds
     ) + (f'<span class="key"><svg width="10" height="10"><rect class="kern" width="10" height="10"/></svg>GPU kernel</span>'
          if gpu.height else "")
-    return (_plot("timeline-plot", "timeline", w, height, labels, [*ev_marks, *k_marks])
+    return (time_plot("timeline-plot", "timeline", w, height, labels, [*ev_marks, *k_marks])
             + f'<div class="legend">{legend}</div>')
 
 
-def _byte_ticks(top: int) -> list[int]:
+def byte_ticks(top: int) -> list[int]:
     """Tick values for a byte axis: 1-2-5 steps in the binary unit that fits `top`."""
     unit = 1024 ** min(4, max(0, int(math.log(max(top, 1), 1024))))
     step = max(1, int(nice_step(top / unit, 4) * unit))
@@ -238,7 +238,7 @@ def memory_svg(timeline: pl.DataFrame, w: Window, height: int = 260) -> str:
     )
     inner, outer, legend = [], [], []
     base = top + plot_h
-    for v in _byte_ticks(ymax):
+    for v in byte_ticks(ymax):
         yy = round(top + plot_h - plot_h * v / ymax, 1)
         inner.append(f'<line class="grid" x1="0" y1="{yy}" x2="{XS}" y2="{yy}"/>')
         outer.append(f'<text class="tlabel" x="{LEFT - 6}" y="{yy + 4}" text-anchor="end">{human_bytes(v)}</text>')
@@ -260,7 +260,7 @@ def memory_svg(timeline: pl.DataFrame, w: Window, height: int = 260) -> str:
             f'<span class="key"><svg width="14" height="10"><line x1="0" y1="5" x2="14" y2="5" stroke="{colour}" '
             f'stroke-width="2"/></svg>{escape(label)} (peak {human_bytes(row["peak"])})</span>'
         )
-    return (_plot("memory-plot", "live device memory", w, height, outer, inner)
+    return (time_plot("memory-plot", "live device memory", w, height, outer, inner)
             + f'<div class="legend">{"".join(legend)}</div>')
 
 

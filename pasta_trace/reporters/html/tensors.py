@@ -16,7 +16,7 @@ import polars as pl
 
 from ...tools.render import human_bytes
 from ...tools.tensors import BEFORE
-from .plots import AXIS_H, BINS, LEFT, SERIES_COLOURS, XS, Window, _byte_ticks, _plot
+from .plots import AXIS_H, BINS, LEFT, SERIES_COLOURS, XS, Window, byte_ticks, time_plot
 
 #: call sites drawn on their own; the others are one band
 TOP_SITES = 8
@@ -90,7 +90,7 @@ def _one(key: tuple, steps: pl.DataFrame, timeline: pl.DataFrame, w: Window, hei
         .sort("order")
     )
     inner, outer, legend = [], [], []
-    for v in _byte_ticks(ymax):
+    for v in byte_ticks(ymax):
         yy = round(top_px + plot_h - plot_h * v / ymax, 1)
         inner.append(f'<line class="grid" x1="0" y1="{yy}" x2="{XS}" y2="{yy}"/>')
         outer.append(f'<text class="tlabel" x="{LEFT - 6}" y="{yy + 4}" text-anchor="end">{human_bytes(v)}</text>')
@@ -116,7 +116,7 @@ def _one(key: tuple, steps: pl.DataFrame, timeline: pl.DataFrame, w: Window, hei
                       f"(at most {human_bytes(int(reserved['reserved_bytes'].max()))})</span>")
     name = f"pid {pid} {device}"
     plot_id = "tensor-plot-" + "".join(c if c.isalnum() else "-" for c in f"{pid}-{device}")
-    return (f"<h3>{escape(name)}</h3>" + _plot(plot_id, f"tensor memory of {escape(name)}", w, height, outer, inner)
+    return (f"<h3>{escape(name)}</h3>" + time_plot(plot_id, f"tensor memory of {escape(name)}", w, height, outer, inner)
             + f'<div class="legend">{"".join(legend)}</div>')
 
 
