@@ -10,7 +10,7 @@ import pytest
 
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
-from pasta_trace.tools.hotness import page_launch_matrix
+from pasta_trace.tools.gpu import page_launch_matrix
 from test_tools_capture import T0, write_device_capture
 
 MANAGED = 0x20000

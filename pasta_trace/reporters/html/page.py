@@ -22,7 +22,7 @@ from ... import __version__, merge
 from ...read import Capture
 from ...tools.findings import Finding
 from ...tools.flame import flames
-from ...tools.hotness import page_launch_matrix
+from ...tools.gpu import page_launch_matrix
 from ...tools.memory import memory_timeline
 from ...tools.render import format_frame, human_ns
 from ...tools.run import ToolResult, device_data_text, incomplete_banner, lost_text
