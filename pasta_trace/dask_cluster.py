@@ -29,7 +29,7 @@ from .errors import PastaError, UsageError
 from .parquet_scan import first_line
 from .tools import collectives as coll
 from .tools import stragglers as strag
-from .tools.span import bounds
+from .tools.common import bounds
 
 if TYPE_CHECKING:
     import dask.dataframe as dd

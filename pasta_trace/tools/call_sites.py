@@ -18,7 +18,7 @@ import polars as pl
 from .. import lifetimes
 from ..call_result import done
 from ..read import Capture
-from .exprs import measured_sum
+from .common import measured_sum
 from .render import human_bytes
 from .registry import PID, columns, tool
 from .sites import NO_STACK, site_depth, with_site

@@ -28,7 +28,7 @@ import polars as pl
 from .. import merge
 from ..hexfmt import hex_expr
 from ..read import Capture
-from .exprs import measured_sum
+from .common import measured_sum
 from .registry import PID, columns, tool
 
 #: the bytes of a page of an attributed-pages row

@@ -12,10 +12,9 @@ from .. import merge
 from ..call_result import failed
 from ..demangle import display_names
 from ..read import Capture
-from .exprs import measured_sum
+from .common import duration_ns, measured_sum
 from .registry import PID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, top_site, with_launch_site
-from .span import duration_ns
 
 _KEY = ["pid", "name"]
 _NAME = ("name", pl.String, "", "kernel name (unknown@0x<handle> when no name was seen)")

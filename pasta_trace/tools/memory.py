@@ -15,9 +15,9 @@ import polars as pl
 from .. import lifetimes, merge
 from ..read import Capture
 from . import render
+from .common import bounds
 from .registry import PID, TID, columns, tool
 from .sites import NO_STACK, allocation_sites, top_site
-from .span import bounds
 
 _API = ("api", pl.String, "", "allocation API (for a free: the API that allocated the block)")
 TIMELINE = columns(

@@ -11,9 +11,8 @@ import polars as pl
 from .. import lifetimes, merge
 from ..call_result import api_errors as _api_errors, done, failed
 from ..read import Capture
-from .calls import capture_calls, is_aggregate
+from .common import capture_calls, is_aggregate, measured_sum
 from .memory import peak_rows
-from .exprs import measured_sum
 from .registry import PID, columns, tool
 
 PROCESSES = columns(

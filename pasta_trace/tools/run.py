@@ -13,10 +13,9 @@ import polars as pl
 from .. import merge, schema
 from ..device.status import status_lines
 from ..read import Capture
-from .calls import capture_calls
 from . import REGISTRY
+from .common import bounds, capture_calls
 from .registry import Tool
-from .span import bounds
 from .tensors import TENSOR_KINDS
 
 

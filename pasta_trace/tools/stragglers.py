@@ -12,8 +12,8 @@ import polars as pl
 
 from ..read import Capture
 from ..merge import collective_entries as _entries
+from .common import bounds
 from .registry import columns, tool
-from .span import bounds
 
 _COLL = (
     ("comm_id", pl.UInt64, "handle", "the communicator across ranks (hash of its ncclUniqueId)"),

@@ -6,10 +6,9 @@ from __future__ import annotations
 import polars as pl
 
 from ..read import Capture
-from .exprs import measured_sum
+from .common import duration_ns, measured_sum
 from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, with_site, with_top_site
-from .span import duration_ns
 
 _MEASURES = (
     ("calls", pl.UInt32, "count", "sync calls"),

@@ -27,10 +27,10 @@ from .. import tensor_source
 from ..read import Capture
 from ..tensor_source import CPU_APIS, REPORT_API, TENSOR_KINDS, left_at_exit  # noqa: F401 - the tools' names
 from . import render
+from .common import bounds
 from .memory import sparkline
 from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .sites import NO_STACK, top_site, with_site
-from .span import bounds
 
 #: the call site of the bytes an allocator's total held at the peak that no
 #: tensor of the capture accounts for (allocated before it began)

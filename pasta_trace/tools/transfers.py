@@ -8,7 +8,7 @@ import polars as pl
 
 from ..call_result import done
 from ..read import Capture
-from .exprs import measured_sum
+from .common import measured_sum
 from .registry import PID, TID, TOP_CALL_SITE, columns, tool
 from .render import human_bytes, human_ns
 from .sites import NO_STACK, with_site, with_top_site
