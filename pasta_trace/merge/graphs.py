@@ -278,10 +278,25 @@ def _node_names(cap: Capture, nodes: pl.DataFrame) -> pl.DataFrame:
     kernels.kernel_names names the launch rows; null where none was seen."""
     names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
                              pl.col("ts_ns").fill_null(0).alias("_name_ts")).drop_nulls(["func", "name"]).collect()
-    first = names.sort("_name_ts").group_by("pid", "func").agg(pl.col("name").first().alias("_any"))
-    timed = _asof(nodes, names, ["pid", "func"], "ts_ns", "_name_ts")
-    return timed.join(first, on=["pid", "func"], how="left").with_columns(
-        pl.coalesce("name", "_any").alias("name")).drop("_name_ts", "_any")
+    per_handle = names.sort("_name_ts").group_by("pid", "func").agg(pl.len().alias("_names"),
+                                                                    pl.col("name").first().alias("_any"))
+    nodes = nodes.join(per_handle, on=["pid", "func"], how="left")
+    # only a renamed handle (a module reloaded) needs the as-of join, which sorts every row
+    renamed = pl.col("_names").fill_null(0) > 1
+    timed = _asof(nodes.filter(renamed), names, ["pid", "func"], "ts_ns", "_name_ts").drop("_name_ts")
+    once = nodes.filter(~renamed).with_columns(pl.lit(None, pl.String).alias("name"))
+    return pl.concat([once, timed]).with_columns(pl.coalesce("name", "_any").alias("name")).drop("_names", "_any")
+
+
+def _ranked(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """`rows` (_launch, pos, `keys`) with `_rank`: the place of each among
+    the rows of its launch alike in `keys`, by pos.  Found on the rows sorted
+    by them, where a window over several keys costs seconds at 10^6 rows."""
+    by = ["_launch", *keys]
+    rows = rows.sort([*by, "pos"], nulls_last=True)
+    first = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in by])
+    i = pl.int_range(pl.len(), dtype=pl.Int64)
+    return rows.with_columns((i - pl.when(first).then(i).forward_fill()).alias("_rank"))
 
 
 def _node_of_each_kernel(cap: Capture, ran: pl.DataFrame, dev: pl.DataFrame) -> pl.DataFrame:
@@ -306,10 +321,9 @@ def _node_of_each_kernel(cap: Capture, ran: pl.DataFrame, dev: pl.DataFrame) -> 
     dev = dev.select("_launch", "pos", "name", *_KERNEL[1:7])
     out = []
     for keys in _PAIRINGS:
-        rank = (pl.col("pos").rank("ordinal").over("_launch", *keys) if keys else pl.col("pos")).alias("_rank")
         # null names or shapes pair nothing (a join matches no nulls): their launch goes on
-        pairs = dev.with_columns(rank).join(host.with_columns(rank).select("_launch", *keys, "_rank", *_LENT),
-                                            on=["_launch", *keys, "_rank"])
+        pairs = _ranked(dev, keys).join(_ranked(host, keys).select("_launch", *keys, "_rank", *_LENT),
+                                        on=["_launch", *keys, "_rank"])
         whole = pairs.group_by("_launch").len("_n").join(dev.group_by("_launch").len("_k"), on="_launch").filter(
             pl.col("_n") == pl.col("_k")).select("_launch")
         out.append(pairs.join(whole, on="_launch").select("_launch", "pos", *_LENT))

@@ -61,10 +61,14 @@ _FORK_JOIN_DEVICE = [
 ]
 
 
-def _capture(tmp_path: Path, events: list[dict], records: list[tuple], handles: dict[int, str]):
+def _capture(tmp_path: Path, events: list[dict], records: list[tuple], handles: dict[int, str],
+             earlier: dict[int, str] | None = None):
+    """The capture, its handles named at 5 (those of `earlier` at 1, then
+    renamed at 5: a module reloaded), and CUPTI's `records`."""
     cap_dir = fx.write(tmp_path / "cap", events=events, device=False)
-    names = [{"pid": P, "handle": h, "name": n, "source": "module_get_function", "ts_ns": 5,
-              "api": "cuModuleGetFunction"} for h, n in handles.items()]
+    names = [{"pid": P, "handle": h, "name": n, "source": "module_get_function", "ts_ns": ts,
+              "api": "cuModuleGetFunction"}
+             for ts, named in ((1, earlier or {}), (5, handles)) for h, n in named.items()]
     fx.frame(names, schema.NAMES_SCHEMA).write_parquet(cap_dir / "names.parquet")
     (cap_dir / "device").mkdir()
     ids: dict[str, int] = {}
@@ -141,6 +145,14 @@ def test_nodes_without_dependencies_pair_by_name(tmp_path: Path) -> None:
     for unnamed_shape in (False, True):
         cap = _capture(tmp_path / str(unnamed_shape), _explicit_events(unnamed_shape), _EXPLICIT_DEVICE, HANDLES)
         assert _rows(cap) == want, unnamed_shape
+
+
+def test_a_renamed_handle_pairs_by_its_name_at_the_launch(tmp_path: Path) -> None:
+    """Handle 0xB named another kernel before its module was reloaded: the
+    node goes by the name it had at the graph launch, as the launch rows do."""
+    cap = _capture(tmp_path, _explicit_events(False), _EXPLICIT_DEVICE, HANDLES, earlier={0xB: "_Z3oldv"})
+    assert [(r[1], r[4], r[5]) for r in _rows(cap)] == [(RELU, 0xC, 0x2003), (NORM, 0xB, 0x2002),
+                                                        (GEMM, 0xA, 0x2001)]
 
 
 def test_a_node_never_named_pairs_by_place(tmp_path: Path) -> None:
