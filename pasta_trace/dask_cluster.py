@@ -12,7 +12,7 @@ distributed):
     from distributed import Client
     from pasta_trace import dask_cluster
     results = dask_cluster.analyse("cluster.parquet", Client("tcp://scheduler:8786"))
-    results["stragglers"]          # a Polars DataFrame, as tools.stragglers gives
+    results["stragglers"]          # a Polars DataFrame, as tools.nccl.stragglers gives
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import polars as pl
 from . import merge
 from .errors import PastaError, UsageError
 from .parquet_scan import first_line
-from .tools import collectives as coll
-from .tools import stragglers as strag
+from .tools import nccl
 from .tools.common import bounds
 
 if TYPE_CHECKING:
@@ -135,13 +134,13 @@ def analyse(path: str | Path, client: "Client", tools: tuple[str, ...] = TOOLS) 
         raise UsageError(f"{timeline} is not a cluster timeline",
                          hint="make one with: pasta-trace merge DIR1 DIR2 ... -o OUT")
     comms = cap.communicators.collect()
-    members = strag.members_of(comms.lazy()).collect()
+    members = nccl.members_of(comms.lazy()).collect()
     out: dict[str, pl.DataFrame] = {}
     with client.as_current():
         calls = _calls(timeline, comms)
         if "collectives" in tools:
-            parts = _per_partition(calls, coll.per_rank).compute()
-            out["collectives"] = coll.finish_per_rank(coll.combine_per_rank(_polars(parts)))
+            parts = _per_partition(calls, nccl.per_rank).compute()
+            out["collectives"] = nccl.finish_per_rank(nccl.combine_per_rank(_polars(parts)))
         entries = _per_partition(calls, lambda c: merge.entered(c).select("comm_id", "seq", "api", "rank", "pid",
                                                                           "ts_ns"))
         # each collective's entries on one worker: the per-collective steps run where they meet
@@ -149,12 +148,12 @@ def analyse(path: str | Path, client: "Client", tools: tuple[str, ...] = TOOLS) 
         if len({"stragglers", "straggler_ranks", "hangs"} & set(tools)) > 1:
             by_collective = by_collective.persist()
         if {"stragglers", "straggler_ranks"} & set(tools):
-            per = _polars(_per_partition(by_collective, strag.per_collective).compute())
-            out["stragglers"] = strag.finish_stragglers(per)
+            per = _polars(_per_partition(by_collective, nccl.per_collective).compute())
+            out["stragglers"] = nccl.finish_stragglers(per)
             if "straggler_ranks" in tools:
                 ranks = entries[["comm_id", "rank", "pid"]].drop_duplicates().compute()
-                out["straggler_ranks"] = strag.rank_table(per, _polars(ranks).unique())
+                out["straggler_ranks"] = nccl.rank_table(per, _polars(ranks).unique())
         if "hangs" in tools:
-            unentered = _per_partition(by_collective, lambda e: strag.unentered(e, members.lazy())).compute()
-            out["hangs"] = strag.finish_hangs(_polars(unentered), members.lazy(), bounds(cap)[1])
+            unentered = _per_partition(by_collective, lambda e: nccl.unentered(e, members.lazy())).compute()
+            out["hangs"] = nccl.finish_hangs(_polars(unentered), members.lazy(), bounds(cap)[1])
     return {name: out[name] for name in TOOLS if name in tools}

@@ -10,7 +10,7 @@ never entering the last) is written as a cluster timeline of --nodes
 captures, each node's clock moved by a known offset (`pasta-trace merge`'s
 write, timed on its own).  Then, on that timeline:
 
-  polars   tools.stragglers on the opened timeline, read lazily from Parquet
+  polars   tools.nccl.stragglers on the opened timeline, read lazily from Parquet
            (the collective calls matched to their communicators, grouped by
            collective): collective rows per second, best of --repeat
   dask     pasta_trace.dask_cluster.analyse's stragglers step on a LocalCluster
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from pasta_trace import merge, schema, synthetic, synthetic_nccl  # noqa: E402
 from pasta_trace.read import Capture  # noqa: E402
-from pasta_trace.tools import stragglers as strag  # noqa: E402
+from pasta_trace.tools import nccl  # noqa: E402
 
 NODE_SHIFT_NS = 3_000_000_007  # node k's CLOCK_MONOTONIC reads k times this more
 RT0 = 1_764_000_000_000_000_000  # CLOCK_REALTIME at synthetic.MONO0
@@ -114,7 +114,7 @@ def main() -> int:
         print(f"{args.ranks} ranks x {n} collectives on {args.nodes} nodes: {rows:,} collective rows "
               f"(generated in {t_gen:.1f} s, merged into a cluster timeline in {t_merge:.1f} s; "
               f"worst clock offset error {err / 1000:.1f} us; opened in {t_open:.1f} s)")
-        t_pl, cpu_pl, want = best(lambda: strag.stragglers(cap), args.repeat)
+        t_pl, cpu_pl, want = best(lambda: nccl.stragglers(cap), args.repeat)
         cores = os.cpu_count() or 1
         # on a shared machine wall time counts other processes' turns too; CPU time spread over
         # the cores is what the same work takes with the cores to itself

@@ -6,7 +6,7 @@ touch the kernel; they read only what `pasta_trace.read` /
 `pasta_trace.merge` give them.
 """
 
-from . import call_sites, collectives, gpu, kernels, memory, overview, stragglers, sync, tensors, transfers
+from . import call_sites, gpu, kernels, memory, nccl, overview, sync, tensors, transfers
 from .registry import Tool, in_order
 
 #: the order reports show the tools in
@@ -25,5 +25,5 @@ REPORT_ORDER = (
 REGISTRY: dict[str, Tool] = in_order(REPORT_ORDER)
 
 # the modules are imported for the tools they declare
-__all__ = ["REGISTRY", "REPORT_ORDER", "Tool", "call_sites", "collectives", "gpu", "kernels", "memory", "overview",
-           "stragglers", "sync", "tensors", "transfers"]
+__all__ = ["REGISTRY", "REPORT_ORDER", "Tool", "call_sites", "gpu", "kernels", "memory", "nccl", "overview", "sync",
+           "tensors", "transfers"]

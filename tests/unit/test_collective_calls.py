@@ -35,7 +35,7 @@ def test_ranks_in_at_the_same_ns_name_the_highest():
     """Whatever the row order (Dask partitions differ from one Polars frame), the same last rank."""
     from test_tools_nccl import PIDS, capture
 
-    from pasta_trace.tools.stragglers import stragglers
+    from pasta_trace.tools.nccl import stragglers
 
     r0, r1, r2 = PIDS
     for order in ([call(r0, 1000, seq=0), call(r2, 1300, seq=0), call(r1, 1300, seq=0)],
