@@ -55,7 +55,7 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     worked out when called and held in memory: the frame returned only selects
     and casts (and gives a host-only capture's device columns as nulls).  Not
     kept in cap.cache, where it would outlive a reader that wants it once (an
-    export): a reader that wants it again holds it (tools.run.with_merged)."""
+    export): a reader that wants it again holds it (merge.held.with_merged)."""
     merged = cap.merged.get("kernels")
     if merged is not None:
         return merged

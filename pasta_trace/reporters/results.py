@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
+from ..merge.held import with_merged
 from ..read import Capture
 from ..tools.findings import Finding, key_findings
-from ..tools.run import ToolResult, capture_facts, run_tools, with_merged
+from ..tools.run import ToolResult, capture_facts, run_tools
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,23 +27,6 @@ class ToolResult:
     frame: pl.DataFrame
     #: why the frame is empty when that is not a finding (no device data)
     note: str | None = None
-
-
-def with_merged(cap: Capture) -> Capture:
-    """`cap` with its merged frames (kernel executions, allocation instances,
-    attributed pages) computed once and held in memory, so the tools read them
-    instead of each redoing the merge.  A merged timeline already has them on
-    disk and is returned as it is: for captures too big for this, merge first."""
-    if cap.merged:
-        return cap
-    # the kernel executions' rows are in memory already (collected, a host-only
-    # capture's null device columns would be too); the attributed pages read them
-    # (kernel names) from the held frame, not from a second merge of every launch
-    held = {"kernels": merge.kernel_executions(cap)}
-    partial = dataclasses.replace(cap, merged=held)
-    for name, fn in (("allocations", merge.allocations), ("pages", merge.attributed_pages)):
-        held[name] = fn(partial).collect(engine="streaming").lazy()
-    return dataclasses.replace(cap, merged=held)
 
 
 def run_tools(
