@@ -15,7 +15,7 @@ from ..damage import left_out, reading
 from ..errors import UsageError
 from ..read import Capture
 from ..safe_output import OutputDir, OutputFile, invoking_user
-from .report import add_call_site_arguments, apply_call_site
+from .common import add_call_site_arguments, add_input_path, apply_call_site, warn_problems
 
 HELP = "a capture or timeline as a Perfetto trace, Chrome trace JSON, or CSV files"
 EXAMPLES = """\
@@ -29,7 +29,7 @@ FORMATS = {"perfetto": ".pftrace", "chrome": ".json", "csv": "-csv"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="capture directory or merged timeline")
+    add_input_path(p)
     p.add_argument("--format", "-f", dest="format", metavar="FORMAT", default="perfetto",
                    help="perfetto (default; .pftrace), chrome (trace-event JSON) or csv (a directory)")
     p.add_argument("-o", "--output", metavar="OUT", type=Path,
@@ -105,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with reading(lambda: merge.load(args.path), verbose=args.verbose) as cap:
             apply_call_site(args, cap)
-            for problem in cap.problems:
-                if problem not in cap.damaged:  # those end the run, as its error
-                    print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+            warn_problems(cap)
             t0 = time.perf_counter()
             what, hints = _csv(cap, target) if isinstance(target, OutputDir) else _trace(cap, target, args.format)
     except BaseException:

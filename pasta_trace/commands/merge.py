@@ -16,6 +16,7 @@ from ..arg_types import microseconds
 from ..damage import left_out, reading, reading_all
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
+from .common import say_wrote, warn_problems
 
 HELP = ("join host events and device data into one timeline (Parquet directory), or captures of many nodes "
         "or ranks into one cluster timeline")
@@ -89,9 +90,7 @@ def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
     with reading_all(load, verbose=args.verbose) as caps:
         offsets = merge.write_cluster(caps, out, sync_ns=int(args.clock_sync_us * 1000))
     for cap in caps:
-        for problem in cap.problems:
-            if problem not in cap.damaged:  # those end the run, as its error
-                print(f"pasta-trace: warning: {cap.path}: {problem}", file=sys.stderr)
+        warn_problems(cap, f"{cap.path}: ")
         if cap.has_device_data:
             print(f"pasta-trace: warning: {cap.path}: its device data is not in the cluster timeline "
                   f"(see its kernels with: pasta-trace merge {cap.path} -o OUT)", file=sys.stderr)
@@ -103,8 +102,7 @@ def _cluster(args: argparse.Namespace, dirs: list[Path]) -> int:
     if "none" in offsets["method"].to_list():
         print("pasta-trace: warning: captures with neither clock samples nor collectives shared with the first "
               "are not aligned (offset 0)", file=sys.stderr)
-    print(f"Wrote {args.output}", file=sys.stderr)
-    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    say_wrote(args.output)
     left_out(*caps)  # as one capture's merge: the timeline holds the rest, its problems say what is missing
     return 0
 
@@ -130,17 +128,14 @@ def run(args: argparse.Namespace) -> int:
     out = merge.timeline_output(args.output, force=args.force)  # a bad -o fails before any work
     with reading(lambda: _inputs(src, args.device_files, out), verbose=args.verbose) as cap:
         stats = _merge(cap, out, int(args.tolerance_us * 1000))
-    for problem in cap.problems:
-        if problem not in cap.damaged:  # those end the run, as its error
-            print(f"pasta-trace: warning: {problem}", file=sys.stderr)
+    warn_problems(cap)
     for line in stats.lines():
         print(line, file=sys.stderr)
     if cap.aggregate is not None:
         counted = cap.aggregate.filter(pl.col("kind") == "launch").select(pl.col("count").sum()).collect().item()
         print(f"note: an --aggregate capture: {counted or 0:,} launches counted per kernel and shape, no single "
               "launch to match with device data; the counts are carried into the timeline", file=sys.stderr)
-    print(f"Wrote {args.output}", file=sys.stderr)
-    print(f"You can now run: pasta-trace report {args.output}", file=sys.stderr)
+    say_wrote(args.output)
     left_out(cap)  # the timeline holds the rest; its problems say what is missing
     return 0
 

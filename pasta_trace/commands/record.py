@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..arg_types import depth, pages, pids, rows, seconds
+from ..arg_types import depth, pages, rows
 from ..errors import PastaError, UsageError
+from .common import add_duration_option, add_pid_option
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"
 
@@ -38,13 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..probes.compiled_cache import DEFAULT_DIR as DEFAULT_BPF_CACHE
 
     who = p.add_argument_group("what to trace (one of)")
-    who.add_argument("-p", "--pid", type=pids, metavar="PID[,PID...]",
-                     help="running processes; events from these PIDs (and children they start) only")
+    add_pid_option(who, "running processes; events from these PIDs (and children they start) only")
     who.add_argument("-a", "--system-wide", action="store_true",
                      help="every process that uses libcuda, libamdhip64 or libnccl, including later ones and containers")
     who.add_argument("command", nargs="*", metavar="-- CMD ARGS",
                      help="start CMD (as SUDO_USER under sudo), trace it and its children, stop when it exits")
-    p.add_argument("-d", "--duration", type=seconds, metavar="SEC", help="stop after SEC seconds")
+    add_duration_option(p)
     p.add_argument("-o", "--output", type=Path, metavar="DIR",
                    help="capture directory (default pasta-<host>-<YYYYmmddTHHMMSS>)")
     p.add_argument("--force", action="store_true", help="overwrite the capture in an existing DIR")

@@ -23,7 +23,7 @@ from ..reporters.terminal import TerminalReporter
 from ..safe_output import OutputFile
 from ..tools import REGISTRY
 from ..tools.run import ToolResult, incomplete_banner
-from ..tools.sites import MODES, set_policy
+from .common import add_call_site_arguments, add_input_path, apply_call_site
 
 HELP = "summaries of a capture or timeline: terminal tables, --json, or --html"
 EXAMPLES = """\
@@ -38,7 +38,7 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", metavar="PATH", help="capture directory or merged timeline")
+    add_input_path(p)
     p.add_argument("--json", action="store_true", help="write every table as JSON to stdout, nothing else")
     p.add_argument("--html", metavar="OUT", type=Path, help="write one self-contained HTML report to OUT")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
@@ -55,20 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also print the top --limit caller stacks in full: by bytes allocated (driver and tensor "
                         "memory) and by time blocked in syncs")
     add_call_site_arguments(p)
-
-
-def add_call_site_arguments(p: argparse.ArgumentParser) -> None:
-    """--call-site and --user-code (report and export)."""
-    p.add_argument("--call-site", choices=MODES, default="user",
-                   help="which frame of a stack names its call site: user (default: the innermost frame in your "
-                        "code, outside the standard library, site-packages/dist-packages and frozen modules) or "
-                        "innermost (the frame that made the call, inside a library or not)")
-    p.add_argument("--user-code", action="append", metavar="PATH", default=[],
-                   help="a file or directory that is your code (repeatable); then only frames there are yours")
-
-
-def apply_call_site(args: argparse.Namespace, cap: Capture) -> None:
-    set_policy(cap, args.call_site, args.user_code)
 
 
 @contextmanager

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..arg_types import pages, pids, seconds
+from ..arg_types import pages, seconds
+from .common import add_duration_option, add_pid_option
 
 HELP = "live per-process view: calls per second by kind, and the memory each process holds (refreshes every second)"
 
@@ -30,10 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..capture.options import DEFAULT_BUFFER_PAGES
 
     who = p.add_mutually_exclusive_group()
-    who.add_argument("-p", "--pid", type=pids, metavar="PID[,PID...]", help="only these processes")
+    add_pid_option(who, "only these processes")
     who.add_argument("-a", "--system-wide", action="store_true",
                      help="every process that uses a traced library, including later ones (the default)")
-    p.add_argument("-d", "--duration", type=seconds, metavar="SEC", help="stop after SEC seconds")
+    add_duration_option(p)
     p.add_argument("-i", "--interval", type=seconds, default=1.0, metavar="SEC", help="refresh interval (1 s)")
     p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
