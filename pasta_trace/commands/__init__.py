@@ -5,7 +5,8 @@
     add_arguments(parser) -> None
     run(args) -> int                exit code; raise errors.PastaError for user errors
 
-`cli.py` only parses and dispatches; no logic lives there.
+`cli.py` only parses and dispatches; no logic lives there.  What several
+verbs share is in common.py (a verb never imports another verb).
 """
 
 #: verb -> module name under pasta_trace.commands; `record` is the default verb.

@@ -1,4 +1,6 @@
-"""Host <-> device merge on one clock (docs/merge.md).
+"""Host <-> device merge on one clock (docs/merge.md), written as a timeline
+directory (timeline.py), and the cluster timeline of many captures on one
+clock (cluster.py, clock_align.py; docs/cluster.md).
 
 Every function takes a pasta_trace.read.Capture (a capture directory, or a
 merged timeline from `load`) and returns a lazy frame shaped like
