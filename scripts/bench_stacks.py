@@ -17,10 +17,14 @@ stack depth 10 and 30:
   measured with the same calls and callers.
 
 Each figure is the calling thread's CPU time per call (the kernel runs the
-probe in that thread), the median of --batches batches of --calls calls; the
-probe's cost is traced minus untraced, the stacks' cost is stacks minus
-no-stacks (and their ratio: traced with stacks / the probe alone, both from
-this run), and the cost per extra frame is (depth 30 - depth 10) / 20.
+probe in that thread), the median of --batches batches of --calls calls.
+The three runs (untraced, probe alone, with stacks) are made back to back in
+each of --rounds rounds: the probe's cost is traced minus untraced and the
+stacks' cost stacks minus no-stacks within a round, and the figure printed is
+the median over rounds, with the rounds' range (a virtual CPU's stolen time
+counts as the thread's CPU time, so a busy host moves a whole run, not a
+difference within a round, and one run alone can be off by 10x).  The cost
+per extra frame is (depth 30 - depth 10) / 20 of the stacks' cost.
 Targets (docs/performance.md): stacks <= 1.0 us per event at depth 10 and
 <= 60 ns per extra frame; native stacks <= 5 us per event.  Every call site makes the same stack, so after the
 first event each one costs the walk and one hash lookup (identical stacks are
@@ -138,6 +142,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--only-rate", action="store_true", help="only the drain row")
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rounds of (untraced, probe, stacks) per depth; the figures are medians over rounds")
     ap.add_argument("--native-calls", type=int, default=2000, help="calls per batch of the native-stack row")
     ap.add_argument("--rate", type=int, default=200000,
                     help="stacked calls/s of the drain row, from 2 processes, for 3 s (0: skip it)")
@@ -150,12 +156,26 @@ def main() -> int:
         tmp = Path(d)
         rate = drain_rate(tracer, stub, a.rate, 3.0, 2, tmp) if a.rate else None
         res = {}
+        spread = {}
         for depth in () if a.only_rate else (10, 30):
-            res[depth] = {
-                "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
-                "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
-                "stacks": measure(tracer, stub, a.calls, a.batches, depth, tmp),
+            # the three runs of a round back to back, `rounds` rounds: the host's load moves within
+            # seconds (a vCPU's stolen time counts as the thread's CPU time), so each difference is
+            # taken within a round and the median of the rounds' differences is reported
+            rounds = []
+            for _ in range(a.rounds):
+                rounds.append({
+                    "untraced": measure([], stub, a.calls, a.batches, depth, tmp),
+                    "probe": measure([*tracer, "--no-stacks"], stub, a.calls, a.batches, depth, tmp),
+                    "stacks": measure(tracer, stub, a.calls, a.batches, depth, tmp),
+                })
+            res[depth] = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+            spread[depth] = {
+                "probe": sorted(r["probe"] - r["untraced"] for r in rounds),
+                "stacks": sorted(r["stacks"] - r["probe"] for r in rounds),
             }
+            # differences within a round, then their median (not the difference of medians)
+            res[depth]["probe_cost"] = statistics.median(spread[depth]["probe"])
+            res[depth]["stack_cost"] = statistics.median(spread[depth]["stacks"])
             if a.no_native:
                 continue
             res[depth] |= {
@@ -167,12 +187,13 @@ def main() -> int:
                 "native_counts": native_counts,
             }
     for depth, r in res.items():
-        print(f"depth {depth}: untraced {r['untraced']:.0f} ns/call; probe +{r['probe'] - r['untraced']:.0f} ns; "
-              f"with Python stacks +{r['stacks'] - r['untraced']:.0f} ns "
-              f"(stacks alone +{r['stacks'] - r['probe']:.0f} ns per event; "
-              f"{r['stacks'] / r['probe']:.2f}x the probe alone)")
+        sp = spread[depth]
+        print(f"depth {depth} ({a.rounds} rounds): untraced {r['untraced']:.0f} ns/call; "
+              f"probe +{r['probe_cost']:.0f} ns (rounds {sp['probe'][0]:.0f}..{sp['probe'][-1]:.0f}); "
+              f"stacks alone +{r['stack_cost']:.0f} ns per event (rounds {sp['stacks'][0]:.0f}.."
+              f"{sp['stacks'][-1]:.0f}); traced with stacks {r['stacks'] / r['probe']:.2f}x the probe alone")
     if res:
-        slope = ((res[30]["stacks"] - res[30]["probe"]) - (res[10]["stacks"] - res[10]["probe"])) / 20
+        slope = (res[30]["stack_cost"] - res[10]["stack_cost"]) / 20
         print(f"per extra frame: {slope:.0f} ns")
     for depth, r in res.items() if not a.no_native else ():
         c = r["native_counts"]
