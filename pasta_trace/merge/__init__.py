@@ -5,7 +5,8 @@ clock (cluster.py, clock_align.py; docs/cluster.md).
 Every function takes a pasta_trace.read.Capture (a capture directory, or a
 merged timeline from `load`) and returns a lazy frame shaped like
 schema.TIMELINE_FRAMES[...].  Nothing is dropped silently: rows that find no
-partner keep null partner columns, and `stats` counts them.
+partner keep null partner columns, and `stats` counts them.  A report merges
+a capture directory once, in memory, before its tools read it (held.py).
 """
 
 from __future__ import annotations
