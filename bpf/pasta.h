@@ -322,30 +322,66 @@ static __always_inline u64 pt_slot_clear(u64 *keys, u64 *ids, int n, u64 key)
     return 0;
 }
 
+/* Free every slot that holds id: how many were freed. */
+static __always_inline int pt_slot_clear_id(u64 *keys, u64 *ids, int n, u64 id)
+{
+    int freed = 0;
+#pragma unroll
+    for (int i = 0; i < n; i++) {
+        if (ids[i] == id) {
+            keys[i] = PT_NO_KEY;
+            if (__sync_val_compare_and_swap(&ids[i], id, 0) == id)
+                freed++;
+        }
+    }
+    return freed;
+}
+
 /* CUDA stream capture: per process, the streams under capture and each
  * capture's id (the entry time of the begin call that started it), set by a
- * successful begin and cleared by the end.  A launch on a stream under
- * capture is recorded into a graph, not run: its event becomes kind
- * captured, dst = the capture id.  Only the outermost layer's begin/end (a
- * runtime call, else the driver's) keeps the table, so the runtime's begin
- * and the driver's inside it give one id.  capture_n counts the live
- * captures: with none (nearly always) a launch pays one array lookup and no
- * hash lookup.  Streams joined to a capture through an event wait
- * (cross-stream capture) are not marked.
+ * successful begin and cleared by the end.  A launch, copy or memset on a
+ * stream under capture is recorded into a graph, not run: its event becomes
+ * kind captured, dst = the capture id (pt_capture_mark).  Only the outermost
+ * layer's begin/end (a runtime call, else the driver's) keeps the table, so
+ * the runtime's begin and the driver's inside it give one id.  capture_n
+ * counts the streams under capture: with none (nearly always) a launch, copy,
+ * memset, event record or event wait pays one array lookup and no hash
+ * lookup.
+ *
+ * Cross-stream capture (a fork/join inside torch.cuda.graph, NCCL under
+ * capture): an event recorded on a capturing stream takes that capture's id
+ * (capture_events), and a stream that waits on it is capturing into the same
+ * graph from then on (a slot of its own, the origin's id).  The origin's end
+ * clears every stream and event of its id: CUDA requires the joined streams
+ * to have rejoined the origin by then, and none is capturing after it.  An
+ * event recorded again on a stream not capturing leaves its capture.  Event
+ * record and wait are idempotent here, so a runtime call and the driver call
+ * nested in it may both apply them.
  *
  * Keyed by the process, so its exit (or exec) drops every capture it left
  * open in one delete (discover.bpf.c, pt_captures_gone): a process killed
  * mid-capture would otherwise keep capture_n up, and every launch of every
- * process would pay the hash lookup until the tracer ends.  A begin the
- * table cannot hold (PT_CAPTURE_MAX processes, or PT_CAPTURE_SLOTS streams
- * of one process) is counted in lost[PT_LOST_CAPTURES]. */
+ * process would pay the hash lookup until the tracer ends.  A begin or a
+ * join the table cannot hold (PT_CAPTURE_MAX processes, or PT_CAPTURE_SLOTS
+ * streams of one process), or an event recorded under capture that
+ * capture_events cannot hold (PT_CAPTURE_EVENTS per process), is counted in
+ * lost[PT_LOST_CAPTURES]. */
 #define PT_CAPTURE_SLOTS 8
+#define PT_CAPTURE_EVENTS 16
 struct pt_captures {
     u64 stream[PT_CAPTURE_SLOTS];
     u64 id[PT_CAPTURE_SLOTS];
 };
 BPF_HASH(capturing, u32, struct pt_captures, PT_CAPTURE_MAX);
 BPF_ARRAY(capture_n, u64, 1);
+/* events recorded on a capturing stream, and their capture's id: apart from
+ * `capturing` so that neither table's initial value overflows a handler's
+ * 512-byte stack */
+struct pt_capture_events {
+    u64 event[PT_CAPTURE_EVENTS];
+    u64 id[PT_CAPTURE_EVENTS];
+};
+BPF_HASH(capture_events, u32, struct pt_capture_events, PT_CAPTURE_MAX);
 
 static __always_inline void pt_capture_count(s64 d)
 {
@@ -355,7 +391,19 @@ static __always_inline void pt_capture_count(s64 d)
         __sync_fetch_and_add(n, d);
 }
 
-static __always_inline void pt_capture_begin(u32 pid, u64 stream, u64 id)
+/* The process's streams under capture; 0 (after one array lookup) when no
+ * stream of any process is. */
+static __always_inline struct pt_captures *pt_captures_live(u32 pid)
+{
+    u32 z = 0;
+    u64 *n = capture_n.lookup(&z);
+    if (!n || !*n)
+        return 0;
+    return capturing.lookup(&pid);
+}
+
+/* Put the stream under capture id: a begin on it, or a wait that joins it. */
+static __always_inline void pt_capture_join(u32 pid, u64 stream, u64 id)
 {
     struct pt_captures init;
     __builtin_memset(init.stream, 0xff, sizeof(init.stream)); /* PT_NO_KEY until taken */
@@ -368,19 +416,25 @@ static __always_inline void pt_capture_begin(u32 pid, u64 stream, u64 id)
         pt_lost(PT_LOST_CAPTURES);
 }
 
-/* The capture id of the stream's capture, cleared; 0: none was seen begin. */
+/* The capture id of the stream's capture, cleared with every stream joined
+ * to it and every event recorded in it; 0: none was seen begin. */
 static __always_inline u64 pt_capture_end(u32 pid, u64 stream)
 {
     struct pt_captures *c = capturing.lookup(&pid);
     u64 id = c ? pt_slot_clear(c->stream, c->id, PT_CAPTURE_SLOTS, stream) : 0;
-    if (id)
-        pt_capture_count(-1);
+    if (!id)
+        return 0;
+    pt_capture_count(-1 - pt_slot_clear_id(c->stream, c->id, PT_CAPTURE_SLOTS, id));
+    struct pt_capture_events *v = capture_events.lookup(&pid);
+    if (v)
+        pt_slot_clear_id(v->event, v->id, PT_CAPTURE_EVENTS, id);
     return id;
 }
 
 /* The process exited or exec'd: its captures are gone, open or not. */
 static __always_inline void pt_captures_gone(u32 pid)
 {
+    capture_events.delete(&pid);
     struct pt_captures *c = capturing.lookup(&pid);
     if (!c)
         return;
@@ -392,23 +446,71 @@ static __always_inline void pt_captures_gone(u32 pid)
     capturing.delete(&pid);
 }
 
-/* A launch (not nested: the outer call holds the capture) on a capturing stream */
+/* cuEventRecord(event, stream): recorded on a capturing stream, the event
+ * takes its capture (dst = the capture id); recorded on another stream, it
+ * leaves the capture it had. */
+static __always_inline void pt_capture_record(struct pt_event *e, u64 event, u64 stream)
+{
+    u32 pid = e->pid; /* a key from the stack: e may be ring memory */
+    struct pt_captures *c = pt_captures_live(pid);
+    if (!c)
+        return;
+    u64 id = pt_slot_get(c->stream, c->id, PT_CAPTURE_SLOTS, stream);
+    struct pt_capture_events *v = capture_events.lookup(&pid);
+    if (!id) {
+        if (v)
+            pt_slot_clear(v->event, v->id, PT_CAPTURE_EVENTS, event);
+        return;
+    }
+    if (!v) {
+        struct pt_capture_events init;
+        __builtin_memset(init.event, 0xff, sizeof(init.event)); /* PT_NO_KEY until taken */
+        __builtin_memset(init.id, 0, sizeof(init.id));
+        v = capture_events.lookup_or_try_init(&pid, &init);
+    }
+    if (!v || pt_slot_set(v->event, v->id, PT_CAPTURE_EVENTS, event, id) < 0)
+        pt_lost(PT_LOST_CAPTURES);
+    e->dst = id;
+    e->valid |= PT_V_DST;
+}
+
+/* cuStreamWaitEvent(stream, event): a wait on an event recorded under
+ * capture joins the stream to that capture (dst = the capture id). */
+static __always_inline void pt_capture_wait(struct pt_event *e, u64 stream, u64 event)
+{
+    u32 pid = e->pid;
+    if (!pt_captures_live(pid))
+        return;
+    struct pt_capture_events *v = capture_events.lookup(&pid);
+    u64 id = v ? pt_slot_get(v->event, v->id, PT_CAPTURE_EVENTS, event) : 0;
+    if (!id)
+        return;
+    pt_capture_join(pid, stream, id);
+    e->dst = id;
+    e->valid |= PT_V_DST;
+}
+
+/* A launch, copy or memset (not nested: the outer call holds the capture)
+ * on a capturing stream.  A copy's destination moves to ptr, where a
+ * memset's is, so that dst is the capture id for every captured event. */
 static __always_inline void pt_capture_mark(struct pt_event *e)
 {
-    if (e->kind != PT_KIND_LAUNCH || !(e->valid & PT_V_STREAM))
+    u8 k = e->kind;
+    if ((k != PT_KIND_LAUNCH && k != PT_KIND_MEMCPY && k != PT_KIND_MEMSET) || !(e->valid & PT_V_STREAM))
         return;
-    u32 z = 0;
-    u64 *n = capture_n.lookup(&z);
-    if (!n || !*n)
-        return;
-    u32 pid = e->pid; /* a key from the stack: e may be ring memory */
-    struct pt_captures *c = capturing.lookup(&pid);
+    u32 pid = e->pid;
+    struct pt_captures *c = pt_captures_live(pid);
     u64 id = c ? pt_slot_get(c->stream, c->id, PT_CAPTURE_SLOTS, e->stream) : 0;
-    if (id) {
-        e->kind = PT_KIND_CAPTURED;
-        e->dst = id;
-        e->valid |= PT_V_DST;
+    if (!id)
+        return;
+    if (k == PT_KIND_MEMCPY) {
+        e->ptr = e->dst;
+        if (e->valid & PT_V_DST)
+            e->valid |= PT_V_PTR;
     }
+    e->kind = PT_KIND_CAPTURED;
+    e->dst = id;
+    e->valid |= PT_V_DST;
 }
 
 static __always_inline void pt_close(struct pt_regs *ctx, struct pt_event *e)
@@ -858,7 +960,7 @@ static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
         E->dst = IN.ts;                                                        \
         E->valid = PT_V_STREAM | PT_V_DST;                                     \
         if (E->ret == 0 && !IN.outer)                                          \
-            pt_capture_begin(E->pid, IN.a[0], IN.ts);                          \
+            pt_capture_join(E->pid, IN.a[0], IN.ts);                           \
     })
 
 /* (stream, CUgraph *out): ptr = the graph made, dst = the capture id (null:
@@ -961,6 +1063,34 @@ static __always_inline void pt_launch_cfg_rt(struct pt_event *e, u64 cfg)
         E->stream = PT_P1;                                                     \
         E->func = PT_P2;                                                       \
         E->valid = PT_V_FUNC | PT_V_STREAM;                                    \
+    })
+
+/* ------------------------------------------------------ stream ordering
+ * Event record and stream wait: the host does not wait in them (no sync).
+ * Under stream capture they fork and join streams (pt_capture_record,
+ * pt_capture_wait): dst = the capture id the call recorded into or joined. */
+
+/* (event, stream[, flags]): ptr = the event; arg 1 (the WithFlags form): aux = flags */
+#define PT_H_EVENT_RECORD(name, id, kind, arg)                                   \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->ptr = PT_P1;                                                        \
+        E->stream = PT_P2;                                                     \
+        E->valid = PT_V_PTR | PT_V_STREAM;                                     \
+        if (arg) {                                                             \
+            E->aux = (u32)PT_P3;                                               \
+            E->valid |= PT_V_AUX;                                              \
+        }                                                                      \
+        pt_capture_record(E, PT_P1, PT_P2);                                    \
+    })
+
+/* (stream, event, flags): ptr = the event waited on, aux = flags */
+#define PT_H_STREAM_WAIT_EVENT(name, id, kind, arg)                              \
+    PT_ENTRY(name, id, kind, {                                                 \
+        E->stream = PT_P1;                                                     \
+        E->ptr = PT_P2;                                                        \
+        E->aux = (u32)PT_P3;                                                   \
+        E->valid = PT_V_STREAM | PT_V_PTR | PT_V_AUX;                          \
+        pt_capture_wait(E, PT_P1, PT_P2);                                      \
     })
 
 /* ------------------------------------------------------------- allocations */

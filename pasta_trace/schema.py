@@ -29,7 +29,9 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 
 #: Version of the capture directory layout (manifest.json + Parquet files).
 #: Readers refuse a newer major with a clear message.
-CAPTURE_FORMAT_VERSION = (1, 8)  # 1.8: counts.stacks.unheld_exits
+#: 1.9: copies and memsets under capture are kind captured (ptr = the address written, dst = the
+#: capture id), on streams joined to a capture by an event wait too; event record and stream wait probed
+CAPTURE_FORMAT_VERSION = (1, 9)
 
 #: Version of the device record file (TLV) format, written in its file header
 #: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;
@@ -766,10 +768,11 @@ LOSSES: tuple[Loss, ...] = (
     # the events writer process, which wrote everything else (capture.takeover)
     Loss("lost_tracer_died", "", -1, "events", "the tracer died while it held them",
          "no option changes it; the manifest's notes say so"),
-    # bpf/pasta.h pt_capture_begin: the table of streams under capture (per process) was full
+    # bpf/pasta.h pt_capture_join, pt_capture_record: the table of streams under capture, or of events
+    # recorded under capture (per process), was full
     Loss("lost_captures", "lost", 4, "stream captures",
-         "more streams were under capture at once than the probes' table holds",
-         "no option changes it; the launches captured on those streams count as launches"),
+         "more streams or events were under capture at once than the probes' tables hold",
+         "no option changes it; the launches, copies and memsets captured on those streams count as run"),
     # bpf/nccl.bpf.c pt_nccl_remember: the table of communicators' comm_ids (per process) was full
     Loss("lost_comm_ids", "lost", 5, "communicator ids",
          "more communicators were alive at once than the probes' table holds",

@@ -94,6 +94,8 @@ SHAPES: dict[str, str] = {
     "graph_node": "common",
     "graph_child_node": "common",
     "host_func": "common",
+    "event_record": "common",
+    "stream_wait_event": "common",
     "alloc": "common",
     "alloc_flags": "common",
     "alloc_stream": "common",
@@ -222,7 +224,8 @@ GRAPH_LAUNCHES = frozenset({"cuGraphLaunch", "cuGraphLaunch_ptsz", "cudaGraphLau
 def _graphs(add, p: str) -> None:
     """CUDA graphs, driver (p = "cu") and runtime ("cuda"): the same names and
     argument orders.  Stream capture marks a stream (bpf/pasta.h, pt_capture)
-    so a launch on it is kind `captured`; the end gives the graph (`ptr`),
+    so a launch, copy or memset on it is kind `captured` (a stream joined to
+    the capture by an event wait too: _stream_ordering); the end gives the graph (`ptr`),
     instantiation the exec (`func`) of a graph (`ptr`); explicit construction
     adds kernel nodes (kind `captured`, `ptr` = the graph) and child graphs
     (`src`).  The kernel node of the runtime (cudaKernelNodeParams) has the
@@ -246,6 +249,20 @@ def _graphs(add, p: str) -> None:
         add(["cuGraphAddKernelNode_v2"], Kind.captured, "graph_kernel_node", "graphs", 1)
     add([f"{p}GraphAddMemcpyNode"], G, "graph_node", "graphs")
     add([f"{p}GraphAddChildGraphNode"], G, "graph_child_node", "graphs")
+
+
+def _stream_ordering(add, p: str) -> None:
+    """Event record and stream wait, driver (p = "cu") and runtime ("cuda"):
+    the same names and argument orders.  The host does not wait in them, so
+    they are kind `other`, never `sync` (the sync tools count time blocked).
+    Under stream capture they fork and join streams: an event recorded on a
+    capturing stream takes its capture, and a stream that waits on it
+    captures into the same graph until the origin's end (bpf/pasta.h,
+    pt_capture_record, pt_capture_wait); `dst` = that capture's id."""
+    O = Kind.other
+    add([f"{p}EventRecord", f"{p}EventRecord_ptsz"], O, "event_record", "stream ordering")
+    add([f"{p}EventRecordWithFlags", f"{p}EventRecordWithFlags_ptsz"], O, "event_record", "stream ordering", 1)
+    add([f"{p}StreamWaitEvent", f"{p}StreamWaitEvent_ptsz"], O, "stream_wait_event", "stream ordering")
 
 
 def _cuda() -> list[Api]:
@@ -314,6 +331,7 @@ def _cuda() -> list[Api]:
     add(["cuStreamSynchronize", "cuStreamSynchronize_ptsz"], S, "sync_stream", "sync")
     add(["cuCtxSynchronize"], S, "sync_none", "sync")
     add(["cuCtxSynchronize_v2", "cuEventSynchronize"], S, "sync_handle", "sync")
+    _stream_ordering(add, "cu")
 
     add(["cuModuleGetFunction"], Kind.module, "name_lookup", "names", NameSource.module_get_function)
     add(["cuLibraryGetKernel"], Kind.module, "name_lookup", "names", NameSource.library_get_kernel)
@@ -520,6 +538,7 @@ def _cudart() -> list[Api]:
     add(["cudaDeviceSynchronize"], S, "sync_none", "sync")
     add(["cudaStreamSynchronize", "cudaStreamSynchronize_ptsz"], S, "sync_stream", "sync")
     add(["cudaEventSynchronize"], S, "sync_handle", "sync")
+    _stream_ordering(add, "cuda")
 
     # (T *out, const void *hostStub): the handle aliases the stub, named offline from the ELF
     add(["cudaGetFuncBySymbol", "cudaGetKernel", "__cudaGetKernel"], Kind.module, "kernel_get_function", "names",

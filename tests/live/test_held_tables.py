@@ -147,5 +147,6 @@ def test_the_captures_and_communicators_a_process_could_not_hold_are_counted_in_
     counts = json.loads((cap / "manifest.json").read_text())["counts"]
     assert (counts["lost_captures"], counts["lost_comm_ids"]) == (2, 3)
     assert open_capture(cap).losses == {"lost_captures": 2, "lost_comm_ids": 3}
-    assert "LOST: 2 stream captures: more streams were under capture at once than the probes' table holds" in r.stderr
+    assert ("LOST: 2 stream captures: more streams or events were under capture at once than the probes' tables "
+            "hold") in r.stderr
     assert "LOST: 3 communicator ids: more communicators were alive at once than the probes' table holds" in r.stderr

@@ -155,8 +155,9 @@ def test_summary_prints_each_loss_with_its_own_remedy() -> None:
         "  no option changes it; the manifest's notes say how it died",
         "LOST: 1,016 events: the tracer died while it held them",
         "  no option changes it; the manifest's notes say so",
-        "LOST: 1,017 stream captures: more streams were under capture at once than the probes' table holds",
-        "  no option changes it; the launches captured on those streams count as launches",
+        "LOST: 1,017 stream captures: more streams or events were under capture at once than the probes' "
+        "tables hold",
+        "  no option changes it; the launches, copies and memsets captured on those streams count as run",
         "LOST: 1,018 communicator ids: more communicators were alive at once than the probes' table holds",
         "  no option changes it; the communicators split from those have no comm_id",
     ]

@@ -79,11 +79,13 @@ def test_every_api_is_well_formed():
 
 def test_both_families_cover_every_category():
     assert {a.category for a in catalog.for_family("hip")} == CATEGORIES
-    # CUDA graphs are probed beyond their launch in CUDA only
-    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points", "devices", "graphs"}
+    # CUDA graphs are probed beyond their launch in CUDA only, and with them the event record and wait
+    # that join a stream to a capture
+    assert {a.category for a in catalog.for_family("cuda")} == CATEGORIES | {"entry points", "devices", "graphs",
+                                                                              "stream ordering"}
     # the runtime has no VMM or module API of its own: those calls are the driver's
-    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"} | {"devices",
-                                                                                                    "graphs"}
+    assert {a.category for a in catalog.for_family("cudart")} == CATEGORIES - {"vmm", "modules"} | {
+        "devices", "graphs", "stream ordering"}
 
 
 def test_runtime_coverage_layers_and_nesting_roles():
