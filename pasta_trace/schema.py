@@ -194,7 +194,8 @@ class Kind(enum.IntEnum):
     nested = 15
     #: a launch made on a stream under capture, or a kernel node added to a
     #: graph: recorded into a graph, not run; the graph's launches run it
-    #: (format 1.6)
+    #: (format 1.6); a copy or memset made on a stream under capture too
+    #: (format 1.9: never bytes moved)
     captured = 16
 
 

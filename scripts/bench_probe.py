@@ -16,6 +16,11 @@ One run measures, on the same functions and interleaved rep by rep:
   same handlers, built without the return probe), against an empty uprobe
   and an empty uprobe + uretprobe.  The added cost is the ratio of each to
   its entry-only run;
+* the event record probe (``cuEventRecord``, entry-only; stream capture's
+  fork and join, bpf/pasta.h pt_capture_record): with no stream of any
+  process under capture (``capture_n`` 0, nearly always: one array lookup
+  more than a plain entry probe) and with one (``capture_n`` set by hand: the
+  process's capture table looked up, and missed), against an empty uprobe;
 * a -O0 stub runtime (``cudaLaunchKernel`` from ``cuda_runtime_api.h``) that
   calls the stub driver's ``cuLaunchKernel``: untraced; an empty uprobe on
   each of the two; pasta-trace's runtime and driver launch probes (one launch
@@ -92,6 +97,10 @@ CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)  /* cu
 {
     return dst && src ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream s)
+{
+    return ev ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)  /* cuda.h: = cuMemAlloc_v2 */
 {
     *dptr = 0x100000 + bytesize;
@@ -129,6 +138,7 @@ typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned
                         void *, void **, void **);
 typedef int (*alloc_t)(unsigned long long *, size_t);
 typedef int (*copy_t)(unsigned long long, const void *, size_t);
+typedef int (*record_t)(void *, void *);
 typedef struct { unsigned x, y, z; } dim3;  /* by value: rsi = x | y << 32, rdx = z, like the runtime's */
 typedef int (*rt_launch_t)(const void *, dim3, dim3, void **, size_t, void *);
 struct c10_device { signed char type, index; };
@@ -176,6 +186,11 @@ int main(int argc, char **argv)
         static char src[4096];
         START;
         for (long i = 0; i < n; i++) f(0x7f0000200000ull, src, sizeof src);
+        STOP;
+    } else if (!strcmp(argv[2], "record")) {  /* cuEventRecord(event, stream) */
+        record_t f = (record_t)dlsym(h, "cuEventRecord");
+        START;
+        for (long i = 0; i < n; i++) f((void *)0x2000, (void *)0x99);
         STOP;
     } else if (!strcmp(argv[2], "allreduce")) {
         allreduce_t f = (allreduce_t)dlsym(h, "ncclAllReduce");
@@ -268,14 +283,14 @@ def main() -> int:
 
     by = {x.symbol: x for x in catalog.APIS}
     launch, alloc, rt_launch = by["cuLaunchKernel"], by["cuMemAlloc_v2"], by["cudaLaunchKernel"]
-    copy = by["cuMemcpyHtoD_v2"]
+    copy, record = by["cuMemcpyHtoD_v2"], by["cuEventRecord"]
     # the same handlers without their return probe, as launches and copies were probed before (entry only)
     launch_e, rt_launch_e, copy_e = (dataclasses.replace(x, ret=False) for x in (launch, rt_launch, copy))
     report, new, delete, allreduce = (by[catalog.C10_REPORT], by[catalog.C10_CPU_NEW], by[catalog.C10_CPU_DELETE],
                                       by["ncclAllReduce"])
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
-    apis = (launch, alloc, rt_launch, report, new, delete, allreduce, copy)
+    apis = (launch, alloc, rt_launch, report, new, delete, allreduce, copy, record)
     pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=apis).encode())
     entry_only = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch_e, rt_launch_e, copy_e)).encode())
     empty = BPF(text=EMPTY_BPF)
@@ -316,6 +331,22 @@ def main() -> int:
     def none():
         return (lambda: None), (lambda: None)
 
+    def capture_live(probe):
+        """probe, run while capture_n says a stream somewhere is under capture."""
+        attach_it, detach_it = probe
+        n = pasta[b"capture_n"]
+
+        def live() -> None:
+            attach_it()
+            n[n.Key(0)] = n.Leaf(1)
+
+        def idle() -> None:
+            n[n.Key(0)] = n.Leaf(0)
+            detach_it()
+
+        live.bpf = attach_it.bpf
+        return live, idle
+
     with tempfile.TemporaryDirectory(prefix="pasta-bench-probe-") as d:
         stub, rt_stub, nccl, loop = build(Path(d))
         stub_s, rt_s, nccl_s = str(stub), str(rt_stub), str(nccl)
@@ -333,6 +364,11 @@ def main() -> int:
             "stub copy empty uprobe+uretprobe": (stub_s, "copy", empty_probe(stub_s, "cuMemcpyHtoD_v2", True), False),
             "stub copy entry-only": (stub_s, "copy", pasta_probe(stub_s, copy_e, placements, bpf=entry_only), True),
             "stub copy pasta-trace": (stub_s, "copy", pasta_probe(stub_s, copy, placements), True),
+            "stub record untraced": (stub_s, "record", none(), False),
+            "stub record empty uprobe": (stub_s, "record", empty_probe(stub_s, "cuEventRecord", False), False),
+            "stub record pasta-trace": (stub_s, "record", pasta_probe(stub_s, record, placements), True),
+            "stub record pasta-trace, a capture live": (stub_s, "record", capture_live(
+                pasta_probe(stub_s, record, placements)), True),
             "stub alloc untraced": (stub_s, "alloc", none(), False),
             "stub alloc empty uprobe+uretprobe": (stub_s, "alloc", empty_probe(stub_s, "cuMemAlloc_v2", True), False),
             "stub alloc pasta-trace": (stub_s, "alloc", pasta_probe(stub_s, alloc, placements), True),
@@ -443,6 +479,12 @@ def main() -> int:
         ("stub copy: entry-only / empty uprobe", "stub copy entry-only", "stub copy empty uprobe", "<= 1.3"),
         ("stub runtime+driver launch: with return / entry-only", "stub rtlaunch pasta-trace",
          "stub rtlaunch entry-only", ""),
+        ("stub event record: pasta-trace / empty uprobe", "stub record pasta-trace", "stub record empty uprobe",
+         "<= 1.3"),
+        ("stub event record: pasta-trace / launch entry-only", "stub record pasta-trace", "stub launch entry-only",
+         ""),
+        ("stub event record: a capture live / none", "stub record pasta-trace, a capture live",
+         "stub record pasta-trace", ""),
     ]  # fmt: skip
     if real:
         rows += [
