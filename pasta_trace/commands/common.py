@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..arg_types import pids, seconds
 from ..read import Capture
 from ..tools.sites import MODES, set_policy
+from .arg_types import pids, seconds
 
 
 def add_pid_option(group: argparse._ActionsContainer, text: str) -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 import polars as pl
 
 from .. import merge
-from ..arg_types import microseconds
 from ..damage import left_out, reading, reading_all
 from ..errors import FormatError, UsageError
 from ..read import open_capture, read_device
+from .arg_types import microseconds
 from .common import say_wrote, warn_problems
 
 HELP = ("join host events and device data into one timeline (Parquet directory), or captures of many nodes "

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..arg_types import depth, pages, rows
 from ..errors import PastaError, UsageError
+from .arg_types import depth, pages, rows
 from .common import add_duration_option, add_pid_option
 
 HELP = "record a running process (-p), the whole machine (-a), or a launched command (-- CMD)"

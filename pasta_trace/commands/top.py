@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..arg_types import pages, seconds
+from .arg_types import pages, seconds
 from .common import add_duration_option, add_pid_option
 
 HELP = "live per-process view: calls per second by kind, and the memory each process holds (refreshes every second)"

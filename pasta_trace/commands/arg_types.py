@@ -46,7 +46,7 @@ def _whole(text: str, what: str, example: int) -> int:
 
 def pages(text: str) -> int:
     """A BPF ring buffer size in pages: a power of two the kernel accepts."""
-    from .capture.options import MAX_RING_PAGES
+    from ..capture.options import MAX_RING_PAGES
 
     n = _whole(text, "pages", 4096)
     if n < 1:
@@ -61,7 +61,7 @@ def pages(text: str) -> int:
 
 def rows(text: str) -> int:
     """Rows of the --aggregate map (allocated whole when the program loads)."""
-    from . import schema
+    from .. import schema
 
     default, most = schema.DEFAULT_AGGREGATE_MAX, schema.MAX_AGGREGATE_MAX
     n = _whole(text, "rows", default)
@@ -86,7 +86,7 @@ def seconds(text: str) -> float:
 
 def depth(text: str) -> int:
     """Python frames kept per stack (--stack-depth)."""
-    from . import schema
+    from .. import schema
 
     n = _whole(text, "frames", schema.DEFAULT_STACK_DEPTH)
     if not 1 <= n <= schema.MAX_STACK_DEPTH:
