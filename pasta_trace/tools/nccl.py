@@ -189,7 +189,7 @@ _SPAN = 1 << 32
 
 def per_collective(entries: pl.LazyFrame) -> pl.LazyFrame:
     """STRAGGLERS' columns, unsorted, from merge.collective_entries rows (or
-    any part of them holding whole collectives: pasta_trace.cluster runs it
+    any part of them holding whole collectives: pasta_trace.dask_cluster runs it
     on each partition)."""
     ts = pl.col("ts_ns")
     # the entry time, rank and pid in one number, so that a plain max() finds the last rank (of
