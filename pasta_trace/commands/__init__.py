@@ -6,7 +6,8 @@
     run(args) -> int                exit code; raise errors.PastaError for user errors
 
 `cli.py` only parses and dispatches; no logic lives there.  What several
-verbs share is in common.py (a verb never imports another verb).
+verbs share is in common.py (a verb never imports another verb), the argparse
+types of their values in arg_types.py.
 """
 
 #: verb -> module name under pasta_trace.commands; `record` is the default verb.
