@@ -1,6 +1,7 @@
 """The probes' per-process tables hold nothing of a process once it is gone,
 and a full table is a counted loss: streams under capture (bpf/pasta.h,
-`capturing` and its live count `capture_n`) and NCCL communicators' comm_ids
+`capturing` and its live count `capture_n`, and `capture_events`, the events
+recorded under capture) and NCCL communicators' comm_ids
 (bpf/nccl.bpf.c, `pt_nccl_ids`), both cleared by discover.bpf.c at the
 process's exit.  Real uprobes on the stub libcuda.so.1 and libnccl.so.2, a
 real program (tests/fixtures/held_tables.c) that begins captures and makes
@@ -25,10 +26,11 @@ from pasta_trace.read import open_capture
 
 pytestmark = pytest.mark.live
 
-APIS = ("cuStreamBeginCapture_v2", "cuLaunchKernel", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommSplit",
+APIS = ("cuStreamBeginCapture_v2", "cuLaunchKernel", "cuEventRecord", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommSplit",
         "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort")
 SLOTS, COMMS = 8, 32  # PT_CAPTURE_SLOTS, PT_NCCL_COMMS: what one process may hold
 FIRST, OTHER = 0x1000, 0x9000  # held_tables.c: the first stream it captures, and one it never captures
+EVENT = 0x5000  # held_tables.c: the event it records on FIRST
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +73,11 @@ def _held(b) -> tuple[dict[int, list[tuple[int, int]]], int, dict[int, int]]:
     return caps, n, comms
 
 
+def _events(b) -> dict[int, list[tuple[int, int]]]:
+    """pid -> its (event, capture id) held: events recorded under capture."""
+    return {k.value: sorted((e, i) for e, i in zip(v.event, v.id) if i) for k, v in b["capture_events"].items()}
+
+
 def test_exited_processes_leave_nothing_held_and_a_full_table_counts_what_it_could_not_hold(
         in_process, held_tables, cuda_stub, tmp_path, monkeypatch):
     from build import nccl_stub
@@ -104,6 +111,8 @@ def test_exited_processes_leave_nothing_held_and_a_full_table_counts_what_it_cou
     kinds = {(int(e["pid"]), int(e["stream"])): (int(e["kind"]), int(e["dst"])) for e in launches}
     first_begin = ev[(ev["api"] == api_id["cuStreamBeginCapture_v2"]) & (ev["pid"] == a.pid)
                      & (ev["stream"] == FIRST)]
+    # the event recorded on A's capturing stream holds its capture id; B's capture was not held, nor its event
+    assert _events(b) == {a.pid: [(EVENT, int(first_begin["ts_ns"][0]))]}
     assert kinds == {(a.pid, FIRST): (schema.Kind.captured, int(first_begin["ts_ns"][0])),
                      (a.pid, OTHER): (schema.Kind.launch, 0),
                      (bb.pid, FIRST): (schema.Kind.launch, 0), (bb.pid, OTHER): (schema.Kind.launch, 0)}
@@ -116,13 +125,14 @@ def test_exited_processes_leave_nothing_held_and_a_full_table_counts_what_it_cou
     # gone with their processes: nothing held, capture_n back at 0
     a.exit()
     bb.exit()
-    assert _held(b) == ({}, 0, {})
+    assert (_held(b), _events(b)) == (({}, 0, {}), {})
     # and the room is there again: C's capture and communicator are held, then gone with it
     c = Held(b, held_tables, libs, 1, 1, tmp_path / "c")
     caps, n, comms = _held(b)
     assert ([s for s, _ in caps[c.pid]], n, comms) == ([FIRST], 1, {c.pid: 2})  # its communicator, and its split's (one handle)
+    assert list(_events(b)) == [c.pid]
     c.exit()
-    assert _held(b) == ({}, 0, {})
+    assert (_held(b), _events(b)) == (({}, 0, {}), {})
     # ncclCommDestroy and ncclCommAbort free their communicator's slot (its handle may be another's next),
     # ncclCommFinalize does not: of 3 communicators and a split, the 2 destroyed go
     d = Held(b, held_tables, libs, 0, 3, tmp_path / "d", freed=2)
