@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_cluster.py                  # 64 ranks x 10^5 collectives
     .venv/bin/python scripts/bench_cluster.py --ranks 8 --collectives 10000 --workers 2
 
-A seeded synthetic job (pasta_trace.synthetic_nccl: every rank an AllReduce
+A seeded synthetic job (pasta_trace.testing.synthetic_nccl: every rank an AllReduce
 after another on one communicator, one rank late every fifth, the last rank
 never entering the last) is written as a cluster timeline of --nodes
 captures, each node's clock moved by a known offset (`pasta-trace merge`'s
@@ -35,7 +35,8 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pasta_trace import merge, schema, synthetic, synthetic_nccl  # noqa: E402
+from pasta_trace import merge, schema  # noqa: E402
+from pasta_trace.testing import synthetic, synthetic_nccl  # noqa: E402
 from pasta_trace.read import Capture  # noqa: E402
 from pasta_trace.tools import nccl  # noqa: E402
 

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/bench_export.py --events 1e7 --keep /tmp/pasta-bench-export
     .venv/bin/python scripts/bench_export.py --events 1e7 --keep /tmp/pasta-bench-export --device --verbs report
 
-The capture is pasta_trace.synthetic's: 4 processes, 90 % of the N events
+The capture is pasta_trace.testing.synthetic's: 4 processes, 90 % of the N events
 launches, allocations (N/25) paired with most of their frees, syncs (N/50),
 every call with a Python stack, and 10^5 device access samples.  By default
 the verbs read its host-only copy (no device/); --device gives them the
@@ -83,7 +83,7 @@ os.write(int(os.environ["BENCH_RESULT_FD"]), json.dumps({"rc": 0, "rows": n, "wa
 def build(path: Path, events: int, seed: int) -> Path:
     """The synthetic capture at `path` (with device/), and its host-only copy
     at `path`-host; an existing one of the same size and seed is reused."""
-    from pasta_trace import synthetic
+    from pasta_trace.testing import synthetic
 
     spec = synthetic.Spec(pids=4, launches=events * 9 // 10, allocations=events // 25, syncs=events // 50,
                           accesses=100_000, stacks=True, seed=seed)

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_merge.py --sizes 1e6
     .venv/bin/python scripts/bench_merge.py --sizes 1e7,1e8 --engines pasta,duckdb
 
-For each size, a seeded synthetic capture (pasta_trace.synthetic: 10^5
+For each size, a seeded synthetic capture (pasta_trace.testing.synthetic: 10^5
 launches, 10^4 allocation instances with address reuse, N device access
 samples, all Parquet) is merged from Parquet to Parquet by each engine in a
 fresh subprocess:
@@ -40,7 +40,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pasta_trace import synthetic  # noqa: E402
+from pasta_trace.testing import synthetic  # noqa: E402
 
 ENGINES = ("pasta", "duckdb", "numpy")
 WS_SHIFT = 12

@@ -22,7 +22,7 @@ import pytest
 from cli_run import cli, one_error_line  # tests/fixtures/cli_run.py
 from users import unavailable  # tests/fixtures/users.py
 
-from pasta_trace import synthetic
+from pasta_trace.testing import synthetic
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 

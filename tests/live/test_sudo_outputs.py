@@ -25,7 +25,8 @@ import pytest
 from cli_run import ROOT, cli, one_error_line  # tests/fixtures/cli_run.py
 from users import unavailable  # tests/fixtures/users.py
 
-from pasta_trace import merge, synthetic
+from pasta_trace import merge
+from pasta_trace.testing import synthetic
 
 pytestmark = [pytest.mark.live, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pasta_trace import synthetic
+from pasta_trace.testing import synthetic
 
 #: CLOCK_REALTIME - CLOCK_MONOTONIC on the synthetic machine
 REALTIME_MINUS_MONO = 1_764_000_000_000_000_000 - synthetic.MONO0

@@ -11,7 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace import cli, synthetic
+from pasta_trace import cli
+from pasta_trace.testing import synthetic
 from pasta_trace.tools import REGISTRY
 
 MIB = 1 << 20

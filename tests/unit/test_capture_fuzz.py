@@ -232,7 +232,8 @@ def worker(cases_file: str, results_file: str) -> None:
 def _base_capture(root: Path) -> Path:
     import polars as pl
 
-    from pasta_trace import schema, synthetic
+    from pasta_trace import schema
+    from pasta_trace.testing import synthetic
 
     cap = root / "base"
     synthetic.write_capture(cap, synthetic.Spec(pids=2, launches=40, allocations=8, accesses=300, seed=3))

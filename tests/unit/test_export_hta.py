@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace import merge, synthetic
+from pasta_trace import merge
+from pasta_trace.testing import synthetic
 from pasta_trace.cli import main
 from pasta_trace.read import open_capture
 

@@ -343,7 +343,7 @@ def test_the_check_catches_a_broken_page(tmp_path: Path) -> None:
 def test_tensor_memory_plots_render_and_zoom_with_the_timeline(tmp_path: Path, capsys) -> None:
     """A PyTorch-like capture (synthetic tensors, two processes): one stacked plot per process and device, each
     band drawn, as wide as the page, zoomed with the timeline."""
-    from pasta_trace import synthetic
+    from pasta_trace.testing import synthetic
 
     synthetic.write_capture(tmp_path / "cap", synthetic.Spec(pids=2, launches=20, allocations=8, accesses=200,
                                                              stacks=True, tensors=60))

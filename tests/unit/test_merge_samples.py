@@ -9,7 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace import merge, schema, synthetic
+from pasta_trace import merge, schema
+from pasta_trace.testing import synthetic
 from pasta_trace.merge import pages, samples
 from pasta_trace.read import open_capture
 

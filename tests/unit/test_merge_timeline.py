@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pasta_trace import merge, schema, synthetic
+from pasta_trace import merge, schema
+from pasta_trace.testing import synthetic
 from pasta_trace.cli import main
 from pasta_trace.device.writer import DeviceFileWriter
 from pasta_trace.merge import samples

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pasta_trace import cli, synthetic
+from pasta_trace import cli
+from pasta_trace.testing import synthetic
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures/golden"
 SPEC = synthetic.Spec(pids=2, launches=60, allocations=12, accesses=600, syncs=10, failed_allocs=3, stacks=True,

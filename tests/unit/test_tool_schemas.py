@@ -12,7 +12,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace import schema, synthetic
+from pasta_trace import schema
+from pasta_trace.testing import synthetic
 from pasta_trace.read import Capture, open_capture
 from pasta_trace.tools import REGISTRY
 from pasta_trace.tools.registry import UNITS

@@ -1,4 +1,4 @@
-"""Tensor events a synthetic capture can add (pasta_trace.synthetic,
+"""Tensor events a synthetic capture can add (pasta_trace.testing.synthetic,
 Spec.tensors): what PyTorch's allocators report through libc10.so.  Per
 process, CUDA tensors through reportMemoryUsageToProfiler with the caching
 allocator's running totals (it held bytes from before the capture, and
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .probes import catalog
+from ..probes import catalog
 
 _NAMES = {a.symbol: a.api_name for a in catalog.for_family("c10")}
 REPORT, NEW, DELETE = _NAMES[catalog.C10_REPORT], _NAMES[catalog.C10_CPU_NEW], _NAMES[catalog.C10_CPU_DELETE]

@@ -1,4 +1,4 @@
-"""NCCL calls a synthetic capture can hold (pasta_trace.synthetic,
+"""NCCL calls a synthetic capture can hold (pasta_trace.testing.synthetic,
 Spec.collectives): every process is one rank of one communicator, calls
 ncclCommInitRank, then AllReduce after AllReduce, each launching one kernel
 inside the call.  Every fifth collective (seq 2, 7, ...) rank 1 enters
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from . import schema
+from .. import schema
 
 COMM_HANDLE = 0x5600_00C0_0000
 COMM_ID = 0x5EED_0000_0000_0001

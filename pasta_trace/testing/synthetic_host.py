@@ -1,5 +1,5 @@
 """Copies a synthetic capture can add beside its launches, allocations and
-syncs (pasta_trace.synthetic): some of the same host range again, some in a
+syncs (pasta_trace.testing.synthetic): some of the same host range again, some in a
 storm of small copies.  Drawn from their own random stream, so captures
 without them are unchanged."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from . import schema
+from .. import schema
 
 #: host buffers the copies read and write: few, so ranges repeat
 HOST_BUFFERS = 8

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import schema, synthetic_host, synthetic_nccl, synthetic_tensors
+from .. import schema
+from . import synthetic_host, synthetic_nccl, synthetic_tensors
 
 MONO0 = 5_000_000_000_000  # CLOCK_MONOTONIC at the capture's start: 83 min of uptime
 GPU0 = 1_764_000_000_000_000_000  # %globaltimer: wall-clock-like
