@@ -25,6 +25,8 @@ uprobes, device-side memory events via gpu_probes) without restarting it.
 verbs (default: record):
   record   record a running process, the whole machine, or a launched command
   top      live per-process view
+  daemon   trace every GPU process, keep the last minute in memory (a flight recorder)
+  dump     have the daemon write its window now, as a capture
   doctor   check kernel, BPF, BCC, headers, libraries and say what to fix
   merge    join host and device data into one timeline; many captures into one
   report   summaries in the terminal, as JSON, or as an HTML page
@@ -54,7 +56,7 @@ EXIT_INTERRUPTED = 130
 #: reading anything (doctor does, after the checks that need root)
 AS_USER = ("report", "merge", "export")
 #: verbs for which Ctrl-C is how they end, not an interruption
-ENDED_BY_CTRL_C = ("record", "top")
+ENDED_BY_CTRL_C = ("record", "top", "daemon")
 
 
 def _load(verb: str):

@@ -31,7 +31,8 @@ from .return_codes import CUDA_DRIVER, CUDA_RUNTIME, HIP, NCCL
 #: Readers refuse a newer major with a clear message.
 #: 1.9: copies and memsets under capture are kind captured (ptr = the address written, dst = the
 #: capture id), on streams joined to a capture by an event wait too; event record and stream wait probed
-CAPTURE_FORMAT_VERSION = (1, 9)
+#: 1.10: the manifest's trigger object (a daemon's dump: its trigger and the window it holds)
+CAPTURE_FORMAT_VERSION = (1, 10)
 
 #: Version of the device record file (TLV) format, written in its file header
 #: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;

@@ -77,6 +77,8 @@ class Manifest:
     stacks: dict | None = None
     #: per PID with driver launches no run-time lookup named: what the driver-object scan found (attach_names)
     attach_names: dict | None = None
+    #: a daemon's dump (pasta_trace.daemon.dump): what triggered it and the window it holds; None otherwise
+    trigger: dict | None = None
 
     def to_json(self, complete: bool) -> dict:
         uname = platform.uname()
@@ -108,6 +110,7 @@ class Manifest:
             "notes": self.notes,
             "stacks": self.stacks,
             "attach_names": self.attach_names,
+            "trigger": self.trigger,
             "complete": complete,
         }
 

@@ -14,7 +14,9 @@ import signal
 from typing import Callable
 
 import numpy as np
+import polars as pl
 
+from .. import schema
 from ..errors import PastaError
 from ..safe_output import OutputDir, invoking_user
 from . import checks, manifest as mf
@@ -184,6 +186,16 @@ class Session:
     def lost(self) -> dict[str, int]:
         """Every BPF loss counter so far, by name (schema.LOSSES)."""
         return read_lost(self.bpf)
+
+    def seen(self, pids: list[int]) -> None:
+        """PIDs of events the caller drained (the daemon): their processes join the process table."""
+        self._tracker.seen_in_events(pids)
+
+    def tables(self) -> tuple[pl.DataFrame, pl.DataFrame, list[mf.LibraryEntry]]:
+        """processes.parquet's and libraries.parquet's rows so far, and the manifest's library entries."""
+        probes = self._probes
+        return (self._tracker.processes.frame(), pl.DataFrame(probes.library_rows, schema=schema.LIBRARIES_SCHEMA),
+                probes.entries())
 
     # ------------------------------------------------------------------ a whole capture
 

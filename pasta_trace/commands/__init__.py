@@ -14,6 +14,8 @@ types of their values in arg_types.py.
 VERBS = {
     "record": "record",
     "top": "top",
+    "daemon": "daemon",
+    "dump": "dump",
     "doctor": "doctor",
     "merge": "merge",
     "report": "report",

@@ -1,0 +1,96 @@
+"""`pasta-trace daemon`: the node daemon's flight recorder (docs/daemon.md)."""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import os
+import re
+import sys
+from pathlib import Path
+
+from ..errors import UsageError
+from .arg_types import pages, seconds
+
+HELP = "trace every GPU process, keep the last minute in memory, write it out on demand"
+
+EXAMPLES = """\
+  sudo pasta-trace daemon -o /var/lib/pasta-trace        keep the last 60 s; dumps go there
+  sudo pasta-trace daemon -o dumps/ --window 30 --window-bytes 256M --keep 10
+  sudo pasta-trace dump                                  write the window of every process now
+  sudo pasta-trace dump --pid 1234                       only PID 1234's events
+  sudo kill -USR1 PID                                    the same (PID: the daemon's, in its banner)
+  sudo pasta-trace daemon -o dumps/ --socket-group gpuops   members of gpuops may ask for dumps too
+contrib/pasta-trace-daemon.service and contrib/pasta-trace-daemonset.yaml run it as a service (docs/daemon.md)
+"""
+
+DEFAULT_WINDOW_S = 60.0
+DEFAULT_WINDOW_BYTES = 1 << 30
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """A size in bytes: 1048576, 512K, 256M, 2G (powers of 1024), at least 1 MiB."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}: try 256M or 2G")
+    n = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if n < 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text} is less than 1 MiB: try 256M")
+    return n
+
+
+def count(text: str) -> int:
+    """--keep: a number of dumps, 1 or more."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a number of dumps (1 or more): {text!r}: try 20")
+    return int(text)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..capture.options import DEFAULT_BUFFER_PAGES
+    from ..daemon.control import DEFAULT_SOCKET
+
+    p.add_argument("-o", "--output", type=Path, metavar="DIR", required=True,
+                   help="where dumps go, each a capture directory DIR/dump-<UTC time>-<trigger>[-pid<PID>]")
+    p.add_argument("--window", type=seconds, default=DEFAULT_WINDOW_S, metavar="SEC",
+                   help=f"seconds of events kept in memory (default {DEFAULT_WINDOW_S:g}); older ones are dropped, "
+                        "and counted in each dump's manifest")
+    p.add_argument("--window-bytes", type=byte_size, default=DEFAULT_WINDOW_BYTES, metavar="N",
+                   help=f"the most memory the window's events may take (default {DEFAULT_WINDOW_BYTES >> 20}M); "
+                        "past it the oldest go first, whatever the event rate")
+    p.add_argument("--keep", type=count, metavar="N", help="keep the N newest dumps in DIR, remove older ones")
+    p.add_argument("--keep-bytes", type=byte_size, metavar="N",
+                   help="remove the oldest dumps while DIR's dumps take more than N bytes (the newest stays)")
+    p.add_argument("--socket", type=Path, default=DEFAULT_SOCKET, metavar="PATH",
+                   help=f"the control socket `pasta-trace dump` talks to (default {DEFAULT_SOCKET}), root's only")
+    p.add_argument("--socket-group", metavar="GROUP",
+                   help="let members of GROUP ask for dumps too (the socket becomes 0660 and the group's)")
+    p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
+                   help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
+                        "raise it when events are lost")
+    p.add_argument("--no-bpf-cache", action="store_true",
+                   help="compile every BPF handler again instead of loading those compiled before")
+
+
+def _group(name: str | None) -> int | None:
+    if name is None:
+        return None
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        if name.isdigit():
+            return int(name)
+        raise UsageError(f"--socket-group {name}: no such group", hint="give a group name or number") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..daemon.service import Daemon, DaemonOptions
+
+    opts = DaemonOptions(out_dir=args.output, window_s=args.window, window_bytes=args.window_bytes,
+                         socket=args.socket, socket_group=_group(args.socket_group), keep=args.keep,
+                         keep_bytes=args.keep_bytes, buffer_pages=args.buffer_pages, command_line=sys.argv[:],
+                         verbose=args.verbose, bpf_cache=not args.no_bpf_cache)
+    if os.path.lexists(opts.out_dir) and not os.path.isdir(opts.out_dir):
+        raise UsageError(f"output path {opts.out_dir} exists and is not a directory")
+    return Daemon(opts, say=lambda m: print(m, file=sys.stderr, flush=True)).run()

@@ -1,0 +1,194 @@
+"""The daemon's main loop: trace every process as `-a` does (capture.session,
+set up as for `top`), keep the last window of events in memory (window), and
+write a dump (dump) when `pasta-trace dump` asks on the control socket
+(control) or SIGUSR1 arrives.  Ctrl-C or SIGTERM end it: the probes go,
+nothing stays stopped, and no dump is written unless one was asked for.
+
+Threads: the main thread drains the rings every POLL_INTERVAL_S and takes
+each dump's snapshot (the window, the process table, the loss counters); a
+dump thread writes the snapshots to disk, so a slow disk never keeps the rings
+from being drained.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import select
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import schema
+from ..capture import manifest as mf
+from ..capture.drain import POLL_INTERVAL_S, boost_drain_thread
+from ..capture.options import Options
+from ..probes.catalog import API_NAMES
+from ..safe_output import invoking_user
+from .control import ControlSocket, Request
+from .dump import Tables, Trigger, Written, prune, write_dump
+from .window import Snapshot, Window
+
+#: how often the loss counters are read (a dump counts the losses since its window began, to this)
+CHECKPOINT_S = 1.0
+
+
+@dataclass
+class DaemonOptions:
+    out_dir: Path
+    window_s: float
+    window_bytes: int
+    socket: Path
+    socket_group: int | None
+    keep: int | None
+    keep_bytes: int | None
+    buffer_pages: int
+    command_line: list[str]
+    verbose: bool = False
+    bpf_cache: bool = True
+
+
+@dataclass
+class _Job:
+    snap: Snapshot
+    trigger: Trigger
+    tables: Tables
+    request: Request | None
+
+
+class Daemon:
+    def __init__(self, opts: DaemonOptions, *, say: Callable[[str], None]):
+        self.opts = opts
+        self.say = say
+        self._stop = False
+        self._usr1 = False
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._checkpoints: deque[tuple[int, dict[str, int]]] = deque()
+        self.dumps: list[Written] = []
+
+    def run(self) -> int:
+        from ..capture.ringbuf import open_table
+        from ..capture.session import Session
+
+        o = self.opts
+        capture = Options(mode="system", out_dir=o.out_dir, command_line=o.command_line, buffer_pages=o.buffer_pages,
+                          stacks=False, verbose=o.verbose, bpf_cache=o.bpf_cache)
+        session = Session(capture, say=self.say, banner=False)
+        session.check()
+        control = ControlSocket(o.socket, o.socket_group)
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        writer = threading.Thread(target=self._write_dumps, name="pasta-dumps")
+        events = names = None
+        try:
+            session.setup()
+            events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
+            names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
+            window = Window(o.window_s, o.window_bytes, schema.HOST_NAME.dtype)
+            writer.start()
+            self.say(f"Recording every process's calls ({len(session.libraries())} libraries so far), keeping the "
+                     f"last {o.window_s:g} s or {o.window_bytes / 2**20:g} MiB in memory; `pasta-trace dump` "
+                     f"(socket {o.socket}) or SIGUSR1 (PID {os.getpid()}) writes them under {o.out_dir}. "
+                     "Ctrl-C to end.")
+            self._loop(session, events, names, window, control)
+        finally:
+            self._jobs.put(None)
+            if writer.is_alive():
+                writer.join()  # dumps asked for before the end are written
+            control.close()
+            for ring in (events, names):
+                if ring is not None:
+                    ring.close()
+            session.detach()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        self.say(f"stopped; {len(self.dumps)} dump{'s' if len(self.dumps) != 1 else ''} written")
+        return 0
+
+    def _on_signal(self, sig: int, _frame: object) -> None:
+        if sig == signal.SIGUSR1:
+            self._usr1 = True
+        else:
+            self._stop = True
+
+    def _loop(self, session, events, names, window: Window, control: ControlSocket) -> None:
+        boost_drain_thread()
+        wake = select.poll()
+        wake.register(control.fileno(), select.POLLIN)
+        next_checkpoint = 0.0
+        while not self._stop:
+            self._drain(session, events, names, window)
+            session.poll()
+            now = time.monotonic()
+            if now >= next_checkpoint:
+                next_checkpoint = now + CHECKPOINT_S
+                self._checkpoint(session.lost())
+                window.forget_names(lambda pid: os.path.exists(f"/proc/{pid}"))
+            for req in control.accept():
+                self._dump(session, events, names, window, "demand",
+                           f"pasta-trace dump from uid {req.uid} (PID {req.pid})", req.pid_filter, req)
+            if self._usr1:
+                self._usr1 = False
+                self._dump(session, events, names, window, "signal", "SIGUSR1", None, None)
+            wake.poll(POLL_INTERVAL_S * 1000)
+
+    def _drain(self, session, events, names, window: Window) -> None:
+        recs = events.drain()
+        window.add(recs)
+        if recs.size:
+            session.seen(np.unique(recs["pid"]).tolist())
+        window.add_names(names.drain())
+
+    def _checkpoint(self, lost: dict[str, int]) -> None:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        self._checkpoints.append((now, lost))
+        # one before the window's start is kept: the base of a dump's counts
+        horizon = now - int(self.opts.window_s * 1e9)
+        while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= horizon:
+            self._checkpoints.popleft()
+
+    def _lost_since(self, start_ns: int, now: dict[str, int]) -> dict[str, int]:
+        base = self._checkpoints[0][1] if self._checkpoints else {}
+        for ts, lost in self._checkpoints:
+            if ts <= start_ns:
+                base = lost
+        return {k: n - base.get(k, 0) for k, n in now.items()}
+
+    def _dump(self, session, events, names, window: Window, kind: str, cause: str, pid: int | None,
+              req: Request | None) -> None:
+        """Take the snapshot now (what the probes wrote until this moment included); the dump thread writes it."""
+        self._drain(session, events, names, window)
+        at = mf.ClockSample.now()
+        processes, libraries, entries = session.tables()
+        o = self.opts
+        tables = Tables(o.command_line, list(API_NAMES), processes, libraries, entries, o.buffer_pages,
+                        o.window_s, o.window_bytes,
+                        self._lost_since(at.mono_before_ns - int(o.window_s * 1e9), session.lost()))
+        self._jobs.put(_Job(window.snapshot(pid), Trigger(kind, cause, at, pid), tables, req))
+
+    def _write_dumps(self) -> None:
+        owner = invoking_user()
+        while (job := self._jobs.get()) is not None:
+            try:
+                done = write_dump(self.opts.out_dir, job.snap, job.trigger, job.tables, owner)
+            except Exception as e:  # noqa: BLE001 - a failed dump is reported; the daemon goes on recording
+                why = e.one_line() if hasattr(e, "one_line") else f"{type(e).__name__}: {e}"
+                self.say(f"error: the {job.trigger.kind} dump failed: {why}")
+                if job.request is not None:
+                    job.request.reply({"error": f"failed to write the dump: {why}"})
+                continue
+            self.dumps.append(done)
+            self.say(f"Wrote {done.path}: {done.events:,} events ({done.dropped:,} older dropped), "
+                     f"{job.trigger.cause}")
+            if job.request is not None:
+                job.request.reply({"dir": str(done.path), "events": done.events, "dropped": done.dropped})
+            try:
+                for name in prune(self.opts.out_dir, self.opts.keep, self.opts.keep_bytes):
+                    self.say(f"removed {self.opts.out_dir / name} (retention)")
+            except OSError as e:
+                self.say(f"error: retention under {self.opts.out_dir}: {e.strerror or e}")
