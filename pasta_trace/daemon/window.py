@@ -92,7 +92,10 @@ class Window:
         if self._open and (now - self._opened_at >= SEGMENT_S * 1e9
                            or self._open_bytes * SEGMENTS_PER_BUDGET >= self.max_bytes):
             self._close()
-        cutoff = now - self.window_ns
+        self._drop(now - self.window_ns)
+
+    def _drop(self, cutoff: int = 0) -> None:
+        """Drop segments whose newest event is older than ``cutoff``, and the oldest past the byte budget."""
         while self._segments and (self._segments[0].last_ns < cutoff or self.bytes > self.max_bytes):
             old = self._segments.popleft()
             self.bytes -= old.records.nbytes
@@ -111,10 +114,11 @@ class Window:
         self._open_bytes = 0
 
     def forget_names(self, alive: Callable[[int], bool]) -> None:
-        """Drop the names of processes that have exited and have no event held."""
+        """Forget the names and drop counts of processes that have exited and have no event held."""
         held = self._held_pids()
-        for pid in [p for p in self._names if p not in held and not alive(p)]:
-            del self._names[pid]
+        for table in (self._names, self.dropped_by_pid):
+            for pid in [p for p in table if p not in held and not alive(p)]:
+                del table[pid]
 
     def _held_pids(self) -> set[int]:
         pids: set[int] = set()
@@ -130,6 +134,7 @@ class Window:
         """Everything held now (the open segment closed first); ``pid``: that process's only."""
         if self._open:
             self._close()
+            self._drop()
         segments = list(self._segments)
         if pid is not None:
             segments = [Segment(s.records[s.records["pid"] == pid], s.first_ns, s.last_ns, frozenset({pid}))
