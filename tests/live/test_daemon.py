@@ -1,0 +1,244 @@
+"""`pasta-trace daemon` and `pasta-trace dump` on stand-in workloads whose every
+launch is logged with its time (tests/fixtures/paced_workload.py): a dump
+holds exactly the window's events (those before the window's start absent
+and counted as dropped), report and export read it; SIGUSR1 dumps every
+process; --pid one; the socket refuses a user who is not root, by its mode
+and by the peer's credentials; retention keeps the newest dumps; the memory
+the window holds stays bounded under a flood; Ctrl-C and SIGTERM end the
+daemon with no dump, nothing left stopped and the socket gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import expect
+import users
+from pasta_run import Tracer, pasta_command, read_report, run_pasta, tracer_env, wait_for_file
+from pasta_trace import schema
+
+pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
+
+WORKLOAD = Path(__file__).resolve().parents[1] / "fixtures" / "paced_workload.py"
+
+
+@pytest.fixture
+def socket_dir():
+    """A root-owned 0755 directory under /tmp for the control socket (a test user can reach it)."""
+    d = Path(tempfile.mkdtemp(prefix="pasta-daemon-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def start_daemon(tmp_path: Path, sock: Path, *args: str) -> Tracer:
+    daemon = Tracer(["daemon", "-o", str(tmp_path / "dumps"), "--socket", str(sock), *args],
+                    tmp_path / "daemon.log")
+    daemon.wait_ready()
+    return daemon
+
+
+class Paced:
+    """paced_workload.py, started and made ready (its library attached), not yet going."""
+
+    def __init__(self, cuda_stub: Path, where: Path, rate: int, seconds: float):
+        where.mkdir()
+        self.dir = where
+        self.proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--cuda", str(cuda_stub), "--dir", str(where),
+                                      "--rate", str(rate), "--seconds", str(seconds)])
+        self.pid = int(wait_for_file(where / "ready", 60, self.proc))
+
+    def go(self) -> None:
+        (self.dir / "go").touch()
+
+    def done(self) -> dict:
+        return json.loads(wait_for_file(self.dir / "done", 60, self.proc))
+
+    def state(self) -> str:
+        return Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def dump(sock: Path, *args: str) -> Path:
+    r = run_pasta(["dump", "--socket", str(sock), *args])
+    assert r.returncode == 0, r.stderr
+    return Path(r.stdout.strip())
+
+
+def events_of(d: Path, pid: int) -> pl.DataFrame:
+    return pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("pid") == pid)
+
+
+def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, socket_dir, tmp_path):
+    sock = socket_dir / "daemon.sock"
+    daemon = start_daemon(tmp_path, sock, "--window", "2", "--keep", "3")
+    w = Paced(cuda_stub, tmp_path / "w", rate=1000, seconds=4)
+    try:
+        w.go()
+        log = w.done()
+        d = dump(sock, "--pid", str(w.pid))
+        assert d.parent == tmp_path / "dumps" and d.name.startswith("dump-") and d.name.endswith(f"-demand-pid{w.pid}")
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["complete"] is True and manifest["format_version"] == "1.10"
+        trigger = manifest["trigger"]
+        assert trigger["kind"] == "demand" and trigger["pid"] == w.pid and trigger["window_s"] == 2
+        assert trigger["cause"].startswith("pasta-trace dump from uid 0 (PID ")
+        start = trigger["window_start_ns"]
+        assert manifest["clock"]["start_ns"] == start
+        assert manifest["clock"]["end_ns"] - start < 2.01e9
+        ev = events_of(d, w.pid)
+        made = len(log["before"])
+        assert made == 4000
+        # launches m..4000 are in, in order, none missing; 1..m-1 are not
+        first = ev["grid_x"][0]
+        assert ev["grid_x"].to_list() == list(range(first, made + 1))
+        assert ev["ts_ns"].min() >= start
+        # by the workload's own clock: launch k fired between before[k-1] and before[k] (end for the last)
+        before = log["before"] + [log["end"]]
+        assert first == 1 or before[first - 2] < start  # launch first-1 had begun before the window
+        assert before[first] >= start  # launch first ended within it
+        assert 1 < first < made  # the window began mid-run
+        assert trigger["dropped_events"] == first - 1
+        assert manifest["counts"]["events"] == ev.height == made - first + 1
+        assert manifest["pids"] == [w.pid]
+        r = run_pasta(["report", str(d)])
+        assert r.returncode == 0, r.stderr
+        assert f"top kernel  unknown@0x0: {ev.height} launches, pid {w.pid} " in r.stdout
+        assert re.search(rf"^ *events  ({ev.height}|{ev.height:,})$", r.stdout, re.M), r.stdout
+        r = run_pasta(["export", str(d), "--format", "csv", "-o", str(tmp_path / "csv")])
+        assert r.returncode == 0, r.stderr
+
+        # retention: --keep 3, so after four more dumps the three newest are left
+        names = [d.name] + [dump(sock, "--pid", str(w.pid)).name for _ in range(4)]
+        assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == sorted(names)[-3:]
+        assert names == sorted(names)  # named in time order
+        assert f"removed {tmp_path / 'dumps' / names[0]} (retention)" in daemon.stderr()
+
+        # Ctrl-C: exit 0, no dump of its own, the socket gone, the workload running
+        assert daemon.stop() == 0, daemon.stderr()
+        assert sorted(p.name for p in (tmp_path / "dumps").iterdir()) == sorted(names)[-3:]
+        assert "stopped; 5 dumps written" in daemon.stderr()
+        assert not sock.exists()
+        assert w.state() in "RS"
+    finally:
+        daemon.kill()
+        w.kill()
+
+
+def test_sigusr1_dumps_every_process_and_sigterm_ends_it(cuda_stub, socket_dir, tmp_path):
+    sock = socket_dir / "daemon.sock"
+    daemon = start_daemon(tmp_path, sock, "--window", "30")
+    a = Paced(cuda_stub, tmp_path / "a", rate=500, seconds=0.5)
+    b = Paced(cuda_stub, tmp_path / "b", rate=1000, seconds=0.5)
+    try:
+        a.go()
+        b.go()
+        made = {a.pid: len(a.done()["before"]), b.pid: len(b.done()["before"])}
+        assert made == {a.pid: 250, b.pid: 500}
+        daemon.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not (found := list((tmp_path / "dumps").glob("dump-*-signal/manifest.json"))) or \
+                not json.loads(found[0].read_text())["complete"]:
+            assert time.monotonic() < deadline, daemon.stderr()
+            time.sleep(0.05)
+        d = found[0].parent
+        manifest = json.loads(found[0].read_text())
+        assert manifest["trigger"]["kind"] == "signal" and manifest["trigger"]["cause"] == "SIGUSR1"
+        assert manifest["trigger"]["pid"] is None
+        assert {a.pid, b.pid} <= set(manifest["pids"])  # other processes of the machine may be there too
+        for w in (a, b):
+            assert events_of(d, w.pid)["grid_x"].to_list() == list(range(1, made[w.pid] + 1))
+        procs = pl.read_parquet(d / "processes.parquet")
+        assert {a.pid, b.pid} <= set(procs["pid"].to_list())
+        assert run_pasta(["report", str(d)]).returncode == 0
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.finish() == 0, daemon.stderr()
+        assert len(list((tmp_path / "dumps").iterdir())) == 1
+        assert not sock.exists()
+        assert a.state() in "RS" and b.state() in "RS"
+    finally:
+        daemon.kill()
+        a.kill()
+        b.kill()
+
+
+def _dump_as(user: users.User, sock: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*pasta_command(), "dump", "--socket", str(sock)], capture_output=True, text=True,
+                          timeout=60, env=tracer_env(), user=user.uid, group=user.gid, extra_groups=[])
+
+
+@pytest.mark.skipif(users.unavailable() is not None, reason=str(users.unavailable()))
+def test_the_socket_refuses_a_user_who_is_not_root(socket_dir, tmp_path):
+    sock = socket_dir / "daemon.sock"
+    daemon = start_daemon(tmp_path, sock)
+    try:
+        assert sock.stat().st_mode & 0o777 == 0o600 and sock.stat().st_uid == 0
+        with users.temporary_user() as user:
+            r = _dump_as(user, sock)
+            assert r.returncode == 77, r.stderr
+            assert r.stderr.strip() == (f"pasta-trace: error: may not connect to the daemon's socket {sock} (run it "
+                                        "as root, or as a member of the daemon's --socket-group)")
+            sock.chmod(0o666)  # a mode loosened by mistake: the peer's credentials still refuse
+            r = _dump_as(user, sock)
+            assert r.returncode == 77, r.stderr
+            assert r.stderr.strip() == (f"pasta-trace: error: the daemon at {sock} refused the request: "
+                                        f"uid {user.uid} is not root")
+        assert not (tmp_path / "dumps").exists()  # nothing was dumped
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+
+
+def test_the_window_stays_bounded_under_a_flood(cuda_stub, cuda_workload, socket_dir, tmp_path):
+    sock = socket_dir / "daemon.sock"
+    budget = 4 << 20
+    daemon = start_daemon(tmp_path, sock, "--window-bytes", "4M")
+    report = tmp_path / "report.json"
+    try:
+        rss = [_rss(daemon.proc.pid)]
+        flood = subprocess.Popen([str(cuda_workload), "--lib", str(cuda_stub), "--report", str(report),
+                                  "--threads", "1", "--flood", "1000000"])
+        began = time.monotonic()
+        while flood.poll() is None:
+            rss.append(_rss(daemon.proc.pid))
+            time.sleep(0.02)
+        took = time.monotonic() - began
+        assert flood.returncode == 0
+        made = read_report(report)["flood"]["calls"] + len(expect.expected_calls(read_report(report),
+                                                                                  {"setup", "before_go", "run"}))
+        d = dump(sock, "--pid", str(flood.pid))
+        manifest = json.loads((d / "manifest.json").read_text())
+        events = manifest["counts"]["events"]
+        assert events * schema.HOST_EVENT.dtype.itemsize <= budget
+        assert events + manifest["trigger"]["dropped_events"] + manifest["counts"]["lost_events"] == made
+        assert events_of(d, flood.pid).height == events
+        # 168 MB of events went through; the daemon grew by the window (4 MiB), its open segment, a drain
+        # and its decoded copies, and the allocator's slack: measured 7 MiB on a 2-core VM
+        growth = max(rss) - rss[0]
+        print(f"daemon RSS {rss[0] >> 20} MiB, peak {max(rss) >> 20} MiB over {made:,} events in {took:.1f} s; "
+              f"{events:,} held ({events * schema.HOST_EVENT.dtype.itemsize >> 20} MiB)")
+        assert growth < 6 * budget
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmRSS for {pid}")
