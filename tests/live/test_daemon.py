@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,12 +33,11 @@ WORKLOAD = Path(__file__).resolve().parents[1] / "fixtures" / "paced_workload.py
 
 
 @pytest.fixture
-def socket_dir():
-    """A root-owned 0755 directory under /tmp for the control socket (a test user can reach it)."""
-    d = Path(tempfile.mkdtemp(prefix="pasta-daemon-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def sock():
+    """The control socket's path, in a root-owned 0755 directory under /tmp (a test user can reach it)."""
+    with tempfile.TemporaryDirectory(prefix="pasta-daemon-", dir="/tmp") as d:
+        os.chmod(d, 0o755)
+        yield Path(d) / "daemon.sock"
 
 
 def start_daemon(tmp_path: Path, sock: Path, *args: str) -> Tracer:
@@ -83,8 +81,7 @@ def events_of(d: Path, pid: int) -> pl.DataFrame:
     return pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("pid") == pid)
 
 
-def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, socket_dir, tmp_path):
-    sock = socket_dir / "daemon.sock"
+def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, sock, tmp_path):
     daemon = start_daemon(tmp_path, sock, "--window", "2", "--keep", "3")
     w = Paced(cuda_stub, tmp_path / "w", rate=1000, seconds=4)
     try:
@@ -139,8 +136,7 @@ def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, socket_d
         w.kill()
 
 
-def test_sigusr1_dumps_every_process_and_sigterm_ends_it(cuda_stub, socket_dir, tmp_path):
-    sock = socket_dir / "daemon.sock"
+def test_sigusr1_dumps_every_process_and_sigterm_ends_it(cuda_stub, sock, tmp_path):
     daemon = start_daemon(tmp_path, sock, "--window", "30")
     a = Paced(cuda_stub, tmp_path / "a", rate=500, seconds=0.5)
     b = Paced(cuda_stub, tmp_path / "b", rate=1000, seconds=0.5)
@@ -182,8 +178,7 @@ def _dump_as(user: users.User, sock: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(users.unavailable() is not None, reason=str(users.unavailable()))
-def test_the_socket_refuses_a_user_who_is_not_root(socket_dir, tmp_path):
-    sock = socket_dir / "daemon.sock"
+def test_the_socket_refuses_a_user_who_is_not_root(sock, tmp_path):
     daemon = start_daemon(tmp_path, sock)
     try:
         assert sock.stat().st_mode & 0o777 == 0o600 and sock.stat().st_uid == 0
@@ -203,8 +198,7 @@ def test_the_socket_refuses_a_user_who_is_not_root(socket_dir, tmp_path):
         daemon.kill()
 
 
-def test_the_window_stays_bounded_under_a_flood(cuda_stub, cuda_workload, socket_dir, tmp_path):
-    sock = socket_dir / "daemon.sock"
+def test_the_window_stays_bounded_under_a_flood(cuda_stub, cuda_workload, sock, tmp_path):
     budget = 4 << 20
     daemon = start_daemon(tmp_path, sock, "--window-bytes", "4M")
     report = tmp_path / "report.json"
