@@ -4,6 +4,7 @@ The rooms, in the order data flows through them:
 
     probes/      which libraries and symbols, and the BPF program's text
     capture/     attach, drain the ring buffers, write the capture directory
+    daemon/      the flight recorder: the last window of events in memory, dumped as captures
     stacks/      the callers' Python and native stacks of the events
     device/      device record files and CUPTI records, read into frames
     read.py      a capture directory opened as frames (json_shape.py checks its JSON)
