@@ -8,13 +8,13 @@
  *
  * ProfiledCPUMemoryReporter::Delete passes only the pointer: its size is the
  * size of that pointer's last allocation, filled in when the events are
- * written (capture/tensor_sizes.py).  A BPF map kept here cost more per
+ * written (capture/output/tensor_sizes.py).  A BPF map kept here cost more per
  * tensor than its two events (scripts/bench_probe.py). */
 
 #define PT_C10_CPU 0 /* c10::DeviceType::CPU */
 
 /* Processes whose Python interpreter is finalizing: tgid -> when it began
- * (the entry of Py_FinalizeEx / Py_Finalize, capture/finalize_probe.py).
+ * (the entry of Py_FinalizeEx / Py_Finalize, capture/procs/finalize_probe.py).
  * CPython frees every tensor left at exit then; their events are marked
  * PT_FLAG_AT_EXIT so that the tools count them as never freed.  Entries go
  * at exec and exit (discover.bpf.c); an LRU, so a full table forgets the

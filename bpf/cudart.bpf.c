@@ -4,7 +4,7 @@
  * pt_nest in pasta.h): the driver calls they make are marked nested. */
 
 /* Where a runtime launch came from, to name it through its host stub offline
- * (capture/symbolize.py): the return address, and the one a frame up through
+ * (capture/naming/symbolize.py): the return address, and the one a frame up through
  * rbp.  A CUDA 13 stub built without optimization calls __cudaLaunchKernel
  * through a helper function, so [sp] is in that helper and the stub is the
  * frame above; an optimized stub inlines the helper ([sp] is in the stub);

@@ -1,8 +1,8 @@
-/* Late-loaded libraries and process lifetimes (pasta_trace/capture/late_load.py).
+/* Late-loaded libraries and process lifetimes (pasta_trace/capture/procs/late_load.py).
  *
  * Raw tracepoints only: they need no tracefs mount.  The few kernel struct
  * members read (to find the file behind a descriptor) are read at offsets
- * taken from the running kernel's BTF (PT_OFF_*, capture/kernel_offsets.py),
+ * taken from the running kernel's BTF (PT_OFF_*, capture/bpf/kernel_offsets.py),
  * never from the installed headers, which may be another kernel's.
  *
  * - open/openat/openat2 for reading, of a file named libcuda.so*,
@@ -12,7 +12,7 @@
  *   before the open returns to user space, and recorded in `pt_stops`.  User
  *   space attaches the probes, adds the file to `known_files`, deletes the
  *   record and sends SIGCONT, so the library's first call is traced.  If the
- *   tracer dies, its guardian (capture/guardian.py), which holds pt_stops and
+ *   tracer dies, its guardian (capture/procs/guardian.py), which holds pt_stops and
  *   discover_cfg, disarms and resumes every process still recorded.
  * - mmap with PROT_EXEC of a file by a traced process, that succeeded, whose
  *   file is in neither `known_files` nor `plain_files`: the process is stopped
@@ -499,7 +499,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 /* pt_stops fd of a process held at its interpreter's finalization */
 #define PT_STOP_FINALIZING -2
 
-/* The entry of Py_FinalizeEx / Py_Finalize / Py_Exit (capture/finalize_probe.py),
+/* The entry of Py_FinalizeEx / Py_Finalize / Py_Exit (capture/procs/finalize_probe.py),
  * in place of c10.bpf.c's pt_py_finalize: marks the process finalizing (its
  * first entry: Py_Exit enters Py_FinalizeEx too), and a Python process whose
  * stacks are walked is stopped there (a pt_stops record, as an open is) until

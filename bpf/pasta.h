@@ -55,7 +55,7 @@ BPF_TASK_STORAGE(inflight, struct pt_frames);
  * Folding: a driver launch nested in a runtime launch is written only the
  * first time its thread sees its pair (the runtime launch's function, the
  * driver's handle), which is what names the handle offline
- * (capture/pairing.py); each later one is counted in
+ * (capture/naming/pairing.py); each later one is counted in
  * tally[PT_TALLY_FOLDED_LAUNCHES] and costs no event (nor stack walk).  The
  * thread keeps the pairs in a direct-mapped table of PT_FOLD_N slots, by the
  * runtime function: a pair that lost its slot is written again.  The same

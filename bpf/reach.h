@@ -1,4 +1,4 @@
-/* Which processes may be traced (pasta_trace/capture/reach.py).
+/* Which processes may be traced (pasta_trace/capture/procs/reach.py).
  *
  * Under sudo, pasta_trace/probes/program.py (reach_text) defines
  * PT_ALLOWED_UID, the invoking user's uid, and the offsets of the task's

@@ -13,7 +13,7 @@ import traceback
 from polars.exceptions import PanicException
 
 from . import __version__
-from .capture import own_process
+from .capture.procs import own_process
 from .commands import VERBS
 from .errors import EXIT_NOPERM, EXIT_RUNTIME, EXIT_USAGE, PastaError, UsageError
 from .privilege import drop_to_user

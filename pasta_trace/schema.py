@@ -456,7 +456,7 @@ DISCOVER_PATH_LEN = 256
 
 
 class DiscoverType(enum.IntEnum):
-    """What bpf/discover.bpf.c reports in its ring (pasta_trace/capture/late_load.py).
+    """What bpf/discover.bpf.c reports in its ring (pasta_trace/capture/procs/late_load.py).
     Stopped processes are in the pt_stops map (STOP_RECORD); a STOP record only wakes the tracer."""
 
     FORK = 2
@@ -739,7 +739,7 @@ LOSSES: tuple[Loss, ...] = (
     Loss("unreadable_native_stacks", "native_stats", NATIVE_STATS["unreadable_native_stacks"],
          "unreadable native stacks", "not one byte of the user stack could be read",
          "no option changes it; their events keep their Python stack only", section="stacks"),
-    # counted by the tracer (capture.native_collector): a library's unwind tables not built when the capture ended
+    # counted by the tracer (capture.stacks.native_collector): a library's unwind tables not built when the capture ended
     Loss("unresolved_native_stacks", "", -1, "unresolved native stacks",
          "a library's unwind tables were not ready when the capture ended",
          "no option changes it; their events keep their Python stack only", section="stacks"),
@@ -750,7 +750,7 @@ LOSSES: tuple[Loss, ...] = (
          "the fork/exec/exit ring buffer was full",
          "no option changes it; processes.parquet may miss those processes"),
     # drained from the ring, then dropped: the tracer's queue to its events
-    # writer process was full (capture.writer_queue)
+    # writer process was full (capture.output.writer_queue)
     Loss("lost_writer_behind", "", -1, "events", "the events writer fell behind",
          "use --aggregate or trace fewer processes"),
     # reached the events writer process but could not be written (a full disk)
@@ -759,15 +759,15 @@ LOSSES: tuple[Loss, ...] = (
     Loss("untraced_children", "discover_lost", 2, "untraced child processes",
          "the table of traced processes was full when they started",
          "no option changes it; trace fewer processes at once"),
-    # counted by the tracer (capture.stack_collector): py_procs was full when they were registered
+    # counted by the tracer (capture.stacks.stack_collector): py_procs was full when they were registered
     Loss("unregistered_python_processes", "", -1, "Python processes without stacks",
          "more Python processes ran at once than the table of interpreters holds",
          "no option changes it; their events are kept, without a stack", section="stacks"),
-    # handed to the events writer process, or drained, after it died (killed): not on disk (capture.writer)
+    # handed to the events writer process, or drained, after it died (killed): not on disk (capture.output.writer)
     Loss("lost_writer_died", "", -1, "events", "the events writer process died before it wrote them",
          "no option changes it; the manifest's notes say how it died"),
     # drained by a tracer that died, and held back in its memory (native stacks not unwound yet): counted by
-    # the events writer process, which wrote everything else (capture.takeover)
+    # the events writer process, which wrote everything else (capture.output.takeover)
     Loss("lost_tracer_died", "", -1, "events", "the tracer died while it held them",
          "no option changes it; the manifest's notes say so"),
     # bpf/pasta.h pt_capture_join, pt_capture_record: the table of streams under capture, or of events

@@ -1,6 +1,6 @@
 """Tensor events from one source per process and device, and the tensors
 they make: read by the tools (tools.tensors) and by the record summary
-(capture.summary), so that both count the same tensors.
+(capture.session.summary), so that both count the same tensors.
 
 The CUDA and ROCm caching allocators report every block to
 reportMemoryUsageToProfiler; CPU tensors go through

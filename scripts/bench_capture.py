@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pasta_trace import schema  # noqa: E402
-from pasta_trace.capture.decode import events_frame  # noqa: E402
-from pasta_trace.capture.ringbuf import open_table, record_stride  # noqa: E402
+from pasta_trace.capture.output.decode import events_frame  # noqa: E402
+from pasta_trace.capture.bpf.ringbuf import open_table, record_stride  # noqa: E402
 
 SYS_GETPPID = 110
 PER_CALL = 1000
@@ -180,7 +180,7 @@ def _running(pid: int) -> bool:
 
 
 def _writer_pid(tracer: int, workload: int) -> int:
-    """The tracer's events-writer child (capture.event_writer)."""
+    """The tracer's events-writer child (capture.output.event_writer)."""
     for task in Path(f"/proc/{tracer}/task").iterdir():
         for child in (task / "children").read_text().split():
             if int(child) != workload and b"event_writer" in Path(f"/proc/{child}/cmdline").read_bytes():
@@ -195,7 +195,7 @@ def _rss(pid: int) -> int:
 
 
 def _ring_bytes(pid: int) -> int:
-    """Resident pages of the ring shared with the events writer (capture.shared_ring), bytes."""
+    """Resident pages of the ring shared with the events writer (capture.output.shared_ring), bytes."""
     return _status(pid, "RssShmem")
 
 
@@ -298,7 +298,7 @@ def killed(calls: int, kill_after: float, workdir: Path) -> dict:
 
 def _flood_records(n: int, seed: int = 1) -> np.ndarray:
     """Launch records as a 2-thread flood drains them: irregular times, two threads, seven kernels."""
-    from pasta_trace.capture.ringbuf import padded_dtype
+    from pasta_trace.capture.bpf.ringbuf import padded_dtype
     from pasta_trace.probes.catalog import APIS
 
     rng = np.random.default_rng(seed)
@@ -317,7 +317,7 @@ def _flood_records(n: int, seed: int = 1) -> np.ndarray:
 
 def writer_alone(n: int, workdir: Path) -> dict:
     """(d): n records through CaptureWriter until written; the raw-bytes write of the same records as baseline."""
-    from pasta_trace.capture.writer import CaptureWriter
+    from pasta_trace.capture.output.writer import CaptureWriter
     from pasta_trace.probes.catalog import APIS
     from pasta_trace.safe_output import OutputDir
 

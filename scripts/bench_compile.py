@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pasta_trace.capture.probe_set import discover_text, handler_names, names_pages, program_text  # noqa: E402
+from pasta_trace.capture.bpf.probe_set import discover_text, handler_names, names_pages, program_text  # noqa: E402
 from pasta_trace.probes import compiled_cache, program  # noqa: E402
 
 VARIANTS = {

@@ -47,7 +47,7 @@ cost each configuration reached (the run least disturbed by other processes:
 on a loaded 2-CPU machine per-rep ratios spread by +-30%, so use many short
 reps, e.g. ``--calls 20000 --reps 40``).  The calling loop is C (clock_gettime around N calls through a
 dlsym pointer), pinned to CPU 0; the drain runs in this process on CPU 1, reading the ring
-every 10 ms by mapping it (pasta_trace.capture.ringbuf), so nothing is lost.
+every 10 ms by mapping it (pasta_trace.capture.bpf.ringbuf), so nothing is lost.
 
     sudo .venv/bin/python scripts/bench_probe.py --calls 20000 --reps 40
 """
@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pasta_trace import schema  # noqa: E402
-from pasta_trace.capture import bpf_maps, ringbuf  # noqa: E402
+from pasta_trace.capture.bpf import bpf_maps, ringbuf  # noqa: E402
 from pasta_trace.probes import attach, catalog, elf, program, uprobe_link  # noqa: E402
 
 CUDA_INCLUDE = "/usr/local/cuda-13.0/include"

@@ -46,7 +46,7 @@ def _whole(text: str, what: str, example: int) -> int:
 
 def pages(text: str) -> int:
     """A BPF ring buffer size in pages: a power of two the kernel accepts."""
-    from ..capture.options import MAX_RING_PAGES
+    from ..capture.session.options import MAX_RING_PAGES
 
     n = _whole(text, "pages", 4096)
     if n < 1:

@@ -48,7 +48,7 @@ def count(text: str) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES
+    from ..capture.session.options import DEFAULT_BUFFER_PAGES
     from ..daemon.control import DEFAULT_SOCKET
 
     p.add_argument("-o", "--output", type=Path, metavar="DIR", required=True,

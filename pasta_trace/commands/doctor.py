@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _kernel_checks() -> list[Check]:
-    from ..capture import checks
+    from ..capture.session import checks
     from ..probes import uprobe_link
 
     k = checks.kernel_support()
@@ -59,7 +59,7 @@ def _kernel_checks() -> list[Check]:
 
 
 def _privilege_check() -> Check:
-    from ..capture import checks
+    from ..capture.session import checks
 
     missing = checks.missing_caps()
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
@@ -70,7 +70,7 @@ def _privilege_check() -> Check:
 
 
 def _bcc_checks() -> tuple[list[Check], object]:
-    from ..capture import checks
+    from ..capture.session import checks
     from ..errors import PastaError
 
     try:
@@ -135,7 +135,7 @@ CUDA_LIB_GLOBS = ("/usr/local/cuda*/lib64/libcudart.so*", "/usr/local/cuda*/targ
 
 def _library_files() -> dict[str, tuple[str, set[str]]]:
     """Traced library files on this machine -> (family, where they were found)."""
-    from ..capture import discovery, python_env
+    from ..capture.procs import discovery, python_env
 
     found: dict[str, tuple[str, set[str]]] = {}
 
@@ -182,14 +182,14 @@ def _cudart_checks() -> list[Check]:
     """Per process that maps a CUDA runtime: where it lives (a shared
     libcudart.so.N, or linked into which files): a runtime linked into a file
     is probed there, and a user reading a capture needs to know which."""
-    from ..capture import discovery
+    from ..capture.procs import discovery
 
     return [Check(True, discovery.process_cudart(p)) for p in discovery.scan_all(skip={os.getpid()})
             if any(lib.family == "cudart" for lib in p.traced)]
 
 
 def _library_checks(verbose: bool) -> list[Check]:
-    from ..capture.dry_run import probe_plan
+    from ..capture.session.dry_run import probe_plan
 
     files = _library_files()
     if not files:
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print(f"\n{len(problems)} problem(s)")
     else:
-        from ..capture.checks import rerun_as_root
+        from ..capture.session.checks import rerun_as_root
 
         print(f"\nall good: `{rerun_as_root([sys.argv[0], '-p', 'PID'])}` will work")
     return 0 if not problems else 1

@@ -35,7 +35,12 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES, DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, MAX_RING_PAGES
+    from ..capture.session.options import (
+        DEFAULT_BUFFER_PAGES,
+        DEFAULT_NATIVE_PAGES,
+        DEFAULT_STACK_PAGES,
+        MAX_RING_PAGES,
+    )
     from ..probes.compiled_cache import DEFAULT_DIR as DEFAULT_BPF_CACHE
 
     who = p.add_argument_group("what to trace (one of)")
@@ -85,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from ..capture.options import Options, default_out_dir
+    from ..capture.session.options import Options, default_out_dir
 
     chosen = [bool(args.pid), bool(args.system_wide), bool(args.command)]
     if sum(chosen) != 1 and not args.print_bpf:
@@ -112,8 +117,8 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..capture import dry_run, summary
-    from ..capture.session import Session
+    from ..capture.session import dry_run, summary
+    from ..capture.session.session import Session
 
     if args.print_bpf:
         sys.stdout.write(dry_run.bpf_text(args))

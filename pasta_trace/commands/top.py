@@ -28,7 +28,7 @@ POLL_S = 0.01  # as the recording's drain: a ring of the default size holds ~0.1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..capture.options import DEFAULT_BUFFER_PAGES
+    from ..capture.session.options import DEFAULT_BUFFER_PAGES
 
     who = p.add_mutually_exclusive_group()
     add_pid_option(who, "only these processes")
@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def loss_line(lost: dict[str, int], settings: dict[str, int]) -> str | None:
     """What top could not count so far, with the cure (None: nothing lost)."""
-    from ..capture.summary import loss_lines
+    from ..capture.session.summary import loss_lines
 
     if not any(lost.values()):
         return None
@@ -74,10 +74,10 @@ def _comm(pid: int) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import schema
-    from ..capture.options import Options
-    from ..capture.ringbuf import open_table
-    from ..capture.session import Session
-    from ..capture.top_counts import TopCounts
+    from ..capture.session.options import Options
+    from ..capture.bpf.ringbuf import open_table
+    from ..capture.session.session import Session
+    from ..capture.session.top_counts import TopCounts
     from ..probes.catalog import API_NAMES
     from ..reporters import top_screen
 

@@ -23,12 +23,12 @@ import polars as pl
 
 from .. import schema
 from ..errors import UsageError
-from ..capture import manifest as mf
-from ..capture.collectives import CommunicatorTable, Sequencer
-from ..capture.decode import events_frame, names_frame
-from ..capture.event_writer import COMMUNICATORS, FILE_BYTES, kind_counts, write_atomic
-from ..capture.finish import complete_manifest
-from ..capture.tensor_sizes import TensorSizes
+from ..capture.output import manifest as mf
+from ..capture.output.collectives import CommunicatorTable, Sequencer
+from ..capture.output.decode import events_frame, names_frame
+from ..capture.output.event_writer import COMMUNICATORS, FILE_BYTES, kind_counts, write_atomic
+from ..capture.session.finish import complete_manifest
+from ..capture.output.tensor_sizes import TensorSizes
 from ..safe_output import OutputDir
 from .window import Snapshot
 

@@ -1,4 +1,4 @@
-"""The daemon's main loop: trace every process as `-a` does (capture.session,
+"""The daemon's main loop: trace every process as `-a` does (capture.session.session,
 set up as for `top`), keep the last window of events in memory (window), and
 write a dump (dump) when `pasta-trace dump` asks on the control socket
 (control) or SIGUSR1 arrives.  Ctrl-C or SIGTERM end it: the probes go,
@@ -26,9 +26,9 @@ from typing import Callable
 import numpy as np
 
 from .. import schema
-from ..capture import manifest as mf
-from ..capture.drain import POLL_INTERVAL_S, boost_drain_thread
-from ..capture.options import Options
+from ..capture.output import manifest as mf
+from ..capture.output.drain import POLL_INTERVAL_S, boost_drain_thread
+from ..capture.session.options import Options
 from ..probes.catalog import API_NAMES
 from ..safe_output import invoking_user
 from .control import ControlSocket, Request
@@ -73,8 +73,8 @@ class Daemon:
         self.dumps: list[Written] = []
 
     def run(self) -> int:
-        from ..capture.ringbuf import open_table
-        from ..capture.session import Session
+        from ..capture.bpf.ringbuf import open_table
+        from ..capture.session.session import Session
 
         o = self.opts
         capture = Options(mode="system", out_dir=o.out_dir, command_line=o.command_line, buffer_pages=o.buffer_pages,

@@ -159,7 +159,7 @@ class DeviceSession:
             finally:
                 os.close(src)
             if why is not None:  # left in the staging directory for the user, said in the manifest's notes
-                from ..capture.manifest import FILE_PROBLEMS
+                from ..capture.output.manifest import FILE_PROBLEMS
 
                 FILE_PROBLEMS.add(str(self.staging / name), why)
                 continue

@@ -33,7 +33,7 @@ REACH_SOURCE = "reach.h"  # before SOURCES (pt_skip uses it); again in the disco
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
 DEFAULT_NAMES_PAGES = 64
-DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.options.DEFAULT_STACK_PAGES for a capture)
+DEFAULT_STACK_PAGES = 256  # the pystacks ring (capture.session.options.DEFAULT_STACK_PAGES for a capture)
 DEFAULT_NATIVE_PAGES = 2048  # the nativestacks ring: ~1000 samples of 8 KiB between drains
 PID_FILTER_MAX = 4096
 #: lowers PID_FILTER_MAX, for the tests that fill pid_filter
@@ -129,7 +129,7 @@ CRED_MEMBERS = {"task_struct": ("cred",), "cred": ("uid", "euid", "suid", "fsuid
 
 def reach_text(allowed_uid: int | None, btf: Path = VMLINUX_BTF) -> str:
     """bpf/reach.h with its configuration: events and stops of processes whose
-    uids are all ``allowed_uid`` only (capture.reach), or of every process
+    uids are all ``allowed_uid`` only (capture.procs.reach), or of every process
     (None).  Refuses (PastaError) when the running kernel's BTF does not give
     the credential offsets: a restricted capture never runs unrestricted."""
     head = []
@@ -173,7 +173,7 @@ def build_bpf_text(
     ``native_stacks``: copy the user stack of the events of
     schema.NATIVE_STACK_KINDS and of failed calls ("default"), or of every
     event ("all"); None: none (bpf/nativestack.h).  ``allowed_uid``: events
-    of that user's processes only (capture.reach; None: every process)."""
+    of that user's processes only (capture.procs.reach; None: every process)."""
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
     if aggregate_max < 1:

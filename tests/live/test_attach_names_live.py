@@ -22,8 +22,8 @@ import pytest
 
 from conftest import _built
 from pasta_run import wait_for_file
-from pasta_trace.capture import name_scan
-from pasta_trace.capture.attach_names import NOT_LOOKED_UP
+from pasta_trace.capture.naming import name_scan
+from pasta_trace.capture.naming.attach_names import NOT_LOOKED_UP
 from pasta_trace.merge.kernels import kernel_executions
 from pasta_trace.read import open_capture
 

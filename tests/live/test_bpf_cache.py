@@ -14,8 +14,8 @@ import polars as pl
 import pytest
 
 from pasta_run import run_pasta
-from pasta_trace.capture.late_load import discover_text
-from pasta_trace.capture.probe_set import handler_names
+from pasta_trace.capture.procs.late_load import discover_text
+from pasta_trace.capture.bpf.probe_set import handler_names
 from pasta_trace.probes import catalog, compiled_cache as cc, program, uprobe_link
 from pasta_trace.read import open_capture
 from test_record_modes import ALL_PHASES, check_capture, workload_cmd

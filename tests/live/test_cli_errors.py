@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from cli_run import ROOT, cli, one_error_line  # tests/fixtures/cli_run.py
-from pasta_trace.capture import checks
+from pasta_trace.capture.session import checks
 from pasta_trace.device.inject import DEFAULT_MANIFEST, built_artefacts
 
 NOBODY = 65534

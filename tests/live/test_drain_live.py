@@ -94,7 +94,7 @@ def _lost(b) -> int:
 
 
 def test_drain_returns_every_committed_record_in_order_across_wraps(in_process):
-    from pasta_trace.capture.ringbuf import open_table
+    from pasta_trace.capture.bpf.ringbuf import open_table
 
     b = _fill_program(in_process, ring_pages=16)  # 64 KiB: 455 records, so 3 calls wrap it
     ring = in_process.closing(open_table(b, "events", schema.HOST_EVENT.dtype))
@@ -110,9 +110,9 @@ def test_drain_returns_every_committed_record_in_order_across_wraps(in_process):
 
 
 def test_full_ring_counts_every_lost_record_exactly(in_process):
-    from pasta_trace.capture.ringbuf import open_table
+    from pasta_trace.capture.bpf.ringbuf import open_table
 
-    from pasta_trace.capture.ringbuf import record_stride
+    from pasta_trace.capture.bpf.ringbuf import record_stride
 
     b = _fill_program(in_process, ring_pages=1)  # 4 KiB: as many records as fit, each an 8-byte header + the record
     ring = in_process.closing(open_table(b, "events", schema.HOST_EVENT.dtype))
@@ -134,7 +134,7 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path,
     the open returns; the watcher's callback sees it stopped; a second open
     of a now-known path does not stop; a forked child joins pid_filter; exits
     are reported."""
-    from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
 
     lib = tmp_path / "venv" / "lib" / "libcuda.so.1"
     lib.parent.mkdir(parents=True)
@@ -236,7 +236,7 @@ def test_sigkilled_tracer_leaves_readable_events_of_all_but_the_last_interval(tm
 
     cap = open_capture(out)
     # the events writer outlived it: it wrote the events left in the kernel's ring
-    # and completed the manifest with the counts (capture.takeover)
+    # and completed the manifest with the counts (capture.output.takeover)
     assert cap.complete, cap.problems
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["mode"] == "launch"

@@ -59,7 +59,7 @@ def _run_failing(args: list[str], env: dict[str, str]) -> tuple[int, str, set[in
                 cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"pasta_trace.capture.event_writer" in cmdline:
+            if b"pasta_trace.capture.output.event_writer" in cmdline:
                 writers.add(p)
             elif cmdline.startswith(b"sleep\0"):
                 sleeps.add(p)

@@ -17,7 +17,7 @@ import pytest
 import build
 from pasta_run import run_pasta
 from pasta_trace import merge, schema
-from pasta_trace.capture.top_counts import TopCounts
+from pasta_trace.capture.session.top_counts import TopCounts
 from pasta_trace.probes import catalog
 from pasta_trace.read import open_capture
 

@@ -19,8 +19,8 @@ import pytest
 
 from pasta_run import run_pasta, wait_for_file
 from pasta_trace import schema
-from pasta_trace.capture.late_load import discover_text
-from pasta_trace.capture.ringbuf import open_table
+from pasta_trace.capture.procs.late_load import discover_text
+from pasta_trace.capture.bpf.ringbuf import open_table
 from pasta_trace.probes import attach, catalog, program
 from pasta_trace.read import open_capture
 

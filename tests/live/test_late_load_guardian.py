@@ -26,7 +26,7 @@ TRACER = """
 import os, sys, time
 from bcc import BPF
 from pasta_trace import schema
-from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
 b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
 w = LateLoadWatcher(b, on_library=lambda lib: True, on_fork=lambda *a: None, on_exec=lambda *a: None,
                     on_exit=lambda *a: None)

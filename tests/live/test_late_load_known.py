@@ -21,7 +21,7 @@ FILES = 6
 
 def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp_path, in_process):
 
-    from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
 
     libs = []
     for i in range(FILES):  # distinct inodes: one table entry each

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 HOLDER = """
 import sys, time
-from pasta_trace.capture.launch import HeldCommand
+from pasta_trace.capture.procs.launch import HeldCommand
 held = HeldCommand(sys.argv[1:], {"PATH": "/usr/bin:/bin"})
 print(held.pid, flush=True)
 time.sleep(600)
@@ -30,7 +30,7 @@ time.sleep(600)
 
 
 def test_abandoned_command_never_runs(tmp_path):
-    from pasta_trace.capture.launch import HeldCommand
+    from pasta_trace.capture.procs.launch import HeldCommand
 
     marker = tmp_path / "ran"
     held = HeldCommand(["touch", str(marker)], {"PATH": "/usr/bin:/bin"})

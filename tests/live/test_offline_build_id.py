@@ -1,8 +1,8 @@
 """Offline naming of a process that exited reads the host's path of each file
 it mapped: a program rebuilt in place there (the same device and inode,
 other bytes) is not the one it ran, and its launches come out unknown@...
-with the reason, never named from the new build (capture.build_ids,
-capture.symbolize)."""
+with the reason, never named from the new build (capture.naming.build_ids,
+capture.naming.symbolize)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ and exits at once, and the tracer is paused (SIGSTOP) from just before that
 call until the program has exited or PAUSE_S has passed: a machine where the
 tracer is not scheduled for that long.  Code objects are read from the
 process's memory by the tracer; each process is held at its interpreter's
-finalization (capture/finalize_probe.py) until they are read, so every frame
+finalization (capture/procs/finalize_probe.py) until they are read, so every frame
 of every event is symbolized and equals the program's own
 `traceback.extract_stack()`.  Without the hold, each program's last stack
 was unnamed (`?`)."""

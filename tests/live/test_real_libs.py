@@ -146,7 +146,7 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.live
 def test_sigkill_leaves_readable_parquet(require_bpf, families, tmp_path, tracer):
-    """kill -9 the tracer mid-run: the events writer takes over (capture.takeover) and completes the
+    """kill -9 the tracer mid-run: the events writer takes over (capture.output.takeover) and completes the
     capture; the files hold every call made before the kill."""
     cuda = families[0]
     out, report, go = tmp_path / "cap", tmp_path / "report.json", tmp_path / "go"
@@ -155,7 +155,7 @@ def test_sigkill_leaves_readable_parquet(require_bpf, families, tmp_path, tracer
     try:
         wait_for_file(report.with_name(report.name + ".ready"), timeout=180)
         time.sleep(FLUSH_INTERVAL_S * 1.5)
-        writer = [p for p in descendants(t.proc.pid) if b"capture.event_writer" in _cmdline(p)]
+        writer = [p for p in descendants(t.proc.pid) if b"capture.output.event_writer" in _cmdline(p)]
         assert len(writer) == 1
         t.proc.send_signal(signal.SIGKILL)
         # a killed tracer's uprobes are removed by the kernel as it exits, 0.1-0.25 s each

@@ -30,8 +30,8 @@ with open({mark!r}, "a") as f:
 """
 #: the modules a helper of pasta-trace imports first (its package, the
 #: runner of -m, the interpreter's start-up hook), planted in the user's directory
-PLANTED = ("pasta_trace/__init__.py", "pasta_trace/capture/__init__.py", "pasta_trace/capture/event_writer.py",
-           "pasta_trace/capture/guardian.py", "sitecustomize.py", "usercustomize.py", "runpy.py")
+PLANTED = ("pasta_trace/__init__.py", "pasta_trace/capture/__init__.py", "pasta_trace/capture/output/event_writer.py",
+           "pasta_trace/capture/procs/guardian.py", "sitecustomize.py", "usercustomize.py", "runpy.py")
 
 
 

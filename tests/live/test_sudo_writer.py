@@ -17,7 +17,7 @@ import pytest
 from users import unavailable, users_directory  # tests/fixtures/users.py
 
 from pasta_trace import schema
-from pasta_trace.capture.writer import CaptureWriter
+from pasta_trace.capture.output.writer import CaptureWriter
 from pasta_trace.privilege import as_user
 from pasta_trace.read import open_capture
 from pasta_trace.safe_output import OutputDir

@@ -48,7 +48,7 @@ def test_a_launched_command_is_no_system_wide_tracers_own(tmp_path, in_process):
     import time
 
     from pasta_trace import schema
-    from pasta_trace.capture.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
 
     system = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=False, own_pid_filter=True))
     others = system["pt_own"]

@@ -1,4 +1,4 @@
-"""capture.attach_names: launches seen in drained records make a process due
+"""capture.naming.attach_names: launches seen in drained records make a process due
 for a scan of its driver objects; names found get source `driver_object`,
 and every launched handle left unnamed gets a row with the reason.
 
@@ -19,8 +19,8 @@ import pytest
 
 from conftest import _built
 from pasta_trace import schema
-from pasta_trace.capture import attach_names, name_scan
-from pasta_trace.capture.attach_names import AttachNamer
+from pasta_trace.capture.naming import attach_names, name_scan
+from pasta_trace.capture.naming.attach_names import AttachNamer
 from pasta_trace.probes.catalog import API_NAMES
 
 API = list(API_NAMES)
@@ -116,7 +116,7 @@ def test_a_refusal_is_every_unnamed_handles_reason(build_dir, tmp_path):
 
 
 def test_summary_says_why_handles_have_no_name():
-    from pasta_trace.capture.summary import unnamed_lines
+    from pasta_trace.capture.session.summary import unnamed_lines
 
     why = f"{attach_names.NOT_LOOKED_UP}; {name_scan.DISAGREE}"
     names = pl.DataFrame({"pid": [1, 1, 2, 2], "handle": [0x10, 0x20, 0x10, 0x30],

@@ -1,4 +1,4 @@
-"""capture.attach_names: a driver launch recorded into a CUDA graph (kind
+"""capture.naming.attach_names: a driver launch recorded into a CUDA graph (kind
 captured) of a handle looked up before the attach is named from its driver
 object, as a launch that ran is: the graph's launches run it by that name."""
 
@@ -12,7 +12,7 @@ import polars as pl
 
 from conftest import _built
 from pasta_trace import schema
-from pasta_trace.capture.attach_names import AttachNamer
+from pasta_trace.capture.naming.attach_names import AttachNamer
 from test_attach_names import API, driver_objects, fake_proc, launches
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pasta_trace.capture import summary
+from pasta_trace.capture.session import summary
 from pasta_trace.lifetimes import pair
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY

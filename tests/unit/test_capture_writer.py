@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture import manifest as mf
-from pasta_trace.capture.decode import events_frame, names_frame
-from pasta_trace.capture.discovery import family_of
-from pasta_trace.capture.options import CAPTURE_FILES
-from pasta_trace.capture.processes import container_id
-from pasta_trace.capture.writer import CaptureWriter
+from pasta_trace.capture.output import manifest as mf
+from pasta_trace.capture.output.decode import events_frame, names_frame
+from pasta_trace.capture.procs.discovery import family_of
+from pasta_trace.capture.session.options import CAPTURE_FILES
+from pasta_trace.capture.procs.processes import container_id
+from pasta_trace.capture.output.writer import CaptureWriter
 from pasta_trace.read import open_capture
 from pasta_trace.safe_output import OutputDir
 
@@ -83,7 +83,7 @@ def test_comms_that_differ_past_their_first_eight_bytes_stay_apart():
 def test_events_files_store_times_delta_encoded_the_rest_as_dictionaries_and_read_back_equal(tmp_path):
     import pyarrow.parquet as pq
 
-    from pasta_trace.capture.event_writer import write_atomic
+    from pasta_trace.capture.output.event_writer import write_atomic
 
     recs = np.concatenate([_launch(10 + i, 0xA + i % 3) for i in range(1000)] + [_alloc(5000, 0x7000, 4096)])
     recs["outer_ts"][:10] = np.arange(1, 11)
@@ -274,7 +274,7 @@ def test_container_id_from_cgroup(cgroup, cid):
 def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_reported(tmp_path):
     """fork, join a container's cgroup, exec, exit: all before the tracer reads /proc.
     The exec notification carries the cgroup id (a cgroupfs directory's inode)."""
-    from pasta_trace.capture.processes import ProcessTable, cgroup2_root, cgroup_path
+    from pasta_trace.capture.procs.processes import ProcessTable, cgroup2_root, cgroup_path
 
     root = tmp_path / "cgroup"
     scope = root / "system.slice" / ("docker-" + "ab" * 32 + ".scope")
@@ -300,7 +300,7 @@ def test_a_process_gone_before_its_exec_is_handled_keeps_the_cgroup_the_kernel_r
 def test_a_process_first_seen_after_its_exec_and_exit_keeps_the_cgroup_the_kernel_reported(tmp_path):
     """-a: the exec notification comes before the process is in the table (its
     events arrive later, after it has exited): the cgroup id is kept for it."""
-    from pasta_trace.capture.processes import ProcessTable
+    from pasta_trace.capture.procs.processes import ProcessTable
 
     root = tmp_path / "cgroup"
     scope = root / ("docker-" + "cd" * 32 + ".scope")

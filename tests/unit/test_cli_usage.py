@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pasta_trace import cli
-from pasta_trace.capture import checks, session
-from pasta_trace.capture.options import MAX_RING_PAGES
+from pasta_trace.capture.session import checks, session
+from pasta_trace.capture.session.options import MAX_RING_PAGES
 from pasta_trace.commands import doctor
 from pasta_trace.errors import EXIT_NOPERM, EXIT_RUNTIME, EXIT_USAGE
 from test_tools_capture import write_capture
@@ -342,7 +342,7 @@ def test_a_device_backend_that_recorded_nothing_says_so_in_the_report(capsys, tm
 
 
 def test_the_summary_says_what_the_device_backend_recorded() -> None:
-    from pasta_trace.capture.summary import device_line
+    from pasta_trace.capture.session.summary import device_line
 
     assert device_line(None, []) is None
     assert device_line("sanitizer", []) == (

@@ -9,9 +9,9 @@ import pytest
 
 import build
 from pasta_trace import schema
-from pasta_trace.capture import discovery
-from pasta_trace.capture.dry_run import probe_plan
-from pasta_trace.capture.pairing import nested_launch_names
+from pasta_trace.capture.procs import discovery
+from pasta_trace.capture.session.dry_run import probe_plan
+from pasta_trace.capture.naming.pairing import nested_launch_names
 from pasta_trace.probes import catalog, elf
 
 FORWARDERS = {"__cudaLaunchKernel": "cudaLaunchKernel", "__cudaLaunchKernel_ptsz": "cudaLaunchKernel_ptsz"}

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture.manifest import FILE_PROBLEMS
+from pasta_trace.capture.output.manifest import FILE_PROBLEMS
 from pasta_trace.device import read_device_files
 from pasta_trace.device.adopt import KEEP_FREE_BYTES
 from pasta_trace.device.inject import DeviceSession

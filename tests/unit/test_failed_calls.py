@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from pasta_trace import cli
-from pasta_trace.capture import summary
+from pasta_trace.capture.session import summary
 from pasta_trace.read import open_capture
 from pasta_trace.tools import REGISTRY
 from test_tools_capture import T0, write_capture

@@ -8,7 +8,7 @@ import os
 import subprocess
 import time
 
-from pasta_trace.capture import guardian
+from pasta_trace.capture.procs import guardian
 
 
 def test_a_running_process_is_not_exiting():

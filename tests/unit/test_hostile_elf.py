@@ -19,7 +19,9 @@ from elftools.common.exceptions import ELFError
 
 import hostile_files as hf
 from pasta_trace import elf_tables
-from pasta_trace.capture import discovery, manifest, symbolize
+from pasta_trace.capture.procs import discovery
+from pasta_trace.capture.output import manifest
+from pasta_trace.capture.naming import symbolize
 from pasta_trace.probes import elf, fatbin
 from pasta_trace.regular_file import NotRegularFile, open_library
 from pasta_trace.stacks import native, unwind_table
@@ -213,7 +215,7 @@ def test_zstd_bomb_in_nv_fatbin_is_refused_in_bounded_memory(bomb):
 
 def test_a_process_mapping_the_bomb_gets_no_kernel_names_and_a_note(bomb):
     """The driver-object naming reads the fatbins of every file a process maps (attach_names)."""
-    from pasta_trace.capture.process_memory import FatbinNames
+    from pasta_trace.capture.procs.process_memory import FatbinNames
 
     holder = subprocess.Popen([sys.executable, "-c", "import mmap, sys\n"
                                f"f = open({str(bomb)!r}, 'rb')\n"

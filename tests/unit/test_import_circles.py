@@ -13,7 +13,7 @@ PACKAGE = Path(pasta_trace.__file__).parent
 
 #: left for the sweep that splits capture/ by concern (guardian and takeover
 #: import each other lazily); an entry goes when its circle is broken
-KNOWN = [["pasta_trace.capture.guardian", "pasta_trace.capture.takeover"]]
+KNOWN = [["pasta_trace.capture.procs.guardian", "pasta_trace.capture.output.takeover"]]
 
 
 def _name(package: Path, path: Path) -> str:

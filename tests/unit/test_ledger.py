@@ -1,4 +1,4 @@
-"""The ledger (capture.ledger): records published by one process are read
+"""The ledger (capture.output.ledger): records published by one process are read
 whole by another after it is gone, and a record is never seen half-written."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from pasta_trace.capture.ledger import RECORDS, Ledger
+from pasta_trace.capture.output.ledger import RECORDS, Ledger
 
 
 def test_a_record_never_published_reads_as_none():
@@ -36,7 +36,7 @@ def test_each_record_reads_as_last_published_and_apart_from_the_others():
 
 PUBLISHER = """
 import os, signal, sys
-from pasta_trace.capture.ledger import Ledger
+from pasta_trace.capture.output.ledger import Ledger
 ledger = Ledger(int(sys.argv[1]))
 i = 0
 while True:

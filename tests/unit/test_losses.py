@@ -15,11 +15,11 @@ import polars as pl
 import pytest
 
 from pasta_trace import cli, schema
-from pasta_trace.capture import manifest as mf
-from pasta_trace.capture import summary
-from pasta_trace.capture.drain import status_text
-from pasta_trace.capture.options import Options, names_pages
-from pasta_trace.capture.probe_set import program_text
+from pasta_trace.capture.output import manifest as mf
+from pasta_trace.capture.session import summary
+from pasta_trace.capture.output.drain import status_text
+from pasta_trace.capture.session.options import Options, names_pages
+from pasta_trace.capture.bpf.probe_set import program_text
 from pasta_trace.commands.top import loss_line
 from pasta_trace.probes import program
 from pasta_trace.read import open_capture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from pasta_trace import schema
-from pasta_trace.capture.decode import resolve_aliases
+from pasta_trace.capture.output.decode import resolve_aliases
 
 
 def _frame(rows: list[tuple]) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""capture.name_scan on synthetic memory: the name pointer of driver objects
+"""capture.naming.name_scan on synthetic memory: the name pointer of driver objects
 is found only where every handle agrees and the strings are fatbin kernels."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from pasta_trace.capture import name_scan
-from pasta_trace.capture.name_scan import scan
+from pasta_trace.capture.naming import name_scan
+from pasta_trace.capture.naming.name_scan import scan
 
 KERNELS = {"_Z6vecAddPKfS0_Pfi", "_Z5scaleIfEvPT_S0_i", "plain_c_kernel", "_ZN2ns5innerEPd"}
 

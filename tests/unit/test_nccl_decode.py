@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture.collectives import CommunicatorTable, Sequencer
-from pasta_trace.capture.decode import events_frame
-from pasta_trace.capture.writer import CaptureWriter
+from pasta_trace.capture.output.collectives import CommunicatorTable, Sequencer
+from pasta_trace.capture.output.decode import events_frame
+from pasta_trace.capture.output.writer import CaptureWriter
 from pasta_trace.probes.catalog import API_ID, APIS
 from pasta_trace.read import open_capture
 from pasta_trace.safe_output import OutputDir

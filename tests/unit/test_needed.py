@@ -1,4 +1,4 @@
-"""capture.needed: the libraries a program loads at start, found as ld.so
+"""capture.procs.needed: the libraries a program loads at start, found as ld.so
 finds them, on real files built by cc."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pasta_trace.capture.needed import needed_files
+from pasta_trace.capture.procs.needed import needed_files
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 

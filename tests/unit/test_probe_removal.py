@@ -10,7 +10,7 @@ import os
 import threading
 import time
 
-from pasta_trace.capture import probe_set
+from pasta_trace.capture.bpf import probe_set
 
 
 def _children() -> set[int]:

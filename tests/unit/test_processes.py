@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from pasta_trace.capture.processes import distributed, process_row
+from pasta_trace.capture.procs.processes import distributed, process_row
 
 
 def test_rank_from_the_environment_of_the_process() -> None:

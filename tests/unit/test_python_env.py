@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pasta_trace import cli
-from pasta_trace.capture import python_env
+from pasta_trace.capture.procs import python_env
 from pasta_trace.commands import doctor
 
 C10 = ["_ZN3c1027reportMemoryUsageToProfilerEPvlmmNS_6DeviceE", "_ZN3c1025ProfiledCPUMemoryReporter3NewEPvm",

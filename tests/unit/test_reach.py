@@ -1,4 +1,4 @@
-"""capture.reach on /proc status files written here: which processes a
+"""capture.procs.reach on /proc status files written here: which processes a
 capture under sudo may trace, and the one line that refuses the others."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pasta_trace.capture import reach
+from pasta_trace.capture.procs import reach
 from pasta_trace.errors import EXIT_NOPERM
 
 

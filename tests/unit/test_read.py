@@ -234,7 +234,7 @@ def test_not_a_capture(tmp_path: Path) -> None:
 
 def test_what_the_writers_write_fits_the_shape_readers_check(tmp_path: Path) -> None:
     from pasta_trace.testing import synthetic
-    from pasta_trace.capture.manifest import ClockSample, Manifest, counts
+    from pasta_trace.capture.output.manifest import ClockSample, Manifest, counts
     from pasta_trace.json_shape import shape_problem
 
     m = Manifest(command_line=["pasta-trace", "-a"], mode="system", start=ClockSample.now(), end=ClockSample.now(),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture.ringbuf import (
+from pasta_trace.capture.bpf.ringbuf import (
     BUSY_BIT,
     DISCARD_BIT,
     HDR_SIZE,

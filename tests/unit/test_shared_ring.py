@@ -1,5 +1,5 @@
 """The ring shared by the tracer and its events writer process
-(capture.shared_ring): whole records, wrapping at the end, bounded by what
+(capture.output.shared_ring): whole records, wrapping at the end, bounded by what
 the writer released."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture.shared_ring import HEAD_BYTES, MAX_BYTES, MIN_BYTES, SharedRing, ring_bytes
+from pasta_trace.capture.output.shared_ring import HEAD_BYTES, MAX_BYTES, MIN_BYTES, SharedRing, ring_bytes
 
 REC = schema.HOST_EVENT.dtype
 
@@ -75,7 +75,7 @@ def test_the_default_size_is_an_eighth_of_the_memory_available(tmp_path, avail_k
 
 @pytest.mark.parametrize("populate", [True, False], ids=["madvise", "read each page"])
 def test_prefault_makes_the_pages_ahead_resident_without_changing_them(populate):
-    from pasta_trace.capture import shared_ring
+    from pasta_trace.capture.output import shared_ring
 
     size = REC.itemsize
     tracer = SharedRing.create(4 * shared_ring.PREFAULT_AHEAD_BYTES)
@@ -104,7 +104,7 @@ def _shmem_resident() -> int:
 
 @pytest.fixture
 def small_region(monkeypatch):
-    from pasta_trace.capture import shared_ring
+    from pasta_trace.capture.output import shared_ring
 
     monkeypatch.setattr(shared_ring, "REGION_BYTES", 64 << 10)
     monkeypatch.setattr(shared_ring, "PREFAULT_AHEAD_BYTES", 16 << 10)
@@ -132,7 +132,7 @@ def test_a_flow_the_writer_keeps_up_with_restarts_at_the_rings_start(small_regio
 def test_no_restart_while_records_wait():
     size = REC.itemsize
     ring = SharedRing.create(1 << 20)
-    from pasta_trace.capture import shared_ring
+    from pasta_trace.capture.output import shared_ring
 
     n, parts = ring.put(_recs(0, 10))
     assert ring.trim() == 0  # unwritten records: nothing moves, nothing is given back

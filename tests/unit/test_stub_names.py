@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pasta_trace.capture.stub_names import external_name, kernel_of_symbol
+from pasta_trace.capture.naming.stub_names import external_name, kernel_of_symbol
 from pasta_trace.demangle import display_names, short_form
 
 #: libshapes_a.so, libshapes_b.so and shapes_main: every kernel of their fatbins

@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace.capture.build_ids import BuildIds
-from pasta_trace.capture.symbolize import name_capture, name_handles, parse_maps
+from pasta_trace.capture.naming.build_ids import BuildIds
+from pasta_trace.capture.naming.symbolize import name_capture, name_handles, parse_maps
 from pasta_trace.elf_tables import ElfImage
 
 from nvcc_build import compile_cu
@@ -106,7 +106,7 @@ def test_name_capture_names_runtime_launches(kernels_lib, tmp_path):
     import polars as pl
 
     from pasta_trace import schema
-    from pasta_trace.capture.symbolize import name_capture
+    from pasta_trace.capture.naming.symbolize import name_capture
 
     _, stubs, _ = kernels_lib
     given = {"ts_ns": [10, 20, 30, 40], "pid": [os.getpid()] * 4, "tid": [1] * 4,
@@ -136,7 +136,7 @@ def test_name_capture_names_runtime_launches(kernels_lib, tmp_path):
 
 
 def test_kernel_of_symbol_reads_device_stubs():
-    from pasta_trace.capture.symbolize import kernel_of_symbol
+    from pasta_trace.capture.naming.symbolize import kernel_of_symbol
 
     kernels = frozenset({"_Z6vecAddPKfS0_Pfi", "plain_c_kernel", "_ZN2ns5innerEPd", "_Z5scaleIfEvPT_S0_i"})
     cases = {
@@ -160,7 +160,7 @@ def test_runtime_launches_named_through_their_call_site(kernels_lib):
     shared by every kernel, so its own address names none)."""
     from elftools.elf.elffile import ELFFile
 
-    from pasta_trace.capture.symbolize import name_launches
+    from pasta_trace.capture.naming.symbolize import name_launches
 
     path, stubs, _ = kernels_lib
     maps = Path("/proc/self/maps").read_text()
@@ -188,7 +188,7 @@ def test_runtime_launches_named_through_their_call_site(kernels_lib):
 
 def _exited_capture(tmp_path: Path, maps: str, stub: int) -> tuple[Path, Path]:
     """A capture with one runtime launch of `stub` by a process that has exited: its maps
-    as saved while it ran, its root the host's `/` (capture.finish._offline_names)."""
+    as saved while it ran, its root the host's `/` (capture.session.finish._offline_names)."""
     cap = tmp_path / "cap"
     cap.mkdir(parents=True)
     pl.DataFrame({"ts_ns": [1], "pid": [4242], "api": ["cudaLaunchKernel"], "func": [stub]},
@@ -222,7 +222,7 @@ def test_an_exited_process_is_named_from_its_file_only_while_that_file_is_the_on
                    "now): replaced since"}]
 
 
-# ----------------------------------------------------------------------- build-ids (capture.build_ids)
+# ----------------------------------------------------------------------- build-ids (capture.naming.build_ids)
 # Offline naming also checks the build-id the file had while the process ran: a file at its path later with the
 # same device and inode (an inode given again after a delete, a rewrite in place) but another build-id names nothing.
 

@@ -16,7 +16,7 @@ from test_export_model import T0 as MODEL_T0
 from test_export_perfetto import Parsed
 from test_tools_tensors import LOG, SITES, T0, K, M, MB, _capture
 
-from pasta_trace.capture.summary import tensor_lines
+from pasta_trace.capture.session.summary import tensor_lines
 from pasta_trace.export import chrome, perfetto, trace_model
 from pasta_trace.read import open_capture
 from pasta_trace.tools import tensors as T

@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 
 from pasta_trace import schema
-from pasta_trace.capture.tensor_sizes import TensorSizes
+from pasta_trace.capture.output.tensor_sizes import TensorSizes
 
 
 def _events(rows: list[tuple]) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""What `top` counts from drained events (capture/top_counts.py) and how its
+"""What `top` counts from drained events (capture/session/top_counts.py) and how its
 screen shows it (reporters/top_screen.py): exact counts, held bytes that
 follow allocations and frees (a free with no size included), failed calls
 that count nothing else, nested calls counted once; humanized values and
@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from pasta_trace import schema
-from pasta_trace.capture.top_counts import COUNTS, HELD, TopCounts
+from pasta_trace.capture.session.top_counts import COUNTS, HELD, TopCounts
 from pasta_trace.probes.catalog import API_NAMES
 from pasta_trace.reporters import top_screen
 

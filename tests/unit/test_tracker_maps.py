@@ -1,4 +1,4 @@
-"""capture.tracker: a process's maps are read again when it launches from an
+"""capture.procs.tracker: a process's maps are read again when it launches from an
 address in none of the maps saved for it (a library mapped since), on our own
 process's real maps."""
 
@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from pasta_trace import schema
-from pasta_trace.capture.tracker import ProcessTracker
+from pasta_trace.capture.procs.tracker import ProcessTracker
 
 PID = os.getpid()
 #: a saved maps text from before the libraries were mapped: a heap only

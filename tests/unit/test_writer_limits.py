@@ -16,9 +16,10 @@ import numpy as np
 import polars as pl
 
 from pasta_trace import schema
-from pasta_trace.capture import manifest as mf, summary
-from pasta_trace.capture.finish import complete_manifest
-from pasta_trace.capture.writer import RESERVE_BYTES, CaptureWriter
+from pasta_trace.capture.output import manifest as mf
+from pasta_trace.capture.session import summary
+from pasta_trace.capture.session.finish import complete_manifest
+from pasta_trace.capture.output.writer import RESERVE_BYTES, CaptureWriter
 from pasta_trace.safe_output import OutputDir
 
 APIS = ["cuLaunchKernel"]
@@ -167,7 +168,7 @@ def test_restarts_and_trims_lose_nothing_through_the_writer_process(tmp_path, mo
     """A steady flow restarts at the ring's start (the writer releases the
     bytes skipped), a flood past the region is given back once written, and
     the files hold every record once, in order."""
-    from pasta_trace.capture import shared_ring
+    from pasta_trace.capture.output import shared_ring
 
     monkeypatch.setattr(shared_ring, "REGION_BYTES", 256 << 10)
     monkeypatch.setattr(shared_ring, "PREFAULT_AHEAD_BYTES", 64 << 10)

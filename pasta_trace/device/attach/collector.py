@@ -39,7 +39,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...capture import reach
+from ...capture.procs import reach
 from ...errors import PastaError, UsageError
 from ...probes import catalog
 from ...probes.elf import exported_symbols

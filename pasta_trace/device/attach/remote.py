@@ -151,7 +151,7 @@ class HeldThread:
         self.libc = libc
         self.step = step or (lambda name: None)
         # a signal that arrives during a call: True keeps it from the program.  pasta-trace's
-        # own late-load stop (a SIGSTOP at the collector's mapping, capture/late_load.py) must
+        # own late-load stop (a SIGSTOP at the collector's mapping, capture/procs/late_load.py) must
         # be handled by its watcher while this thread is held here, not delivered
         self.on_signal = on_signal or (lambda sig: False)
         self.tracee: Tracee | None = None
