@@ -8,7 +8,7 @@
  *
  * pasta_trace/probes/program.py puts this file after pasta.h, cuda.bpf.c,
  * hip.bpf.c and pystack.h (when Python stacks are on); the generated header
- * of pasta_trace/schema.py (native_stacks_c_header: struct pt_native,
+ * of pasta_trace/schema/ (native_stacks_c_header: struct pt_native,
  * PT_NATIVE_KINDS, the native_stats indices) comes before them.
  *
  * pt_native_event runs where the event is complete: at the function's entry

@@ -4,7 +4,7 @@
  * event's stack_id (0: none) and writes the event.
  *
  * pasta_trace/probes/program.py puts this file after pasta.h, cuda.bpf.c and
- * hip.bpf.c; the generated header of pasta_trace/schema.py (stacks_c_header:
+ * hip.bpf.c; the generated header of pasta_trace/schema/ (stacks_c_header:
  * struct pt_py_proc, struct pt_pystack, PT_STACK_DEPTH, the py_stats
  * indices) comes first.
  *

@@ -1,5 +1,5 @@
 """The JSON documents of captures and timelines (manifest.json, timeline.json):
-read with a size bound, decoded, and checked against the shape schema.py
+read with a size bound, decoded, and checked against the shape schema/
 declares for them, so that readers can trust the type of every key they use.
 
 A shape is a Python type (str, int, bool), [shape] for an array of such

@@ -1,7 +1,7 @@
 """The Parquet files of a capture or timeline, checked before they are scanned.
 
 A file that is no regular file, not Parquet, cut short, has a damaged footer,
-holds a column of another type than schema.py declares, or holds a page that
+holds a column of another type than schema/ declares, or holds a page that
 does not decode is left out with one line that names it and says what is
 wrong; the other files are scanned as usual.  A scan never casts a value to
 null silently: the types are compared first.  Every page is decoded once here

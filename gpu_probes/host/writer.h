@@ -1,4 +1,4 @@
-/* Device record files: the TLV format of pasta_trace/schema.py (DEV_FILE_HEADER,
+/* Device record files: the TLV format of pasta_trace/schema/ (DEV_FILE_HEADER,
  * DEV_RECORD_HEADER, payloads padded to 8 bytes).
  *
  * Driver callbacks must never wait on the disk, so producers only build a

@@ -34,7 +34,7 @@ _FILE = schema.DEV_FILE_HEADER
 #: one row per device file read: where it came from and its clock bracket
 FILES_SCHEMA: dict[str, pl.DataType] = {
     "path": pl.String,
-    **{k: v for k, v in schema._record_columns(_FILE).items() if k not in ("magic", "reserved")},
+    **{k: v for k, v in schema.record_columns(_FILE).items() if k not in ("magic", "reserved")},
 }
 
 #: record types whose payload is a fixed struct -> the frame their rows go to

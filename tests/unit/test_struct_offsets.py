@@ -1,5 +1,5 @@
 """The struct offsets the BPF handlers read equal the vendor headers' offsetof,
-and the generated BPF structs have the layout schema.py declares."""
+and the generated BPF structs have the layout schema/ declares."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-/* Generated from pasta_trace/schema.py by `python -m pasta_trace.schema --write`: do not edit. */
+/* Generated from pasta_trace/schema/ by `python -m pasta_trace.schema --write`: do not edit. */
 #pragma once
 #include <stdint.h>
 typedef uint8_t __u8; typedef uint16_t __u16; typedef uint32_t __u32; typedef uint64_t __u64;

@@ -73,7 +73,7 @@ def decode_span(
     if bad.size:
         raise RecordSizeError(
             f"ring record of {int(lengths[bad[0]])} bytes, expected {dtype.itemsize}: "
-            "the BPF program and schema.py disagree"
+            "the BPF program and schema/ disagree"
         )
     discarded = (hdr & DISCARD_BIT) != 0
     # one contiguous copy of the span (the double mapping makes wrapped spans contiguous)

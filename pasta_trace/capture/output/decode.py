@@ -1,4 +1,4 @@
-"""Ring-buffer records (numpy structured arrays) -> Polars frames of schema.py.
+"""Ring-buffer records (numpy structured arrays) -> Polars frames of schema/.
 
 All work is columnar: numpy views of the record fields, Polars expressions for
 the null masks, gathers from small lookup Series for the names.
