@@ -44,17 +44,18 @@ examples:
 sudo does not search a virtual environment: there, run `sudo .venv/bin/pasta-trace ...`
 
 exit codes: 0 ok, 1 runtime error, 2 usage error, 77 missing privileges, 130 interrupted (Ctrl-C;
-record ends on Ctrl-C with 0)
+record, top and daemon end on Ctrl-C with 0)
 
-under sudo, only record and top keep root, and only for the probes; report, merge, export and doctor's
-reading run as the user who ran sudo (docs/security.md)
+under sudo, only record, top and daemon keep root, and only for the probes; report, merge, export, dump and
+doctor's reading run as the user who ran sudo (docs/security.md)
 """
 
 #: 128 + SIGINT, as a shell reports a command Ctrl-C ended
 EXIT_INTERRUPTED = 130
 #: verbs that need no privilege: under sudo they become the user before
-#: reading anything (doctor does, after the checks that need root)
-AS_USER = ("report", "merge", "export")
+#: reading anything (doctor does, after the checks that need root); dump
+#: connects to the daemon's socket as the user (daemon.control)
+AS_USER = ("report", "merge", "export", "dump")
 #: verbs for which Ctrl-C is how they end, not an interruption
 ENDED_BY_CTRL_C = ("record", "top", "daemon")
 

@@ -2,9 +2,13 @@
 dump` asks for a dump, one JSON line each way.
 
 Only root may connect: the socket is 0600 root's (0660 and the group's with
---socket-group) in a directory root owns that nobody else may write.  The
-file mode is one lock; the peer's credentials (SO_PEERCRED) are checked as
-well, so that a socket whose mode someone loosened still refuses other users.
+--socket-group) in a directory root owns that nobody else may write.  A
+daemon run under sudo traces the invoking user's processes only (as -a does)
+and its socket is that user's: `sudo pasta-trace dump` becomes the user
+before it connects (cli.AS_USER), so a user with sudo pasta-trace can dump
+their own daemon and nobody else's.  The file mode is one lock; the peer's
+credentials (SO_PEERCRED) are checked as well, so that a socket whose mode
+someone loosened still refuses other users.
 """
 
 from __future__ import annotations
@@ -66,9 +70,11 @@ def _groups_of(pid: int) -> set[int]:
 
 
 class ControlSocket:
-    def __init__(self, path: Path, group: int | None = None):
+    def __init__(self, path: Path, group: int | None = None, user: int | None = None):
+        """``group``: a group whose members may ask too; ``user``: the user who ran sudo, who may too."""
         self.path = Path(path)
         self.group = group
+        self.user = user
         _make_parent(self.path.parent)
         _clear_stale(self.path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
@@ -82,8 +88,9 @@ class ControlSocket:
         finally:
             os.umask(old)
         self._ino = os.lstat(self.path).st_ino
+        if group is not None or user is not None:
+            os.chown(self.path, user or 0, -1 if group is None else group)
         if group is not None:
-            os.chown(self.path, 0, group)
             os.chmod(self.path, 0o660)
         self.sock.listen(16)
         self._readers: set[threading.Thread] = set()
@@ -129,7 +136,8 @@ class ControlSocket:
             conn.close()
             return
         if not self._allowed(pid, uid, gid):
-            who = "root" if self.group is None else f"root or the group {self.group}"
+            who = " or ".join(["root", *([f"uid {self.user}"] if self.user is not None else []),
+                                  *([f"the group {self.group}"] if self.group is not None else [])])
             bad.reply({"error": f"refused the request: uid {uid} is not {who}", "refused": True})
             return
         try:
@@ -143,7 +151,7 @@ class ControlSocket:
         self._ready.put(Request(conn, pid, uid, pid_filter))
 
     def _allowed(self, pid: int, uid: int, gid: int) -> bool:
-        if uid == 0:
+        if uid == 0 or uid == self.user:
             return True
         return self.group is not None and (gid == self.group or self.group in _groups_of(pid))
 

@@ -100,8 +100,8 @@ def _claim(root: Path, name: str) -> tuple[OutputDir, Path]:
 
 def _write(out: OutputDir, path: Path, snap: Snapshot, trigger: Trigger, tables: Tables,
            owner: tuple[int, int] | None) -> Written:
-    start_ns = max(trigger.at.mono_before_ns - int(tables.window_s * 1e9),
-                   min((s.first_ns for s in snap.segments), default=trigger.at.mono_before_ns))
+    # from here on every event is in the dump: the window's length back, or just after the newest dropped
+    start_ns = max(trigger.at.mono_before_ns - int(tables.window_s * 1e9), snap.since_ns)
     manifest = mf.Manifest(command_line=tables.command_line, mode="system", start=_sample_at(trigger.at, start_ns),
                            buffer_pages=tables.buffer_pages)
     manifest.libraries = tables.entries

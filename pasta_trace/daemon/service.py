@@ -81,15 +81,16 @@ class Daemon:
                           stacks=False, verbose=o.verbose, bpf_cache=o.bpf_cache)
         session = Session(capture, say=self.say, banner=False)
         session.check()
-        control = ControlSocket(o.socket, o.socket_group)
+        owner = invoking_user()
+        control = ControlSocket(o.socket, o.socket_group, owner[0] if owner is not None else None)
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         writer = threading.Thread(target=self._write_dumps, name="pasta-dumps")
         events = names = None
+        window = Window(o.window_s, o.window_bytes, schema.HOST_NAME.dtype)  # before the probes: it holds all since
         try:
             session.setup()
             events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
             names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
-            window = Window(o.window_s, o.window_bytes, schema.HOST_NAME.dtype)
             writer.start()
             self.say(f"Recording every process's calls ({len(session.libraries())} libraries so far), keeping the "
                      f"last {o.window_s:g} s or {o.window_bytes / 2**20:g} MiB in memory; `pasta-trace dump` "

@@ -48,6 +48,9 @@ class Snapshot:
     dropped: int
     #: events in ``segments``
     held: int
+    #: every event from this instant on (CLOCK_MONOTONIC ns) is in ``segments``: the recorder's start,
+    #: or just after the newest event dropped
+    since_ns: int = 0
     pids: set[int] = field(default_factory=set)
 
 
@@ -68,6 +71,7 @@ class Window:
         self.dropped_by_pid: dict[int, int] = {}
         self._names: dict[int, list[np.ndarray]] = {}
         self._names_dtype = names_dtype
+        self.since_ns = clock()  # every event from then on is held (Snapshot.since_ns)
 
     # ------------------------------------------------------------------ input
 
@@ -98,6 +102,7 @@ class Window:
         """Drop segments whose newest event is older than ``cutoff``, and the oldest past the byte budget."""
         while self._segments and (self._segments[0].last_ns < cutoff or self.bytes > self.max_bytes):
             old = self._segments.popleft()
+            self.since_ns = max(self.since_ns, old.last_ns + 1)
             self.bytes -= old.records.nbytes
             self.dropped += int(old.records.size)
             pids, counts = np.unique(old.records["pid"], return_counts=True)
@@ -144,7 +149,7 @@ class Window:
         held = sum(int(s.records.size) for s in segments)
         dropped = self.dropped if pid is None else self.dropped_by_pid.get(pid, 0)
         return Snapshot(segments, np.concatenate(names) if names else np.empty(0, self._names_dtype),
-                        dropped, held, pids)
+                        dropped, held, pids=pids, since_ns=self.since_ns)
 
     @property
     def held(self) -> int:

@@ -50,11 +50,11 @@ def start_daemon(tmp_path: Path, sock: Path, *args: str) -> Tracer:
 class Paced:
     """paced_workload.py, started and made ready (its library attached), not yet going."""
 
-    def __init__(self, cuda_stub: Path, where: Path, rate: int, seconds: float):
+    def __init__(self, cuda_stub: Path, where: Path, rate: int, seconds: float, *extra: str):
         where.mkdir()
         self.dir = where
         self.proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--cuda", str(cuda_stub), "--dir", str(where),
-                                      "--rate", str(rate), "--seconds", str(seconds)])
+                                      "--rate", str(rate), "--seconds", str(seconds), *extra])
         self.pid = int(wait_for_file(where / "ready", 60, self.proc))
 
     def go(self) -> None:
@@ -83,17 +83,18 @@ def events_of(d: Path, pid: int) -> pl.DataFrame:
 
 def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, sock, tmp_path):
     daemon = start_daemon(tmp_path, sock, "--window", "2", "--keep", "3")
-    w = Paced(cuda_stub, tmp_path / "w", rate=1000, seconds=4)
+    # the workload asks for its dump itself, the moment its last launch returns (paced_workload.py)
+    w = Paced(cuda_stub, tmp_path / "w", 1000, 4, "--dump-socket", str(sock))
     try:
         w.go()
         log = w.done()
-        d = dump(sock, "--pid", str(w.pid))
+        d = Path(log["dump"]["dir"])
         assert d.parent == tmp_path / "dumps" and d.name.startswith("dump-") and d.name.endswith(f"-demand-pid{w.pid}")
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["complete"] is True and manifest["format_version"] == "1.10"
         trigger = manifest["trigger"]
         assert trigger["kind"] == "demand" and trigger["pid"] == w.pid and trigger["window_s"] == 2
-        assert trigger["cause"].startswith("pasta-trace dump from uid 0 (PID ")
+        assert trigger["cause"] == f"pasta-trace dump from uid 0 (PID {w.pid})"
         start = trigger["window_start_ns"]
         assert manifest["clock"]["start_ns"] == start
         assert manifest["clock"]["end_ns"] - start < 2.01e9
@@ -111,6 +112,7 @@ def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, sock, tm
         assert 1 < first < made  # the window began mid-run
         assert trigger["dropped_events"] == first - 1
         assert manifest["counts"]["events"] == ev.height == made - first + 1
+        assert log["dump"] == {"dir": str(d), "events": ev.height, "dropped": first - 1}
         assert manifest["pids"] == [w.pid]
         r = run_pasta(["report", str(d)])
         assert r.returncode == 0, r.stderr
@@ -236,3 +238,45 @@ def _rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) << 10
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+@pytest.mark.skipif(users.unavailable() is not None, reason=str(users.unavailable()))
+def test_under_sudo_the_socket_and_the_dumps_are_the_invoking_users(sock, tmp_path):
+    """`sudo pasta-trace daemon` (SUDO_* as sudo sets them): the socket is the user's, whose
+    `sudo pasta-trace dump` becomes the user and is let in; another user's is not, and the dump is the user's."""
+    with users.temporary_user() as u1, users.temporary_user() as u2, users.users_directory(u1) as home:
+        log = tmp_path / "daemon.log"
+        with open(log, "w") as err:
+            proc = subprocess.Popen([*pasta_command(), "daemon", "-o", str(home / "dumps"), "--socket", str(sock)],
+                                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                    env={**tracer_env(), **u1.sudo_env})
+        try:
+            deadline = time.monotonic() + 60
+            while "Ctrl-C to end" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert (sock.stat().st_uid, sock.stat().st_mode & 0o777) == (u1.uid, 0o600)
+
+            def sudo_dump(user: users.User) -> subprocess.CompletedProcess:
+                return subprocess.run([*pasta_command(), "dump", "--socket", str(sock)], capture_output=True,
+                                      text=True, timeout=60, env={**tracer_env(), **user.sudo_env})
+
+            r = sudo_dump(u1)
+            assert r.returncode == 0, r.stderr
+            d = Path(r.stdout.strip())
+            assert d.parent == home / "dumps"
+            assert {p.stat().st_uid for p in [d, *d.iterdir()]} == {u1.uid}
+            assert json.loads((d / "manifest.json").read_text())["complete"] is True
+            r = sudo_dump(u2)
+            assert r.returncode == 77 and "may not connect to the daemon's socket" in r.stderr, r.stderr
+            sock.chmod(0o666)
+            r = sudo_dump(u2)
+            assert r.returncode == 77, r.stderr
+            assert r.stderr.strip() == (f"pasta-trace: error: the daemon at {sock} refused the request: uid {u2.uid} "
+                                        f"is not root or uid {u1.uid}")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

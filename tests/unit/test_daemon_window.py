@@ -47,6 +47,7 @@ def test_segments_older_than_the_window_are_dropped_and_counted() -> None:
     # segments whose newest event is older than 103 s are gone: seconds 103 and 104 stay
     assert kept["grid_x"].tolist() == list(range(30, 50))
     assert (snap.held, snap.dropped, w.drained) == (20, 30, 50)
+    assert snap.since_ns == 102 * S + 3 * S // 4 + 1  # just after the newest event dropped
     assert w.dropped_by_pid == {7: 30}
 
 
