@@ -58,7 +58,7 @@ def test_a_typo_of_a_verb_is_a_usage_error_with_a_suggestion(capsys, tmp_path, m
 
 def test_a_word_that_is_no_verb_says_how_to_launch_a_command(capsys) -> None:
     assert run(capsys, "python", "train.py") == (EXIT_USAGE, error(
-        "unknown verb 'python' (verbs: record, top, doctor, merge, report, export; "
+        "unknown verb 'python' (verbs: record, top, daemon, dump, doctor, merge, report, export; "
         "to launch a command: `pasta-trace -- python train.py`)"))
 
 
