@@ -148,8 +148,8 @@ def test_torch_tensor_rows_compare_every_counter_and_fail_on_one_off(tmp_path: P
     cap = _capture(tmp_path / "cap")
     window = {"pid": 7, "t0": T0, "t1": T0 + 10_000}
     (tmp_path / "w.json").write_text(json.dumps(window))
-    r = subprocess.run([sys.executable, "-c", gc.COUNT_TENSORS, str(cap), str(tmp_path / "w.json")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run([sys.executable, gc.program("count_tensors.py"), str(cap), str(tmp_path / "w.json")],
+                       capture_output=True, text=True, cwd=ROOT, env=gc._pyenv(), timeout=60)
     counted = json.loads(r.stdout)
     # the hand-written capture's cuda:0 rows: 7 blocks handed out, 3 taken back (one from before the capture)
     assert counted == {"allocs": 7, "frees": 3, "alloc_bytes": MB(6.75), "free_bytes": MB(4.5),

@@ -133,8 +133,8 @@ def test_attach_commands_as_dry_writes_them(g, tmp_path: Path) -> None:
     assert tracer == ["/venv/python", "-m", "pasta_trace.cli", "record", "-p", "4242", "--device", "cupti", "-o",
                       str(tmp_path / "attach-vecadd" / "capture")]
     target, tracer, ctl = g.attach_cmds(m, "torch", None, tmp_path, "PID")
-    assert target[1:2] == ["-c"] and target[3:] == [str(tmp_path / "attach-torch" / "ctl"),
-                                                     str(g.ATTACH_TORCH_RATE)]
+    assert target[1:] == [str(g.PROGRAMS / "torch_loop.py"), str(tmp_path / "attach-torch" / "ctl"),
+                          str(g.ATTACH_TORCH_RATE)]
     assert tracer[4:6] == ["-p", "PID"]
     # every attach row is a GPU step: --dry ends it SKIP "no GPU" (test_gpu_check_dry checks every GPU_STEPS row)
     assert [s for s in g.GPU_STEPS if s.startswith("[attach ")] == [
@@ -171,7 +171,7 @@ def test_the_torch_loop_follows_the_control_files(g, tmp_path: Path) -> None:
         "allclose = lambda a, b, **k: True\n")
     ctl = tmp_path / "ctl"
     target, _, _ = g.attach_cmds({"artifacts": {"vecadd": "/b/vecadd"}}, "torch", None, tmp_path, "PID")
-    target = [target[0], target[1], target[2], str(ctl), "200"]
+    target = [target[0], target[1], str(ctl), "200"]
     log = tmp_path / "out.txt"
     with open(log, "w") as f:
         p = subprocess.Popen(target, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(tmp_path)})

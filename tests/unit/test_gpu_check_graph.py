@@ -4,6 +4,10 @@ against what it did and against CUPTI's kernel records of the graph's nodes
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
+import pytest
 from test_gpu_check import gpu_check_module
 
 
@@ -33,8 +37,20 @@ def test_graph_rows_pass_exact_counts_and_fail_one_off() -> None:
     assert all(m == "?" for what, _, m in g.graph_rows({}, cupti, nodes, launches) if "host" in what)
 
 
-def test_graph_program_source_has_the_counts_the_rows_expect() -> None:
+def test_graph_program_source_has_the_counts_the_rows_expect(tmp_path: Path) -> None:
     g = gpu_check_module()
-    assert "__global__ void graphk(float *x, int n)" in g.GRAPH_CU  # mangled as GRAPHK
+    source = (g.PROGRAMS / "graph.cu").read_text()
+    assert "__global__ void graphk(float *x, int n)" in source  # mangled as GRAPHK
     assert g.GRAPHK == "_Z6graphkPfi"
-    assert "NODES" in g.GRAPH_CU and "LAUNCHES" in g.GRAPH_CU
+    assert "i < NODES;" in source and "i < LAUNCHES;" in source
+    cmd = g.graph_build_cmd("nvcc", tmp_path / "graph")
+    assert cmd == ["nvcc", f"-DNODES={g.GRAPH_NODES}", f"-DLAUNCHES={g.GRAPH_LAUNCHES}", str(g.PROGRAMS / "graph.cu"),
+                   "-o", str(tmp_path / "graph")]
+    nvcc = g._nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed: the graph program cannot be built here")
+    # built as the step builds it, it holds graphk by the name the rows look for
+    r = subprocess.run(g.graph_build_cmd(nvcc, tmp_path / "graph"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    symbols = subprocess.run(["nm", str(tmp_path / "graph")], capture_output=True, text=True, check=True).stdout
+    assert [ln.split()[1:] for ln in symbols.splitlines() if ln.endswith(" " + g.GRAPHK)] == [["t", g.GRAPHK]]
