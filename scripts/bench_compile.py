@@ -41,12 +41,13 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pasta_trace.capture.bpf.probe_set import discover_text, handler_names, names_pages, program_text  # noqa: E402
-from pasta_trace.probes import compiled_cache, program  # noqa: E402
+from pasta_trace.capture.bpf.probe_set import handler_names, program_spec  # noqa: E402
+from pasta_trace.probes import catalog, compiled_cache, program  # noqa: E402
 
 VARIANTS = {
     "floor": dict(filter_pids=True, apis=()),
@@ -59,18 +60,18 @@ VARIANTS = {
 
 
 def text_of(variant: str) -> str:
-    """The C text a capture of ``variant`` compiles (probe_set.program_text; the floor: no handlers)."""
+    """The C text a capture of ``variant`` compiles (probe_set.program_spec; the floor: no handlers)."""
     kw = dict(VARIANTS[variant])
-    if "apis" in kw:
-        return (program.build_bpf_text(ring_pages=1024, names_pages=names_pages(1024), **kw)
-                + discover_text(filter_pids=kw["filter_pids"]))
-    return program_text(buffer_pages=1024, aggregate=kw.pop("aggregate", False), **kw)
+    apis = kw.pop("apis", catalog.APIS)
+    return program.build(replace(program_spec(buffer_pages=1024, aggregate=kw.pop("aggregate", False), **kw),
+                                 apis=apis))
 
 
 def short_text_of(variant: str) -> str:
     """The text of ``variant`` without handlers, as a cache hit compiles it."""
     kw = dict(VARIANTS[variant])
-    return program_text(buffer_pages=1024, aggregate=kw.pop("aggregate", False), apis=(), **kw)
+    kw.pop("apis", None)
+    return program.build(replace(program_spec(buffer_pages=1024, aggregate=kw.pop("aggregate", False), **kw), apis=()))
 
 
 def build(bcc, text: str, load: bool, short: str | None = None) -> tuple[float, float, int]:

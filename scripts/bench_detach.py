@@ -40,7 +40,7 @@ def _round(lib: str, links: bool, threads: int) -> tuple[int, float, float]:
 
     os.environ["PASTA_TRACE_PERF_UPROBES"] = "0" if links else "1"
     uprobe_link.available.cache_clear()
-    bpf = BPF(text=program.build_bpf_text().encode())
+    bpf = BPF(text=program.build(program.Spec(discover=False)).encode())
     t0 = time.monotonic()
     result = attach_library(bpf, lib, "cuda")  # as the tracer attaches: the catalog, placements, aliases
     if result.errors:

@@ -291,8 +291,9 @@ def main() -> int:
     # Big enough for a whole rep, so a slow drain cannot turn into cheap lost events.
     pages = 1 << max(4, (a.calls * ringbuf.record_stride(schema.HOST_EVENT.size) // 4096).bit_length())
     apis = (launch, alloc, rt_launch, report, new, delete, allreduce, copy, record)
-    pasta = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=apis).encode())
-    entry_only = BPF(text=program.build_bpf_text(ring_pages=2 * pages, apis=(launch_e, rt_launch_e, copy_e)).encode())
+    pasta = BPF(text=program.build(program.Spec(discover=False, ring_pages=2 * pages, apis=apis)).encode())
+    entry_only = BPF(text=program.build(program.Spec(discover=False, ring_pages=2 * pages,
+                                                              apis=(launch_e, rt_launch_e, copy_e))).encode())
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):

@@ -1,17 +1,24 @@
-"""The BPF program text: schema header + configuration + bpf/*.bpf.c + one
+"""The BPF program text, built in one place (``build`` from a ``Spec``) for
+every capture mode, the dry run, --print-bpf, the compiled-handlers cache,
+the benchmarks and the tests.
+
+The probes program: schema header + configuration + bpf/*.bpf.c + one
 instantiation line per probed API, generated from the catalog so that ids,
-kinds and shapes come from one table."""
+kinds and shapes come from one table.  The discover program
+(bpf/discover.bpf.c, capture.procs.late_load reads what it reports) follows
+it, or stands alone with a pid_filter of its own."""
 
 from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pasta_trace import schema
 from pasta_trace.errors import PastaError
 from pasta_trace.probes import catalog, offsets
-
+from pasta_trace.probes.kernel_offsets import discover_offsets
 
 
 def _bpf_dir() -> Path:
@@ -29,6 +36,7 @@ STACK_PROGRAM = "pt_stack_event"  # the tail-call target of every handler with s
 NATIVE_SOURCE = "nativestack.h"  # after STACK_SOURCE: the Python walker tail-calls it
 NATIVE_PROGRAM = "pt_native_event"
 NATIVE_TAIL_SLOT = 1
+DISCOVER_SOURCE = "discover.bpf.c"
 REACH_SOURCE = "reach.h"  # before SOURCES (pt_skip uses it); again in the discover program, guarded  # PT_TAIL_NATIVE of bpf/pasta.h; slot 0 when it is the only stack program
 
 DEFAULT_RING_PAGES = 1024  # 4 MiB with 4 KiB pages: ~30k events between drains
@@ -49,6 +57,22 @@ CAPTURE_MAX_ENV = "PASTA_TRACE_TEST_CAPTURE_MAX"
 NCCL_IDS_MAX = 4096
 NCCL_IDS_MAX_ENV = "PASTA_TRACE_TEST_NCCL_IDS_MAX"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+
+# The discover program's maps (bpf/discover.bpf.c; capture.procs.late_load reads them).
+#: library files (inodes) with probes that the kernel remembers; beyond it, each open of another one is paused
+KNOWN_MAX = 1024
+#: processes stopped at once, waiting for the tracer
+STOPS_MAX = 16384
+#: pages of the fork/exec/exit ring (80 bytes a record: 13,000 of them).  It fills while the
+#: tracer attaches to a new library (a second or more), and -a reports every process of the
+#: machine: 16 pages dropped 1,223 notifications of 200 processes started during one attach.
+DISCOVER_PAGES = 256
+#: files mapped executable with nothing to probe that the kernel remembers (an LRU: one
+#: forgotten costs its next mapping a stop)
+PLAIN_MAX = 65536
+#: pasta-trace's own processes of one tracer (the tracer, its writer, its guardian), with room to spare
+#: for those of other tracers
+OWN_MAX = 64
 
 # Bytes of kind-specific data after each BTF type record, by kind; *vlen
 # where the kind has one entry per member (linux/btf.h).
@@ -151,29 +175,53 @@ def _power_of_two(name: str, n: int) -> None:
         raise ValueError(f"{name} must be a power of two, got {n}")
 
 
-def build_bpf_text(
-    *,
-    ring_pages: int = DEFAULT_RING_PAGES,
-    names_pages: int = DEFAULT_NAMES_PAGES,
-    aggregate: bool = False,
-    aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX,
-    filter_pids: bool = False,
-    apis: tuple[catalog.Api, ...] = catalog.APIS,
-    stack_depth: int | None = None,
-    stack_pages: int = DEFAULT_STACK_PAGES,
-    native_stacks: str | None = None,
-    native_pages: int = DEFAULT_NATIVE_PAGES,
-    allowed_uid: int | None = None,
-) -> str:
-    """C text for ``bcc.BPF(text=...)``.  ``apis`` limits the handlers that
-    are compiled (attach only those); their ids stay the catalog's.
+@dataclass(frozen=True)
+class Spec:
+    """What the BPF program text depends on.  ``probes``: the probes program;
+    ``discover``: the discover program after it, or alone (``probes=False``)
+    with a pid_filter of its own.  ``apis`` limits the handlers that are
+    compiled (attach only those); their ids stay the catalog's.
     ``stack_depth``: record the caller's Python stack on every event, up to
     that many frames (bpf/pystack.h); None: no stacks.  ``aggregate_max``:
     rows the --aggregate map holds (calls of further rows count in lost_agg).
     ``native_stacks``: copy the user stack of the events of
     schema.NATIVE_STACK_KINDS and of failed calls ("default"), or of every
     event ("all"); None: none (bpf/nativestack.h).  ``allowed_uid``: events
-    of that user's processes only (capture.procs.reach; None: every process)."""
+    of that user's processes only (capture.procs.reach; None: every process).
+    ``known_max``: library files the discover program remembers."""
+
+    probes: bool = True
+    discover: bool = True
+    ring_pages: int = DEFAULT_RING_PAGES
+    names_pages: int = DEFAULT_NAMES_PAGES
+    aggregate: bool = False
+    aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX
+    filter_pids: bool = False
+    apis: tuple[catalog.Api, ...] = field(default=catalog.APIS, repr=False)
+    stack_depth: int | None = None
+    stack_pages: int = DEFAULT_STACK_PAGES
+    native_stacks: str | None = None
+    native_pages: int = DEFAULT_NATIVE_PAGES
+    allowed_uid: int | None = None
+    known_max: int = KNOWN_MAX
+
+
+def build(spec: Spec) -> str:
+    """C text for ``bcc.BPF(text=...)``: the programs ``spec`` names."""
+    if spec.probes and spec.discover:
+        return _probes_text(spec) + _discover_text(spec, alone=False)
+    if spec.probes:
+        return _probes_text(spec)
+    if spec.discover:
+        return schema.bpf_c_header() + _discover_text(spec, alone=True)
+    raise ValueError("a BPF program needs the probes, the discover program or both")
+
+
+def _probes_text(spec: Spec) -> str:
+    ring_pages, names_pages, aggregate = spec.ring_pages, spec.names_pages, spec.aggregate
+    aggregate_max, filter_pids, apis, stack_depth = spec.aggregate_max, spec.filter_pids, spec.apis, spec.stack_depth
+    stack_pages, native_stacks, native_pages = spec.stack_pages, spec.native_stacks, spec.native_pages
+    allowed_uid = spec.allowed_uid
     _power_of_two("ring_pages", ring_pages)
     _power_of_two("names_pages", names_pages)
     if aggregate_max < 1:
@@ -221,3 +269,37 @@ def build_bpf_text(
                  + "".join(instantiation(a) + "\n" for a in apis)
                  + "".join(r + "\n" for a in apis if (r := return_instantiation(a))))
     return "\n".join(parts)
+
+
+def _discover_source() -> Path:
+    """bpf/discover.bpf.c, from a source checkout or an installed package."""
+    path = BPF_DIR / DISCOVER_SOURCE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from this installation")
+    return path
+
+
+def _discover_text(spec: Spec, *, alone: bool) -> str:
+    """The discover program's C text, after the probes program (which already
+    includes schema.bpf_c_header() and, when filtering, pid_filter), or
+    ``alone``: declaring pid_filter itself."""
+    head = [
+        f"#define PT_DISCOVER_FILTER {int(spec.filter_pids)}",
+        f"#define PT_PATH_LEN {schema.DISCOVER_PATH_LEN}",
+        f"#define PT_KNOWN_MAX {spec.known_max}",
+        f"#define PT_PLAIN_MAX {PLAIN_MAX}",
+        f"#define PT_STOPS_MAX {STOPS_MAX}",
+        f"#define PT_DISCOVER_PAGES {DISCOVER_PAGES}",
+        f"#define PT_OWN_MAX {OWN_MAX}",
+        schema.loss_c_defines("discover_lost").rstrip("\n"),
+        *(f"#define {name} {off}" for name, off in discover_offsets().items()),
+        *(f"#define PT_DISCOVER_{t.name} {int(t)}" for t in schema.DiscoverType),
+        schema.DISCOVER_EVENT.c_struct(),
+        schema.KNOWN_FILE.c_struct(),
+        schema.STOP_RECORD.c_struct(),
+    ]
+    if alone:
+        head += ["#define PT_DISCOVER_ALONE 1", "BPF_HASH(pid_filter, u32, u8, 65536);"]
+    # pt_foreign: the probes program's (which defines the allowed uid under sudo), or none
+    reach = (BPF_DIR / REACH_SOURCE).read_text()
+    return "\n".join(head) + "\n" + reach + _discover_source().read_text()

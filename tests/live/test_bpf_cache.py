@@ -14,7 +14,6 @@ import polars as pl
 import pytest
 
 from pasta_run import run_pasta
-from pasta_trace.capture.procs.late_load import discover_text
 from pasta_trace.capture.bpf.probe_set import handler_names
 from pasta_trace.probes import catalog, compiled_cache as cc, program, uprobe_link
 from pasta_trace.read import open_capture
@@ -29,7 +28,7 @@ ONE_PER_MACRO = tuple({a.macro: a for a in catalog.APIS}.values())
 def texts(apis: tuple, ring_pages: int = 64) -> tuple[str, str]:
     """(the program with ``apis``' handlers, the same without handlers), as a capture builds them."""
     def text(a):
-        return program.build_bpf_text(ring_pages=ring_pages, filter_pids=True, apis=a) + discover_text(filter_pids=True)
+        return program.build(program.Spec(ring_pages=ring_pages, filter_pids=True, apis=a))
     return text(apis), text(())
 
 

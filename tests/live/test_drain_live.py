@@ -134,12 +134,13 @@ def test_late_open_stops_the_process_until_resumed_and_tracks_children(tmp_path,
     the open returns; the watcher's callback sees it stopped; a second open
     of a now-known path does not stop; a forked child joins pid_filter; exits
     are reported."""
-    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher
+    from pasta_trace.probes import program
 
     lib = tmp_path / "venv" / "lib" / "libcuda.so.1"
     lib.parent.mkdir(parents=True)
     shutil.copy("/bin/true", lib)
-    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+    b = in_process.bpf(program.build(program.Spec(probes=False, filter_pids=True)))
     seen: list = []
 
     def on_library(opened):

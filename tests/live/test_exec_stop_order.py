@@ -34,10 +34,10 @@ def _state(pid: int) -> str | None:
 
 
 def test_an_exec_between_the_drain_and_the_stops_is_read_before_it_resumes(tmp_path, in_process):
-    from pasta_trace import schema
-    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher
+    from pasta_trace.probes import program
 
-    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+    b = in_process.bpf(program.build(program.Spec(probes=False, filter_pids=True)))
     state_at_exec: dict[int, str | None] = {}
     w = in_process.closing(LateLoadWatcher(b, on_library=lambda lib: True, on_fork=lambda *a: None,
                                            on_exec=lambda pid, cg: state_at_exec.setdefault(pid, _state(pid)),

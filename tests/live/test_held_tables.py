@@ -19,7 +19,6 @@ import pytest
 
 from pasta_run import run_pasta, wait_for_file
 from pasta_trace import schema
-from pasta_trace.capture.procs.late_load import discover_text
 from pasta_trace.capture.bpf.ringbuf import open_table
 from pasta_trace.probes import attach, catalog, program
 from pasta_trace.read import open_capture
@@ -87,7 +86,7 @@ def test_exited_processes_leave_nothing_held_and_a_full_table_counts_what_it_cou
     monkeypatch.setenv(program.CAPTURE_MAX_ENV, "1")
     monkeypatch.setenv(program.NCCL_IDS_MAX_ENV, "1")
     apis = tuple(a for a in catalog.APIS if a.symbol in APIS)
-    b = in_process.bpf(program.build_bpf_text(apis=apis, filter_pids=True) + discover_text(filter_pids=True))
+    b = in_process.bpf(program.build(program.Spec(apis=apis, filter_pids=True)))
     ring = in_process.closing(open_table(b, "events", schema.HOST_EVENT.dtype))
     for lib, family in ((cuda_stub, "cuda"), (nccl, "nccl")):
         r = attach.attach_library(b, str(lib), family, apis)

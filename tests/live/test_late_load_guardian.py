@@ -25,9 +25,9 @@ TRIALS = 20
 TRACER = """
 import os, sys, time
 from bcc import BPF
-from pasta_trace import schema
-from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
-b = BPF(text=schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+from pasta_trace.capture.procs.late_load import LateLoadWatcher
+from pasta_trace.probes import program
+b = BPF(text=program.build(program.Spec(probes=False, filter_pids=True)))
 w = LateLoadWatcher(b, on_library=lambda lib: True, on_fork=lambda *a: None, on_exec=lambda *a: None,
                     on_exit=lambda *a: None)
 pf = b["pid_filter"]

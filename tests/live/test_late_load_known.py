@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from pasta_trace import schema
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
 
@@ -21,7 +20,8 @@ FILES = 6
 
 def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp_path, in_process):
 
-    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher
+    from pasta_trace.probes import program
 
     libs = []
     for i in range(FILES):  # distinct inodes: one table entry each
@@ -29,7 +29,7 @@ def test_full_known_table_is_counted_said_and_never_leaves_a_process_stopped(tmp
         lib.parent.mkdir()
         shutil.copy("/bin/true", lib)
         libs.append(str(lib))
-    b = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True, known_max=KNOWN_MAX))
+    b = in_process.bpf(program.build(program.Spec(probes=False, filter_pids=True, known_max=KNOWN_MAX)))
     warnings: list[str] = []
     opened: list[str] = []
     w = in_process.closing(LateLoadWatcher(

@@ -55,7 +55,7 @@ class Tracer:
     """A BPF program, its attached libraries and a drain of both rings."""
 
     def __init__(self, **kw):
-        self.bpf = bcc.BPF(text=program.build_bpf_text(**kw).encode())
+        self.bpf = bcc.BPF(text=program.build(program.Spec(discover=False, **kw)).encode())
         self._ev: list[bytes] = []
         self._nm: list[bytes] = []
         if not kw.get("aggregate"):

@@ -47,10 +47,10 @@ def test_a_launched_command_is_no_system_wide_tracers_own(tmp_path, in_process):
     run (LateLoadWatcher.disown_elsewhere)."""
     import time
 
-    from pasta_trace import schema
-    from pasta_trace.capture.procs.late_load import LateLoadWatcher, discover_text
+    from pasta_trace.capture.procs.late_load import LateLoadWatcher
+    from pasta_trace.probes import program
 
-    system = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=False, own_pid_filter=True))
+    system = in_process.bpf(program.build(program.Spec(probes=False, filter_pids=False)))
     others = system["pt_own"]
     others[others.Key(os.getpid())] = others.Leaf(1)  # this process stands for a launching tracer
     command = subprocess.Popen(["sleep", "60"])
@@ -59,7 +59,7 @@ def test_a_launched_command_is_no_system_wide_tracers_own(tmp_path, in_process):
         while others.get(others.Key(command.pid)) is None:  # made its own at its first return to user space
             assert time.monotonic() < deadline, "the system-wide program never took the child for its own"
             time.sleep(0.01)
-        launcher = in_process.bpf(schema.bpf_c_header() + discover_text(filter_pids=True, own_pid_filter=True))
+        launcher = in_process.bpf(program.build(program.Spec(probes=False, filter_pids=True)))
         watcher = in_process.closing(LateLoadWatcher(launcher, on_library=lambda lib: True, on_fork=lambda *a: None,
                                                      on_exec=lambda *a: None, on_exit=lambda *a: None))
         watcher.disown_elsewhere(command.pid)

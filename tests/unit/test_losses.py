@@ -19,7 +19,7 @@ from pasta_trace.capture.output import manifest as mf
 from pasta_trace.capture.session import summary
 from pasta_trace.capture.output.drain import status_text
 from pasta_trace.capture.session.options import Options, names_pages
-from pasta_trace.capture.bpf.probe_set import program_text
+from pasta_trace.capture.bpf.probe_set import program_spec
 from pasta_trace.commands.top import loss_line
 from pasta_trace.probes import program
 from pasta_trace.read import open_capture
@@ -40,6 +40,10 @@ def test_loss_slots_are_dense_and_the_stack_ones_are_py_stats_and_native_stats()
         "lost_native_stacks": schema.NATIVE_STATS["lost_native_stacks"],
         "unreadable_native_stacks": schema.NATIVE_STATS["unreadable_native_stacks"]}
     assert len(schema.LOSS_BY_NAME) == len(schema.LOSSES)
+
+
+def program_text(**kw) -> str:
+    return program.build(program_spec(**kw))
 
 
 def test_no_loss_slot_is_written_by_hand_in_the_bpf_sources() -> None:

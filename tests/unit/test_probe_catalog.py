@@ -105,7 +105,7 @@ def test_runtime_coverage_layers_and_nesting_roles():
         schema.Kind.graph, schema.NameSource.register_function)
     assert [(by[s].layer.name, by[s].nest_role) for s in ("cuLaunchKernel", "cudaLaunchKernel", "hipLaunchKernel")] \
         == [("driver", "inner"), ("runtime", "outer"), ("runtime", None)]
-    text = program.build_bpf_text(apis=(by["cuLaunchKernel"], by["cudaMalloc"], by["hipMalloc"]))
+    text = program.build(program.Spec(discover=False, apis=(by["cuLaunchKernel"], by["cudaMalloc"], by["hipMalloc"])))
     assert [ln for ln in text.splitlines() if ln.startswith("#define PT_ROLE_") and ln.split()[1][8:].isdigit()] == [
         f"#define PT_ROLE_{catalog.API_ID['cuLaunchKernel']} PT_ROLE_INNER",
         f"#define PT_ROLE_{catalog.API_ID['cudaMalloc']} PT_ROLE_OUTER",
@@ -160,7 +160,7 @@ def test_every_shape_has_exactly_one_bpf_macro():
 
 
 def test_program_text_instantiates_each_api_once():
-    text = program.build_bpf_text(ring_pages=64, names_pages=16)
+    text = program.build(program.Spec(discover=False, ring_pages=64, names_pages=16))
     lines = [ln for ln in text.splitlines() if ln.startswith("PT_H_")]
     assert lines == [program.instantiation(a) for a in catalog.APIS]
     roles = [ln for ln in text.splitlines() if ln.startswith("#define PT_ROLE_") and ln.split()[1][8:].isdigit()]
@@ -173,13 +173,13 @@ def test_program_text_instantiates_each_api_once():
     assert "PT_H_LAUNCH_CU(cuLaunchKernel, 0, 0, 0)" in lines
     assert "#define PT_RING_PAGES 64" in text and "#define PT_NAMES_PAGES 16" in text
     assert "#define PT_AGGREGATE" not in text and "#define PT_FILTER_PIDS" not in text
-    agg = program.build_bpf_text(aggregate=True, filter_pids=True)
+    agg = program.build(program.Spec(discover=False, aggregate=True, filter_pids=True))
     assert "#define PT_AGGREGATE 1" in agg and "#define PT_FILTER_PIDS 1" in agg
 
 
 def test_ring_pages_must_be_a_power_of_two():
     with pytest.raises(ValueError, match="ring_pages must be a power of two, got 1000"):
-        program.build_bpf_text(ring_pages=1000)
+        program.build(program.Spec(discover=False, ring_pages=1000))
 
 
 def test_handler_names():

@@ -9,37 +9,15 @@ tracer never resumes a process that another tracer still holds stopped.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from typing import Iterator
 
+from ...probes.libbpf import lib
+
 _MAP_NAME_OFFSET = 24  # struct bpf_map_info: type, id, key_size, value_size, max_entries, map_flags, name[16]
 _MAP_ID_OFFSET = 4
 _INFO_LEN = 96
-
-
-def _libbpf() -> ctypes.CDLL:
-    name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-    lib = ctypes.CDLL(name, use_errno=True)
-    lib.bpf_map_lookup_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    lib.bpf_map_update_elem.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]
-    lib.bpf_map_delete_elem.argtypes = [ctypes.c_int, ctypes.c_void_p]
-    lib.bpf_map_get_next_key.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    lib.bpf_map_get_next_id.argtypes = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
-    lib.bpf_map_get_fd_by_id.argtypes = [ctypes.c_uint32]
-    lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
-    return lib
-
-
-_LIB: ctypes.CDLL | None = None
-
-
-def lib() -> ctypes.CDLL:
-    global _LIB  # one handle per process; loading libbpf is not free
-    if _LIB is None:
-        _LIB = _libbpf()
-    return _LIB
 
 
 class Map:

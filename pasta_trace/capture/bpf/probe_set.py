@@ -7,39 +7,37 @@ import errno
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import polars as pl
 
 from ... import schema
 from ...errors import PastaError
-from ...probes import pinned, uprobe_link
+from ...probes import pinned, program, uprobe_link
 from ..session import checks
 from ..procs import discovery, reach
 from ..output import manifest as mf
-from ..procs.late_load import OpenedLibrary, discover_text
+from ..procs.late_load import OpenedLibrary
 from ..session.options import DEFAULT_NATIVE_PAGES, DEFAULT_STACK_PAGES, Options, names_pages
 
 
-def program_text(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
+def program_spec(*, buffer_pages: int, aggregate: bool, filter_pids: bool, stack_depth: int | None = None,
                  stack_pages: int = DEFAULT_STACK_PAGES, aggregate_max: int = schema.DEFAULT_AGGREGATE_MAX,
                  native_stacks: str | None = None, native_pages: int = DEFAULT_NATIVE_PAGES,
-                 allowed_uid: int | None = None, apis: tuple | None = None) -> str:
-    """The C text of the probes and discover programs, as loaded (``allowed_uid``: capture.procs.reach;
-    ``apis``: the handlers, None for the whole catalog)."""
-    from ...probes import catalog, program
-
-    return program.build_bpf_text(
+                 allowed_uid: int | None = None) -> program.Spec:
+    """The probes and discover programs of a capture with these settings (``allowed_uid``:
+    capture.procs.reach), for probes.program.build; the names ring follows --buffer-pages."""
+    return program.Spec(
         ring_pages=buffer_pages, names_pages=names_pages(buffer_pages), aggregate=aggregate,
         aggregate_max=aggregate_max, filter_pids=filter_pids, stack_depth=stack_depth, stack_pages=stack_pages,
         native_stacks=native_stacks, native_pages=native_pages, allowed_uid=allowed_uid,
-        apis=catalog.APIS if apis is None else apis,
-    ) + discover_text(filter_pids=filter_pids)
+    )
 
 
 def handler_names() -> list[str]:
     """The BPF functions the catalog's instantiation lines define."""
-    from ...probes import catalog, program
+    from ...probes import catalog
 
     return [n for a in catalog.APIS for n in program.handler_names(a) if n]
 
@@ -51,16 +49,17 @@ def load_program(opts: Options, say: Callable[[str], None] | None = None):
     from ...probes import compiled_cache
 
     bcc = checks.import_bcc()
-    kw = dict(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
-              stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages, aggregate_max=opts.aggregate_max,
-              native_stacks=opts.native_stacks_loaded, native_pages=opts.native_pages,
-              allowed_uid=reach.traced_uid())
-    text = program_text(**kw)
+    spec = program_spec(buffer_pages=opts.buffer_pages, aggregate=opts.aggregate, filter_pids=opts.mode != "system",
+                        stack_depth=opts.stack_depth_loaded, stack_pages=opts.stack_pages,
+                        aggregate_max=opts.aggregate_max, native_stacks=opts.native_stacks_loaded,
+                        native_pages=opts.native_pages, allowed_uid=reach.traced_uid())
+    text = program.build(spec)
     note = say if say is not None and opts.verbose else (lambda _msg: None)
     try:
         if not opts.bpf_cache:
             return bcc.BPF(text=text)
-        return compiled_cache.compile_program(bcc, text, lambda: program_text(**kw, apis=()), handler_names(), note)
+        return compiled_cache.compile_program(bcc, text, lambda: program.build(replace(spec, apis=())), handler_names(),
+                                             note)
     except Exception as e:  # noqa: BLE001 - BCC raises bare Exception
         raise PastaError(f"the BPF program did not load: {str(e).splitlines()[0]}",
                          hint="run `pasta-trace doctor`") from None

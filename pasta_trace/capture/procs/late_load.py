@@ -1,6 +1,6 @@
 """Libraries loaded after the capture starts, traced from their first call.
 
-bpf/discover.bpf.c stops (SIGSTOP) a traced process whose open of a
+bpf/discover.bpf.c (its text: probes.program.build) stops (SIGSTOP) a traced process whose open of a
 libcuda.so* / libcudart.so* / libamdhip64.so* / libc10.so* / libnccl.so* file for reading succeeded, before the open
 returns, and records it in the pt_stops map.  The watcher resolves the opened
 file through /proc/PID/fd/<fd>, attaches the probes through that same
@@ -38,32 +38,15 @@ from typing import Callable
 import numpy as np
 
 from ... import schema
-from ...probes import program
 from . import guardian
 from ..bpf.map_fds import Map, MapsByName, map_info
-from ..bpf.kernel_offsets import discover_offsets
 from ..bpf.ringbuf import RingBuffer, open_table
 
-PATH_LEN = schema.DISCOVER_PATH_LEN
 DiscoverType = schema.DiscoverType
 DISCOVER_EVENT = schema.DISCOVER_EVENT
 STOP_RECORD = schema.STOP_RECORD
-#: library files (inodes) with probes that the kernel remembers; beyond it, each open of another one is paused
-KNOWN_MAX = 1024
-#: processes stopped at once, waiting for the tracer
-STOPS_MAX = 16384
 #: pt_stops fd of a Python process held at its interpreter's finalization (bpf/discover.bpf.c)
 FINALIZING_FD = -2
-#: pages of the fork/exec/exit ring (80 bytes a record: 13,000 of them).  It fills while the
-#: tracer attaches to a new library (a second or more), and -a reports every process of the
-#: machine: 16 pages dropped 1,223 notifications of 200 processes started during one attach.
-DISCOVER_PAGES = 256
-#: files mapped executable with nothing to probe that the kernel remembers (an LRU: one
-#: forgotten costs its next mapping a stop)
-PLAIN_MAX = 65536
-#: pasta-trace's own processes of one tracer (the tracer, its writer, its guardian), with room to spare
-#: for those of other tracers
-OWN_MAX = 64
 #: how often the own processes of other tracers are looked for (LateLoadWatcher.own_others)
 OTHERS_INTERVAL_S = 1.0
 
@@ -71,40 +54,6 @@ OTHERS_INTERVAL_S = 1.0
 def kernel_dev(st_dev: int) -> int:
     """stat's st_dev in the kernel's own encoding (what BPF reads from a super_block)."""
     return (os.major(st_dev) << 20) | os.minor(st_dev)
-
-
-def bpf_source_path() -> Path:
-    """bpf/discover.bpf.c, from a source checkout or an installed package."""
-    path = program.BPF_DIR / "discover.bpf.c"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from this installation")
-    return path
-
-
-def discover_text(*, filter_pids: bool, own_pid_filter: bool = False, known_max: int = KNOWN_MAX) -> str:
-    """The discover program's C text, to append to the probes program (which
-    already includes schema.bpf_c_header() and, when filtering, pid_filter).
-    ``own_pid_filter`` declares pid_filter here, for use without the probes."""
-    head = [
-        f"#define PT_DISCOVER_FILTER {int(filter_pids)}",
-        f"#define PT_PATH_LEN {PATH_LEN}",
-        f"#define PT_KNOWN_MAX {known_max}",
-        f"#define PT_PLAIN_MAX {PLAIN_MAX}",
-        f"#define PT_STOPS_MAX {STOPS_MAX}",
-        f"#define PT_DISCOVER_PAGES {DISCOVER_PAGES}",
-        f"#define PT_OWN_MAX {OWN_MAX}",
-        schema.loss_c_defines("discover_lost").rstrip("\n"),
-        *(f"#define {name} {off}" for name, off in discover_offsets().items()),
-        *(f"#define PT_DISCOVER_{t.name} {int(t)}" for t in DiscoverType),
-        DISCOVER_EVENT.c_struct(),
-        schema.KNOWN_FILE.c_struct(),
-        STOP_RECORD.c_struct(),
-    ]
-    if own_pid_filter:
-        head += ["#define PT_DISCOVER_ALONE 1", "BPF_HASH(pid_filter, u32, u8, 65536);"]
-    # pt_foreign: the probes program's (which defines the allowed uid under sudo), or none
-    reach = (program.BPF_DIR / program.REACH_SOURCE).read_text()
-    return "\n".join(head) + "\n" + reach + bpf_source_path().read_text()
 
 
 class Opened(enum.IntEnum):

@@ -8,20 +8,22 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from ...probes import program
 from ..procs import discovery, reach
 from ..procs.launch import check_command
 from .options import Options
-from ..bpf.probe_set import program_text
+from ..bpf.probe_set import program_spec
 from ..procs.needed import needed_files
 from ..procs.targets import check_pids, launch_candidates, ld_cache, unreadable
 
 
 def bpf_text(args: argparse.Namespace) -> str:
     stacks = None if args.no_stacks or args.aggregate else args.stack_depth
-    return program_text(buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
-                        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max,
-                        native_stacks=None if args.aggregate else args.native_stacks,
-                        native_pages=args.native_stack_buffer_pages, allowed_uid=reach.traced_uid())
+    return program.build(program_spec(
+        buffer_pages=args.buffer_pages, aggregate=args.aggregate, filter_pids=not args.system_wide,
+        stack_depth=stacks, stack_pages=args.stack_buffer_pages, aggregate_max=args.aggregate_max,
+        native_stacks=None if args.aggregate else args.native_stacks, native_pages=args.native_stack_buffer_pages,
+        allowed_uid=reach.traced_uid()))
 
 
 @dataclass

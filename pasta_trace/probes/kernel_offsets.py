@@ -13,8 +13,8 @@ from __future__ import annotations
 import ctypes
 from functools import lru_cache
 
-from ...errors import PastaError
-from .map_fds import lib
+from ..errors import PastaError
+from .libbpf import lib
 
 BTF_KIND_STRUCT = 4
 BTF_KIND_UNION = 5
