@@ -290,9 +290,9 @@ def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return np.where(present, values, np.uint64(0)), present
 
 
-def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray]:
+def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Packets of rows that share one layout (every row an event of type
-    `ph`), as protowire.layout's (bytes, used) matrices.  String arguments
+    `ph`), as protowire.layout's (bytes, lengths, order).  String arguments
     and names are interned ids already."""
     n = rows.height
     every = np.ones(n, dtype=bool)

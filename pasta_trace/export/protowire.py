@@ -3,11 +3,11 @@
 Perfetto traces are a stream of length-delimited TracePacket messages.  Track
 descriptors and interned strings are few and are encoded one by one
 (`field_*`).  Events are millions: they are encoded as *segments*, a field of every
-event with a length per row (0 where the field is absent), laid side by side
-in one byte matrix with a row per event, and the used bytes of each row
-picked out end to end with one boolean mask, so no Python runs per event.
+event with a length per row (0 where the field is absent).  Rows whose
+segments have the same lengths are laid side by side in one byte matrix, a
+row per event and no byte unused, so the matrix's bytes are the rows end to
+end and no Python runs per event.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,14 +48,15 @@ def field_bytes(field: int, payload: bytes | str) -> bytes:
 @dataclass
 class Segment:
     """A field of every row: row i writes `lens[i]` bytes (0 where the field
-    is absent), at most `width`; `put` writes them, left-aligned, into a
-    (rows, width) view of the packets' matrix.  The bytes are computed there,
-    in place: a matrix of their own, copied into it, would be one more pass
-    over every byte of the trace."""
+    is absent), at most `width`.  `put(view, rows)` writes the field of the
+    rows `rows` (every row where None), all of one length, into `view`, a
+    (len(rows), that length) view of a byte matrix: the bytes are computed
+    there, in place (a matrix of their own, copied into it, would be one more
+    pass over every byte of the trace)."""
 
     lens: np.ndarray  # (rows,) int64
     width: int
-    put: Callable[[np.ndarray], None]
+    put: Callable[[np.ndarray, np.ndarray | None], None]
 
 
 def _varint_lens(v: np.ndarray) -> np.ndarray:
@@ -80,8 +81,12 @@ def _put_varint(view: np.ndarray, v: np.ndarray) -> None:
         rest >>= np.uint64(7)
 
 
+def _of(values: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    return values if rows is None else values[rows]
+
+
 def _absent(n: int) -> Segment:
-    return Segment(np.zeros(n, dtype=np.int64), 0, lambda view: None)
+    return Segment(np.zeros(n, dtype=np.int64), 0, lambda view, rows: None)
 
 
 def tagged(prefix: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
@@ -92,9 +97,9 @@ def tagged(prefix: bytes, values: np.ndarray, present: np.ndarray) -> Segment:
     lens = _varint_lens(v)
     p = np.frombuffer(prefix, dtype=np.uint8)
 
-    def put(view: np.ndarray) -> None:
+    def put(view: np.ndarray, rows: np.ndarray | None) -> None:
         view[:, : len(p)] = p
-        _put_varint(view[:, len(p):], v)
+        _put_varint(view[:, len(p):], _of(v, rows))
 
     return Segment(np.where(present, lens + len(p), 0), len(p) + int(lens.max()), put)
 
@@ -111,11 +116,11 @@ def small_message(field: int, head: bytes, values: np.ndarray, present: np.ndarr
     fixed = len(t) + 1 + len(head)
     t8, head8 = np.frombuffer(t, dtype=np.uint8), np.frombuffer(head, dtype=np.uint8)
 
-    def put(view: np.ndarray) -> None:
+    def put(view: np.ndarray, rows: np.ndarray | None) -> None:
         view[:, : len(t)] = t8
-        view[:, len(t)] = len(head) + lens
+        view[:, len(t)] = len(head) + view.shape[1] - fixed  # the body's length: the rows' value has one length
         view[:, len(t) + 1: fixed] = head8
-        _put_varint(view[:, fixed:], v)
+        _put_varint(view[:, fixed:], _of(v, rows))
 
     return Segment(np.where(present, fixed + lens, 0), fixed + int(lens.max()), put)
 
@@ -129,7 +134,7 @@ def const(b: bytes, present: np.ndarray) -> Segment:
         return _absent(len(present))
     b8 = np.frombuffer(b, dtype=np.uint8)
 
-    def put(view: np.ndarray) -> None:
+    def put(view: np.ndarray, rows: np.ndarray | None) -> None:
         view[:] = b8
 
     return Segment(np.where(present, len(b), 0).astype(np.int64), len(b), put)
@@ -140,9 +145,9 @@ def fixed64_field(field: int, values: np.ndarray, present: np.ndarray) -> Segmen
         return _absent(len(present))
     t = np.frombuffer(tag(field, I64), dtype=np.uint8)
 
-    def put(view: np.ndarray) -> None:
+    def put(view: np.ndarray, rows: np.ndarray | None) -> None:
         view[:, : len(t)] = t
-        view[:, len(t):] = np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8)
+        view[:, len(t):] = np.ascontiguousarray(_of(values, rows), dtype="<u8").view(np.uint8).reshape(-1, 8)
 
     return Segment(np.where(present, len(t) + 8, 0).astype(np.int64), len(t) + 8, put)
 
@@ -156,55 +161,86 @@ def message_field(field: int, body: list[Segment], present: np.ndarray) -> list[
     return [tagged(tag(field, LEN), n, present), *body]
 
 
-def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The segments side by side: a (rows, widths) byte matrix, the mask of
-    the bytes each row uses, and each row's length.  Both matrices are laid
-    out a byte column after another (views of (widths, rows) arrays): each
-    field's bytes and mask are then written as whole contiguous columns, where
-    in a row-major matrix every field would stride through all of it, five
-    times slower; the boolean pick of the used bytes reads them row by row
-    all the same."""
-    n = len(segs[0].lens)
-    width = sum(s.width for s in segs)
-    data = np.empty((width, n), dtype=np.uint8)
-    used = np.empty((width, n), dtype=bool)
-    lens = np.zeros(n, dtype=np.int64)
+def _rows(segs: list[Segment], rows: np.ndarray | None, n: int) -> np.ndarray:
+    """The `n` rows `rows` (every row where None), each segment of one length
+    in all of them, end to end.  Each segment is written as whole contiguous
+    byte columns of a (bytes, rows) array (into a row-major matrix every field
+    would stride through all of it, five times slower), then the array is
+    transposed once: its rows end to end are the packets, no byte unused."""
+    widths = [s.width if rows is None or not s.width else int(s.lens[rows[0]]) for s in segs]
+    data = np.empty((sum(widths), n), dtype=np.uint8)
     at = 0
+    for s, w in zip(segs, widths):
+        if w:
+            s.put(data[at: at + w].T, rows)
+        at += w
+    return np.ascontiguousarray(data.T).reshape(-1)
+
+
+#: segment lengths are under 32 bytes: a key digit per segment of varying length
+_KEY_BASE = 32
+
+
+def layout(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The rows, each the concatenation of its segments, end to end (uint8),
+    each row's length, and the order the rows are in (None: as given).  Rows
+    are grouped by the lengths of the segments whose length varies (a varint
+    of a few sizes, a field present or not: few groups), so that each group
+    is a byte matrix with no unused byte.  A boolean mask picking the used
+    bytes out of one matrix as wide as the widest row cost three times the
+    transpose."""
+    n = len(segs[0].lens)
+    lens = np.zeros(n, dtype=np.int64)
     for s in segs:
-        if s.width:
-            s.put(data[at: at + s.width].T)
-            for k in range(s.width):
-                np.greater(s.lens, k, out=used[at + k])
-            lens += s.lens
-        at += s.width
-    return data.T, used.T, lens
+        lens += s.lens
+    varying = [s for s in segs if s.width and not (s.lens == s.width).all()]
+    if not varying:
+        return _rows(segs, None, n), lens, None
+    key = np.zeros(n, dtype=np.int64)
+    for k, s in enumerate(varying):
+        if k and k % 12 == 0:  # 32^12 is 2^60: the key so far becomes the rank of its value
+            key = np.unique(key, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        key = key * _KEY_BASE + s.lens
+    order = np.argsort(key, kind="stable")
+    ranked = key[order]
+    cuts = [0, *(np.flatnonzero(ranked[1:] != ranked[:-1]) + 1).tolist(), n]
+    values = np.concatenate([_rows(segs, order[lo:hi], hi - lo) for lo, hi in zip(cuts[:-1], cuts[1:])])
+    return values, lens[order], order
 
 
 def assemble(segs: list[Segment]) -> tuple[np.ndarray, np.ndarray]:
     """All rows, each the concatenation of its segments, end to end (uint8),
-    and the length of each row: the used bytes of `layout`, picked out with
-    one boolean mask (row-major: row by row, segment by segment), a byte copy
-    where an index per output byte would cost four times the output."""
-    data, used, lens = layout(segs)
-    return data[used], lens
+    in the order given, and the length of each row."""
+    part = layout(segs)
+    n = len(part[1])
+    return interleave([part], [np.arange(n)]), part[1] if part[2] is None else _placed(part[1], part[2])
 
 
-def interleave(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], positions: list[np.ndarray]) -> np.ndarray:
-    """Rows of several `layout`s (data, used, lens) placed so that row i of
-    part j lands at row positions[j][i] of the result, end to end.  Each
-    part's used bytes are picked out at its own width, and the rows, as one
-    Arrow binary array, are put in order by a take (a copy per row), not a
-    matrix as wide as the widest part for every row."""
+def _placed(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`values` of the rows `order`, back at those rows."""
+    out = np.empty_like(values)
+    out[order] = values
+    return out
+
+
+def interleave(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]], positions: list[np.ndarray]) -> np.ndarray:
+    """Rows of several `layout`s (values, lens, order) placed so that row i of
+    part j (as given to its `layout`) lands at row positions[j][i] of the
+    result, end to end.  The rows, as one Arrow binary array, are put in
+    order by a take (a copy per row), not an index per byte."""
     n = sum(len(pos) for pos in positions)
     if n == 0:
         return np.empty(0, dtype=np.uint8)
-    values = np.concatenate([d[u] for d, u, _ in parts])
+    values = np.concatenate([v for v, _, _ in parts])
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.concatenate([lens for _, _, lens in parts]), out=offsets[1:])
+    np.cumsum(np.concatenate([lens for _, lens, _ in parts]), out=offsets[1:])
+    take = np.empty(n, dtype=np.int64)
+    take[np.concatenate([pos if order is None else pos[order] for pos, (_, _, order) in zip(positions, parts)])] = \
+        np.arange(n)
+    if (take[1:] > take[:-1]).all():  # in order already
+        return values
     rows = pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets),
                                                                    pa.py_buffer(values)])
-    take = np.empty(n, dtype=np.int64)
-    take[np.concatenate(positions)] = np.arange(n)
     ordered = rows.take(pa.array(take))
     at = np.frombuffer(ordered.buffers()[1], dtype=np.int64)[ordered.offset: ordered.offset + n + 1]
     return np.frombuffer(ordered.buffers()[2], dtype=np.uint8)[at[0]: at[-1]]
