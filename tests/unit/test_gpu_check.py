@@ -1,7 +1,7 @@
 """scripts/gpu_check: without a GPU it stops at once with one clear line and
 exit 3; its vecadd verdict passes exact counts and fails loudly on a wrong one
-(checked on a synthetic device file, read both through pasta_trace.device and
-through the script's stdlib fallback that parses record.h).  The device files
+(checked on a synthetic device file, read through pasta_trace.device as the
+script reads it: tests/gpu/programs/read_device.py).  The device files
 that gpu_probes wrote on a real GPU (tests/fixtures/h200/README.md) are read
 exactly, and the verdict on them is the one the H200 run printed, except where
 that run's check itself was wrong."""
@@ -97,8 +97,7 @@ def synthetic_vecadd(path: Path, n: int, bases: list[int], gld: int) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("reader", ["pasta", "fallback"])
-def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
+def test_vecadd_verdict_exact_and_loud(tmp_path: Path) -> None:
     gc = gpu_check_module()
     n = 1 << 22
     bases = [0x7F0000000000, 0x7F0001000000, 0x7F0002000000]
@@ -106,7 +105,7 @@ def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
     def verdict(gld: int) -> "gc.Table":
         p = tmp_path / f"gpu_probes.{gld}.sanitizer.bin"
         synthetic_vecadd(p, n, bases, gld)
-        d = gc.read_fallback([p]) if reader == "fallback" else gc.read_device([p], sys.executable)[0]
+        d = gc.read_device([p], sys.executable)[0]
         tab = gc.Table()
         gc.check_vecadd(tab, d, n, bases, "test")
         return tab
@@ -123,18 +122,34 @@ def test_vecadd_verdict_exact_and_loud(tmp_path: Path, reader: str) -> None:
         ("[test] thread-level global loads", str(2 * n), str(2 * n - 1), "FAIL")]
 
 
-def test_fallback_reader_agrees_with_pasta_trace_device_on_the_golden_file() -> None:
+def test_the_scripts_reader_gives_pasta_trace_devices_rows_on_the_golden_file() -> None:
+    """Every frame the steps check, as the script's program prints it, is read_device_files' frame row for row
+    (a value JSON cannot hold, as its string)."""
+    import json
+
     gc = gpu_check_module()
     golden = ROOT / "tests/fixtures/golden/device_all_records.bin"
-    fb = gc.read_fallback([golden])
-    pasta, reader = gc.read_device([golden], sys.executable)
+    got, reader = gc.read_device([golden], sys.executable)
     assert reader == "pasta_trace.device"
-    for frame in ["kernel_summaries", "page_hist", "alloc_touch", "allocs", "clock_sync", "cupti_kernels",
-                  "cupti_memcpy", "launches"]:
-        cols = set(pasta[frame][0]) & set(fb[frame][0]) if pasta[frame] else set()
-        assert len(cols) >= 4, frame
-        assert [{c: r[c] for c in cols} for r in fb[frame]] == [{c: r[c] for c in cols} for r in pasta[frame]], frame
-    assert [r["name"] for r in fb["launches"]] == ["_Z6vecaddPKfS0_Pfi"]
+    want = read_device_files([golden])
+    for frame in gc.DEVICE_FRAMES:
+        assert got[frame] == json.loads(json.dumps(want.frames[frame].to_dicts(), default=str)), frame
+    assert sum(map(len, (got[f] for f in gc.DEVICE_FRAMES))) > 8
+    assert got["problems"] == want.problems == []
+    assert [r["name"] for r in got["launches"]] == ["_Z6vecaddPKfS0_Pfi"]
+
+
+def test_without_pasta_trace_device_every_read_says_why_and_its_rows_fail(tmp_path: Path) -> None:
+    """No interpreter imports pasta_trace.device: nothing is read, and the vecadd rows fail on the reason."""
+    gc = gpu_check_module()
+    p = tmp_path / "gpu_probes.1.sanitizer.bin"
+    synthetic_vecadd(p, 1024, [0x7F0000000000, 0x7F0001000000, 0x7F0002000000], 2048)
+    why = "pasta_trace.device not importable here (needs polars and numpy: scripts/setup.sh)"
+    d, reader = gc.read_device([p], None)
+    assert (reader, d["problems"], d["launches"], d["final_status"]) == ("nothing", [why], [], [])
+    tab = gc.Table()
+    assert not gc.check_vecadd(tab, d, 1024, [0x7F0000000000, 0x7F0001000000, 0x7F0002000000], "t")
+    assert tab.rows == [("[t] reader problems", "none", why, "FAIL"), ("[t] vecadd launches recorded", "1", "0", "FAIL")]
 
 
 def test_torch_tensor_rows_compare_every_counter_and_fail_on_one_off(tmp_path: Path) -> None:
@@ -268,12 +283,11 @@ def test_gpu_check_verdict_on_the_h200_sanitizer_file() -> None:
     """The allocation row passes (the reservations are not counted as arrays, as the H200 run's
     check wrongly did); the counter rows fail as they did there: no patch function ran."""
     gc = gpu_check_module()
-    for d in (gc.read_fallback([H200 / "vecadd.sanitizer-preload.bin"]),
-              gc.read_device([H200 / "vecadd.sanitizer-preload.bin"], sys.executable)[0]):
-        tab = gc.Table()
-        assert not gc.check_vecadd(tab, d, N, [A, B, C], "h200")
-        rows = {r[0]: r[1:] for r in tab.rows}
-        assert rows["[h200] ALLOC records of a, b, c"] == (f"3 x {4 * N} B", f"3 x {4 * N} B", "PASS")
-        assert rows["[h200] vecadd launches recorded"] == ("1", "1", "PASS")
-        assert rows["[h200] thread-level global loads"] == (str(2 * N), "0", "FAIL")
-        assert rows["[h200] blocks entered / exited"] == (f"{N // 256} / {N // 256}", "0 / 0", "FAIL")
+    d = gc.read_device([H200 / "vecadd.sanitizer-preload.bin"], sys.executable)[0]
+    tab = gc.Table()
+    assert not gc.check_vecadd(tab, d, N, [A, B, C], "h200")
+    rows = {r[0]: r[1:] for r in tab.rows}
+    assert rows["[h200] ALLOC records of a, b, c"] == (f"3 x {4 * N} B", f"3 x {4 * N} B", "PASS")
+    assert rows["[h200] vecadd launches recorded"] == ("1", "1", "PASS")
+    assert rows["[h200] thread-level global loads"] == (str(2 * N), "0", "FAIL")
+    assert rows["[h200] blocks entered / exited"] == (f"{N // 256} / {N // 256}", "0 / 0", "FAIL")

@@ -120,19 +120,19 @@ def test_status_rows_of_a_run_whose_patches_got_no_buffer_fail_and_say_so(gc, tm
     assert [r[3] for r in tab.rows if "recorded" in r[0]] == ["FAIL", "FAIL"]
 
 
-def test_status_rows_from_the_stdlib_reader_show_the_raw_status_and_skip_the_verdict(gc, tmp_path: Path) -> None:
+def test_status_rows_pass_a_run_that_worked_and_fail_files_nothing_could_read(gc, tmp_path: Path) -> None:
     p = _status_file(tmp_path / "ok.bin", rc_fallback_read=0, patch_data_calls=4)
-    d = gc.read_fallback([p])
-    assert [r["host_mono"] for r in d["tool_status"]] == [1, 2]
-    tab = gc.Table()
-    gc.status_rows(tab, d, "t", "LD_PRELOAD", {"CUDA_MODULE_LOADING": "LAZY"})
-    rows = {r[0]: r[1:] for r in tab.rows}
-    assert rows["[t] tool verdict"] == ("-", "pasta_trace.device not importable: the status is shown raw", "SKIP")
-    assert '"patch_data_calls": 4' in rows["[t] tool status"][1] and '"stage": 3' in rows["[t] tool status"][1]
     d, _ = gc.read_device([p], sys.executable)
+    assert [r["host_mono"] for r in d["tool_status"]] == [1, 2]
     tab = gc.Table()
     gc.status_rows(tab, d, "t")
     assert tab.rows[-1] == ("[t] tool verdict", gc.WORKED, gc.WORKED, "PASS")
+    # no interpreter with pasta_trace.device: no status is made up, the row fails and the run with it
+    d, reader = gc.read_device([p], None)
+    assert reader == "nothing"
+    tab = gc.Table()
+    gc.status_rows(tab, d, "t", "LD_PRELOAD", {"CUDA_MODULE_LOADING": "LAZY"})
+    assert tab.rows == [("[t] TOOL_STATUS records", "1 process", "0 process(es)", "FAIL")] and tab.failed
 
 
 def _fake_run(gc, monkeypatch, answer) -> list:
