@@ -112,11 +112,11 @@ def _write(out: OutputDir, path: Path, snap: Snapshot, trigger: Trigger, tables:
     manifest.write(out, complete=False)
     # the window's segments hold whole drains: events older than the window's start are trimmed here
     parts = [recs for s in snap.segments if (recs := s.records[s.records["ts_ns"] >= start_ns]).size]
-    events, by_kind = _write_events(out, parts, tables.api_names)
+    events, by_kind, comms = _write_events(out, parts, tables.api_names)
     dropped = snap.dropped + snap.held - events
     names = names_frame(snap.names, tables.api_names)
     write_atomic(out, "names.parquet", names)
-    processes = tables.processes.filter(pl.col("pid").is_in(manifest.pids))
+    processes = _with_minimal_rows(tables.processes.filter(pl.col("pid").is_in(manifest.pids)), comms)
     write_atomic(out, "processes.parquet", processes)
     write_atomic(out, "libraries.parquet", tables.libraries)
     manifest.end = trigger.at
@@ -135,11 +135,24 @@ def _sample_at(now: mf.ClockSample, mono_ns: int) -> mf.ClockSample:
     return mf.ClockSample(mono_ns, now.realtime_ns - back, now.mono_after_ns - back)
 
 
-def _write_events(out: OutputDir, parts: list[np.ndarray], api_names: list[str]) -> tuple[int, np.ndarray]:
-    """events-NNNNN.parquet files of FILE_BYTES of records at most, as the events writer makes them."""
+def _with_minimal_rows(processes: pl.DataFrame, comms: dict[int, str]) -> pl.DataFrame:
+    """``processes`` plus a row of pid and comm for each process of the events it lacks
+    (gone before the daemon read its /proc), as a capture's end adds them."""
+    missing = [{**dict.fromkeys(schema.PROCESSES_SCHEMA), "pid": pid, "comm": comm}
+               for pid, comm in sorted(comms.items()) if pid not in set(processes["pid"].to_list())]
+    if not missing:
+        return processes
+    return pl.concat([processes, pl.DataFrame(missing, schema=schema.PROCESSES_SCHEMA, orient="row")])
+
+
+def _write_events(out: OutputDir, parts: list[np.ndarray],
+                  api_names: list[str]) -> tuple[int, np.ndarray, dict[int, str]]:
+    """events-NNNNN.parquet files of FILE_BYTES of records at most, as the events writer makes them;
+    returns the events written, their count by kind, and each process's comm."""
     sizes, sequencer = TensorSizes(), Sequencer()
     communicators = CommunicatorTable(socket.gethostname())
     by_kind = np.zeros(len(schema.KIND_NAMES), np.int64)
+    comms: dict[int, str] = {}
     events = files = 0
     while parts:
         n, size = 0, 0
@@ -152,9 +165,11 @@ def _write_events(out: OutputDir, parts: list[np.ndarray], api_names: list[str])
         files += 1
         events += data.height
         by_kind += kind_counts(data)
+        for pid, comm in data.select("pid", pl.col("comm").cast(pl.String)).unique("pid", keep="any").iter_rows():
+            comms.setdefault(pid, comm)
         if communicators.add(data):
             write_atomic(out, COMMUNICATORS, communicators.rows)
-    return events, by_kind
+    return events, by_kind, comms
 
 
 # ---------------------------------------------------------------------- retention
