@@ -37,6 +37,8 @@ from .window import Snapshot, Window
 
 #: how often the loss counters are read (a dump counts the losses since its window began, to this)
 CHECKPOINT_S = 1.0
+#: how often exited processes are forgotten (a look at /proc for each process seen)
+FORGET_S = 10.0
 
 
 @dataclass
@@ -121,7 +123,7 @@ class Daemon:
         boost_drain_thread()
         wake = select.poll()
         wake.register(control.fileno(), select.POLLIN)
-        next_checkpoint = 0.0
+        next_checkpoint = next_forget = 0.0
         while not self._stop:
             self._drain(session, events, names, window)
             session.poll()
@@ -129,7 +131,11 @@ class Daemon:
             if now >= next_checkpoint:
                 next_checkpoint = now + CHECKPOINT_S
                 self._checkpoint(session.lost())
+            if now >= next_forget:
+                # the daemon runs for weeks: what it keeps of processes is bounded by those alive or in the window
+                next_forget = now + FORGET_S
                 window.forget_names(lambda pid: os.path.exists(f"/proc/{pid}"))
+                session.forget_exited(window.held_pids())
             for req in control.accept():
                 self._dump(session, events, names, window, "demand",
                            f"pasta-trace dump from uid {req.uid} (PID {req.pid})", req.pid_filter, req)

@@ -120,12 +120,13 @@ class Window:
 
     def forget_names(self, alive: Callable[[int], bool]) -> None:
         """Forget the names and drop counts of processes that have exited and have no event held."""
-        held = self._held_pids()
+        held = self.held_pids()
         for table in (self._names, self.dropped_by_pid):
             for pid in [p for p in table if p not in held and not alive(p)]:
                 del table[pid]
 
-    def _held_pids(self) -> set[int]:
+    def held_pids(self) -> set[int]:
+        """The processes with events held."""
         pids: set[int] = set()
         for s in self._segments:
             pids |= s.pids

@@ -191,5 +191,13 @@ class ProcessTable:
     def exited_pids(self) -> list[int]:
         return [p for p, r in self._rows.items() if r["exit_ns"] is not None]
 
+    def pids(self) -> list[int]:
+        return list(self._rows)
+
+    def forget(self, pid: int) -> None:
+        """Drop ``pid``'s row (the daemon: it exited and its events left the window)."""
+        self._rows.pop(pid, None)
+        self._exec_cgroups.pop(pid, None)
+
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(list(self._rows.values()), schema=schema.PROCESSES_SCHEMA, orient="row")

@@ -245,6 +245,24 @@ class ProcessTracker:
                 self.maps[pid] = text
                 self.build_ids.record(pid, text)
 
+    def forget_exited(self, keep: set[int]) -> list[int]:
+        """Drop all that is kept of each process that has exited, but those in
+        ``keep``: its maps, build-ids and process row.  A tracer that runs for
+        weeks (the daemon) stays bounded by the processes alive, and a PID
+        reused later is read anew (scanned, its row made again).  Returns the
+        PIDs forgotten."""
+        known = self._seen_pids | self.maps.keys() | set(self.processes.pids())
+        gone = [p for p in known if p not in keep and not os.path.exists(f"/proc/{p}")]
+        for pid in gone:
+            self._seen_pids.discard(pid)
+            self._recent_pids.discard(pid)
+            self.maps.pop(pid, None)
+            self.build_ids.of_pid.pop(pid, None)
+            self._ranges_of.pop(pid, None)
+            self._unmappable.pop(pid, None)
+            self.processes.forget(pid)
+        return gone
+
     def rescan_if_due(self) -> None:
         if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:
             self.rescan()

@@ -192,6 +192,10 @@ class Session:
         """PIDs of events the caller drained (the daemon): their processes join the process table."""
         self._tracker.seen_in_events(pids)
 
+    def forget_exited(self, keep: set[int]) -> list[int]:
+        """Forget the processes that have exited, but ``keep`` (ProcessTracker.forget_exited)."""
+        return self._tracker.forget_exited(keep)
+
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame, list[mf.LibraryEntry]]:
         """processes.parquet's and libraries.parquet's rows so far, and the manifest's library entries."""
         probes = self._probes
