@@ -203,6 +203,14 @@ def _clear_stale(path: Path) -> None:
 
 # ---------------------------------------------------------------------- the client (pasta-trace dump)
 
+def _who_may() -> str:
+    """What to do when the socket refused us."""
+    if os.getuid() != 0 and os.environ.get("SUDO_UID", "0") != "0":  # sudo pasta-trace dump, dropped to the user
+        return (f"under sudo, pasta-trace dump connects as you (uid {os.getuid()}): a daemon of root's lets in root "
+                "itself (`sudo env -u SUDO_UID pasta-trace dump`) and the members of its --socket-group")
+    return "run it as root, or as a member of the daemon's --socket-group"
+
+
 def request_dump(path: Path, pid: int | None, timeout: float) -> dict:
     """Ask the daemon at ``path`` for a dump and wait for its answer."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -211,8 +219,7 @@ def request_dump(path: Path, pid: int | None, timeout: float) -> dict:
         try:
             conn.connect(str(path))
         except PermissionError:
-            raise PermissionsError(f"may not connect to the daemon's socket {path}",
-                                   hint="run it as root, or as a member of the daemon's --socket-group") from None
+            raise PermissionsError(f"may not connect to the daemon's socket {path}", hint=_who_may()) from None
         except (FileNotFoundError, ConnectionRefusedError):
             raise PastaError(f"no daemon listens on {path}",
                              hint="start one with `pasta-trace daemon -o DIR`, or give its --socket") from None

@@ -292,7 +292,11 @@ def test_under_sudo_the_socket_and_the_dumps_are_the_invoking_users(sock, tmp_pa
             assert {p.stat().st_uid for p in [d, *d.iterdir()]} == {u1.uid}
             assert json.loads((d / "manifest.json").read_text())["complete"] is True
             r = sudo_dump(u2)
-            assert r.returncode == 77 and "may not connect to the daemon's socket" in r.stderr, r.stderr
+            assert r.returncode == 77, r.stderr
+            assert r.stderr.strip() == (
+                f"pasta-trace: error: may not connect to the daemon's socket {sock} (under sudo, pasta-trace dump "
+                f"connects as you (uid {u2.uid}): a daemon of root's lets in root itself (`sudo env -u SUDO_UID "
+                "pasta-trace dump`) and the members of its --socket-group)")
             sock.chmod(0o666)
             r = sudo_dump(u2)
             assert r.returncode == 77, r.stderr
