@@ -53,8 +53,9 @@ def test_falls_back_to_the_symbol(code, first):
 
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_real_libcuda_probes_the_je_after_the_cmpl(driver):
-    """Every probed export of each driver (130 on 535, 134 on 550, the CUDA
-    graph entry points included) opens with the same `cmpl` of a global flag
+    """Every probed export of each driver (136 on 535, 140 on 550, the CUDA
+    graph entry points and the event record and stream wait of cross-stream
+    capture included) opens with the same `cmpl` of a global flag
     and a `je`: each probe goes on the je."""
     path, version = vendor_libcuda(driver)
     exports = elf.exported_symbols(path)
@@ -62,7 +63,7 @@ def test_real_libcuda_probes_the_je_after_the_cmpl(driver):
     placed = {s: placement.choose_probe_offset(path, exports[s]) for s in probed}
     je = placement.Placement(10, "je at +10 is emulated; skipped cmp (flags only)")
     assert placed == dict.fromkeys(probed, je), f"driver {version}"
-    assert len(placed) == {"535": 130, "550": 134}[driver]
+    assert len(placed) == {"535": 136, "550": 140}[driver]
 
 
 def test_debian_libamdhip64_probes_the_symbol():
