@@ -125,7 +125,7 @@ def _hold(cuda, tmp_path: Path, tracer, name: str, tries: int = 10):
             t = tracer(["-p", str(victim.pid), "-o", str(d / "cap")], name=f"{name}{attempt}")
             t.wait_ready(timeout=300)  # the compile: a minute or more on a loaded machine
             # the events writer guards the stops once it holds them (guardian.watch_in_thread)
-            assert _wait(lambda: (w := helpers(t.proc.pid, "event_writer")) and _holds_stops(w[0]), 60)
+            assert _wait(lambda: (w := helpers(t.proc.pid, "output.event_writer")) and _holds_stops(w[0]), 60)
         except BaseException:
             victim.kill()
             raise
@@ -146,9 +146,9 @@ def test_a_process_held_at_a_library_load_is_resumed_within_a_second(families, t
     cuda = families[0]
     t, victim, result = _hold(cuda, tmp_path, tracer, kills)
     try:
-        guardians = helpers(t.proc.pid, "guardian")
+        guardians = helpers(t.proc.pid, "procs.guardian")
         pids = {"tracer": [t.proc.pid], "guardian": guardians[:1], "guardian2": guardians[1:],
-                "writer": helpers(t.proc.pid, "event_writer")}
+                "writer": helpers(t.proc.pid, "output.event_writer")}
         assert all(pids.values()), pids
         targets = [p for who in HELD_KILLS[kills] for p in pids[who]]
         killed_at = time.monotonic()
@@ -168,13 +168,13 @@ def test_guardians_that_die_are_replaced(families, tmp_path, tracer):
     cuda = families[0]
     t, victim, result = _hold(cuda, tmp_path, tracer, "replaced")
     try:
-        first = helpers(t.proc.pid, "guardian")
+        first = helpers(t.proc.pid, "procs.guardian")
         assert len(first) == 2
         for pid in first:
             os.kill(pid, signal.SIGKILL)
         t.proc.send_signal(signal.SIGCONT)
-        assert _wait(lambda: len(set(helpers(t.proc.pid, "guardian")) - set(first)) == 2, 5, 0.01), \
-            helpers(t.proc.pid, "guardian")
+        assert _wait(lambda: len(set(helpers(t.proc.pid, "procs.guardian")) - set(first)) == 2, 5, 0.01), \
+            helpers(t.proc.pid, "procs.guardian")
         assert victim.wait(timeout=30) == 0  # resumed by the tracer itself
     finally:
         victim.kill()
@@ -246,8 +246,8 @@ def _flood_then_kill(cuda, tmp_path: Path, tracer, sleeper, who: list[str], floo
         # the sleeper keeps the capture going after the workloads' end: the writer still has its backlog
         t = tracer(["-p", ",".join(map(str, [*pids, sleeper.pid])), "-o", str(out)])
         t.wait_ready(timeout=300)
-        assert _wait(lambda: len(helpers(t.proc.pid, "event_writer")) == 1, 60, 0.01)  # started after the banner
-        writer = helpers(t.proc.pid, "event_writer")
+        assert _wait(lambda: len(helpers(t.proc.pid, "output.event_writer")) == 1, 60, 0.01)  # started after the banner
+        writer = helpers(t.proc.pid, "output.event_writer")
         os.kill(pids[0], signal.SIGUSR1)
         assert _wait(lambda: any(out.glob("events-*.parquet")), 120, 0.01)
         if "tracer" in who:
@@ -256,7 +256,7 @@ def _flood_then_kill(cuda, tmp_path: Path, tracer, sleeper, who: list[str], floo
             os.kill(pids[1], signal.SIGUSR1)
         for p in procs.values():
             assert p.wait(timeout=300) == 0
-        guardians = helpers(t.proc.pid, "guardian")
+        guardians = helpers(t.proc.pid, "procs.guardian")
         targets = {"writer": writer, "tracer": [t.proc.pid], "guardian": guardians[:1]}
         for i, w in enumerate(who):
             if w == "writer" and "tracer" in who[:i]:
@@ -343,7 +343,7 @@ def test_kills_in_a_flood_leave_nothing_stopped(families, tmp_path, tracer, slee
         assert t.finish() == 1, t.stderr()
         assert open_capture(out).complete
     else:
-        assert _wait(lambda: len(helpers(t.proc.pid, "guardian")) == 2, 5, 0.01)
+        assert _wait(lambda: len(helpers(t.proc.pid, "procs.guardian")) == 2, 5, 0.01)
         assert t.stop() == 0, t.stderr()
         cap = open_capture(out)
         assert cap.complete, cap.problems
