@@ -11,9 +11,8 @@ import pasta_trace
 
 PACKAGE = Path(pasta_trace.__file__).parent
 
-#: left for the sweep that splits capture/ by concern (guardian and takeover
-#: import each other lazily); an entry goes when its circle is broken
-KNOWN = [["pasta_trace.capture.procs.guardian", "pasta_trace.capture.output.takeover"]]
+#: circles left as they are, each sorted; an entry goes when its circle is broken
+KNOWN: list[list[str]] = []
 
 
 def _name(package: Path, path: Path) -> str:

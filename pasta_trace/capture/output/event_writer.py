@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 
 from ... import schema
 from ...safe_output import OutputDir
-from ..procs import guardian, own_process
+from ..procs import guardian, own_process, tracer_end
 from . import takeover
 from .collectives import CommunicatorTable, Sequencer
 from .decode import events_frame
@@ -144,14 +144,14 @@ class Input:
                     return kind, payload
             if self._over:
                 return None  # a message its death cut short is left
-            if select.select([self._fd], [], [], None if exiting is None else guardian.EXIT_POLL_S)[0]:
+            if select.select([self._fd], [], [], None if exiting is None else tracer_end.EXIT_POLL_S)[0]:
                 data = os.read(self._fd, 1 << 16)
                 if not data:
                     self._over = True
                 self._buf += data
             elif exiting():
                 # its threads are dying: what they wrote is in the pipe a moment later
-                time.sleep(guardian.SETTLE_S)
+                time.sleep(tracer_end.SETTLE_S)
                 while select.select([self._fd], [], [], 0)[0] and (data := os.read(self._fd, 1 << 16)):
                     self._buf += data
                 self._over = True

@@ -48,7 +48,7 @@ import numpy as np
 from ... import schema
 from ...privilege import as_user, invoking_user
 from ...safe_output import OutputDir
-from ..procs import guardian
+from ..procs import tracer_end
 from . import manifest as mf
 from .ledger import Ledger
 from ..bpf.map_fds import Map
@@ -117,11 +117,11 @@ class Takeover:
     @classmethod
     def open(cls, spec: dict, ledger: Ledger) -> "Takeover":
         """The events writer's: the maps by id and a pidfd of the tracer, its parent (OSError: gone)."""
-        maps = guardian.open_maps(spec)
+        maps = tracer_end.open_maps(spec)
         try:
             return cls(spec, ledger, maps, os.pidfd_open(int(spec["tracer"])))
         except BaseException:
-            guardian.close_maps(maps)
+            tracer_end.close_maps(maps)
             raise
 
     def resume(self, end_ns: int) -> None:
@@ -144,7 +144,7 @@ class Takeover:
         """Whether the tracer has begun to exit (or is gone): the capture ends
         then, as it ends when a tracer removes its probes.  The pidfd first: a
         PID reused after the tracer's end is never mistaken for it."""
-        if select.select([self._pidfd], [], [], 0)[0] or guardian.exiting(self.tracer):
+        if select.select([self._pidfd], [], [], 0)[0] or tracer_end.exiting(self.tracer):
             if self.end_ns is None:
                 self.end_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             return True
@@ -190,7 +190,7 @@ class Takeover:
             if empty == 2:
                 return
             if empty:
-                time.sleep(guardian.SETTLE_S)
+                time.sleep(tracer_end.SETTLE_S)
             recs, end = self._ring.take()
 
     def counters(self) -> tuple[dict[str, int], dict[str, int]]:

@@ -54,33 +54,19 @@ import time
 
 from . import helper_process, own_process
 from ..bpf.map_fds import Map, MapsByName, map_info
+from .tracer_end import EXIT_POLL_S, SETTLE_S, exiting, open_maps
 
 STOPS_MAP = "pt_stops"
 ARMED_KEY = (1).to_bytes(4, "little")
-#: after disarming, stops that raced with it may still land: look again this often, this many times
-SETTLE_S = 0.02
+#: after disarming, stops that raced with it may still land: look again SETTLE_S apart, this many times
 SETTLE_ROUNDS = 5
 READY = b"ready\n"
 #: the tracer's close, on the guardian's stdin (its death says nothing)
 DONE = b"done"
 #: a Notice's JSON, at most
 NOTICE_MAX = 1 << 16
-#: how often the tracer's exit is looked for in /proc/PID/stat (the pidfd wakes us at once anyway)
-EXIT_POLL_S = 0.025
-#: the flag of a task that has begun to exit (include/linux/sched.h)
-PF_EXITING = 0x4
 #: guardians per tracer: any one of them resumes everything; two survive a kill of the tracer with one
 GUARDIANS = 2
-
-
-def exiting(pid: int) -> bool:
-    """Whether ``pid`` has begun to exit (or is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return True
-    return bool(int(fields[6]) & PF_EXITING)
 
 
 def wait_for_end(pid: int, pidfd: int, stdin: int | None = 0) -> None:
@@ -161,29 +147,6 @@ def _messages(conn: socket.socket) -> tuple[bool, bool, "_Capture | None"]:
         else:
             notice = _Capture.receive(msg, fds) or notice
     return told, False, notice
-
-
-def open_maps(spec: dict) -> tuple[int, dict[str, int]]:
-    """The events ring and the loss counters a takeover.spec_of names by id (OSError: one is gone)."""
-    from ..bpf.map_fds import lib
-
-    fds: dict[str, int] = {}
-    try:
-        for name, ident in [("", spec["events_id"]), *spec["counters"].items()]:
-            fd = lib().bpf_map_get_fd_by_id(ident)
-            if fd < 0:
-                raise OSError("the map is gone")
-            fds[name] = fd
-    except BaseException:
-        close_maps((-1, fds))
-        raise
-    return fds.pop(""), fds
-
-
-def close_maps(maps: tuple[int, dict[str, int]]) -> None:
-    for fd in [maps[0], *maps[1].values()]:
-        if fd >= 0:
-            os.close(fd)
 
 
 class _Capture:
