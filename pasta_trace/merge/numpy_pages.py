@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import numpy as np
 
 try:  # numpy >= 2: np._core; older: np.core (absent in some builds: then nothing changes)
     from numpy._core.multiarray import _set_madvise_hugepage

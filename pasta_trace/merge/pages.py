@@ -3,7 +3,6 @@ allocation instances (see attribution.py for how)."""
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from .. import schema

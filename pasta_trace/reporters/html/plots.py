@@ -195,7 +195,7 @@ def timeline_svg(events: pl.LazyFrame, kernels: pl.LazyFrame, w: Window) -> str:
     legend = "".join(
         f'<span class="key"><svg width="10" height="10"><rect class="ev-{k}" width="10" height="10"/></svg>{k}</span>'
         for k in kinds
-    ) + (f'<span class="key"><svg width="10" height="10"><rect class="kern" width="10" height="10"/></svg>GPU kernel</span>'
+    ) + ('<span class="key"><svg width="10" height="10"><rect class="kern" width="10" height="10"/></svg>GPU kernel</span>'
          if gpu.height else "")
     return (time_plot("timeline-plot", "timeline", w, height, labels, [*ev_marks, *k_marks])
             + f'<div class="legend">{legend}</div>')
