@@ -1,7 +1,7 @@
 """`pasta-trace top`: a live per-process view of GPU API activity.
 
 The probes run as for a recording without stacks; top drains their events
-itself (no capture is written), counts them per refresh (capture/top_counts)
+itself (no capture is written), counts them per refresh (capture/session/top_counts)
 and draws the screen (reporters/top_screen)."""
 
 from __future__ import annotations

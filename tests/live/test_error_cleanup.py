@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the real CLI, with the drain loop raising at its 30th drain (mid-capture: the writer runs)
 FAILING = """
 import sys
-from pasta_trace.capture import drain
+from pasta_trace.capture.output import drain
 real = drain.DrainLoop.drain
 calls = 0
 def drain_then_fail(self):
