@@ -463,6 +463,10 @@ def _every_cuda_shape(t: Tracer, driver: str, version: str, cu) -> None:
         ("cuMemsetD2D32Async", (U64(0xE000), SZ(256), C.c_uint(9), SZ(4), SZ(5), V(8)),
          {"kind": "memset", "ptr": 0xE000, "size": 80, "aux": 9, "stream": 8}),
         ("cuEventSynchronize", (V(0),), {"kind": "sync", "ptr": 0}),
+        # stream ordering (cross-stream capture's fork and join), NULL handles: not initialized (3)
+        ("cuEventRecord", (V(0), V(0)), {"kind": "other", "ptr": 0, "stream": 0}),
+        ("cuEventRecordWithFlags", (V(0), V(0), C.c_uint(1)), {"kind": "other", "ptr": 0, "stream": 0, "aux": 1}),
+        ("cuStreamWaitEvent", (V(0), V(0), C.c_uint(0)), {"kind": "other", "stream": 0, "ptr": 0, "aux": 0}),
         ("cuLibraryGetKernel", (C.byref(h), V(0x12), b"kern2"), {"kind": "module", "src": 0x12}),
         ("cuKernelGetFunction", (C.byref(h), V(0x34)), {"kind": "module", "src": 0x34}),
         ("cuModuleLoadData", (C.byref(h), image), {"kind": "module", "src": C.addressof(image)}),
