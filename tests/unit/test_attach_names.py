@@ -193,3 +193,18 @@ def test_a_failing_scan_is_a_reason_not_a_crash(tmp_path, monkeypatch):
     assert namer.finish().is_empty()
     assert namer.unnamed_rows(schema.empty_frame(schema.NAMES_SCHEMA), API)["reason"].to_list() == [
         f"{attach_names.NOT_LOOKED_UP}; the scan of the driver objects failed: ValueError: bad fatbin"]
+
+
+def test_a_lookup_that_succeeds_with_no_name_names_nothing():
+    """The 550 driver's cuFuncGetName on a zeroed function object returns
+    success and an empty name: observed as the drain gives it (an empty
+    numpy bytes field), it names nothing and stops nothing (an -a tracer
+    died of it with an IndexError)."""
+    me = os.getpid()
+    nameless = lookup(me, 0x7A0000002000, "")
+    nameless["source"] = int(schema.NameSource.func_get_name)
+    named = lookup(me, 0x7A0000003000, "_Z1kv")
+    namer = AttachNamer(API, proc=Path("/proc"))
+    namer.observe(np.zeros(0, dtype=schema.HOST_EVENT.dtype), np.concatenate([nameless, named]))
+    assert namer._procs[me].known == {0x7A0000003000: "_Z1kv"}  # noqa: SLF001 - what observe noted
+    namer.finish()

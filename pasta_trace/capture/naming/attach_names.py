@@ -72,8 +72,11 @@ class AttachNamer:
         """Note run-time names and the handles of driver launches (numpy records, as drained)."""
         for r in names[(names["ret"] == 0) & (names["handle"] != 0)] if names.size else ():
             p = self._procs.setdefault(int(r["pid"]), _Process())
-            if int(r["source"]) in _NAMING and r["name"][0] != 0:
-                p.known[int(r["handle"])] = bytes(r["name"]).split(b"\0", 1)[0].decode(errors="replace")
+            # a lookup can succeed with no name (the 550 driver's cuFuncGetName on a zeroed object):
+            # numpy gives such a field as b"", and the handle stays unknown
+            name = bytes(r["name"]).split(b"\0", 1)[0]
+            if int(r["source"]) in _NAMING and name:
+                p.known[int(r["handle"])] = name.decode(errors="replace")
             elif int(r["source"]) == int(schema.NameSource.kernel_get_function):
                 p.aliases[int(r["handle"])] = int(r["alias"])
         if not events.size:
