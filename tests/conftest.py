@@ -20,6 +20,15 @@ import users  # noqa: E402  (tests/fixtures/users.py)
 from pasta_run import Tracer  # noqa: E402
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A daemon traces every process of the machine, as -a does: every test of
+    tests/live/test_daemon*.py is machine_wide (pyproject.toml says what that
+    means to scripts/test.sh), those of later such files too."""
+    for item in items:
+        if item.path.name.startswith("test_daemon") and item.path.parent.name == "live":
+            item.add_marker(pytest.mark.machine_wide)
+
+
 def _bpf_problem() -> str | None:
     try:
         import bcc  # noqa: F401  (Debian's python3-bpfcc, never PyPI's `bcc`)

@@ -52,6 +52,7 @@ def in_container(workload: Path, lib_dir: Path, mountpoint: Path, soname: str, c
     return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script])
 
 
+@pytest.mark.machine_wide
 def test_container_processes_traced_system_wide(families, tmp_path, tracer, container_cgroup):
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) not installed")

@@ -106,6 +106,7 @@ def _as(user, argv: list[str], **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, cwd="/", **kw)
 
 
+@pytest.mark.machine_wide
 def test_hostile_files_during_system_wide_capture(zoo, user, tmp_path, tracer):
     d, files = zoo
     files["fifo"].parent.mkdir()

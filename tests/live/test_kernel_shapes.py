@@ -138,7 +138,7 @@ def test_exits_at_its_last_launch(require_bpf, shapes, driver_env, cudart, tmp_p
 
 
 @pytest.mark.live
-@pytest.mark.parametrize("mode", ["-p", "-a"])
+@pytest.mark.parametrize("mode", ["-p", pytest.param("-a", marks=pytest.mark.machine_wide)])
 def test_attached(require_bpf, shapes, driver_env, tracer, mode, tmp_path):
     """Both linkages at once, attached before their first launch (libshapes_b.so and libshapes_c.so are
     opened after)."""

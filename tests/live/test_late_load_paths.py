@@ -125,6 +125,7 @@ def test_launched_shadowed_path_and_per_child_links_every_call(workload, tmp_pat
     check(tmp_path / "cap", w)
 
 
+@pytest.mark.machine_wide
 def test_system_wide_shadowed_path_and_per_child_links_every_call(workload, tmp_path, tracer):
     w = workload
     # the host process has loaded P before the tracer starts (found by the first scan, not by an open)

@@ -72,6 +72,7 @@ def _child_with(pid: int, needle: str) -> int | None:
     return None
 
 
+@pytest.mark.machine_wide
 def test_ctrl_c_during_the_attach_does_not_run_the_command(tmp_path, families):
     """SIGINT once the wrapper exists, before the probes are attached: the tracer
     exits (without a traceback) and the command never runs.  (The exit code of a

@@ -101,6 +101,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.machine_wide
 def test_top_shows_lost_events_with_their_remedy(cuda_stub, tmp_path, tracer):
     """top counts the events it drains: those a full ring buffer dropped are
     a loss line, with the option that cures it."""

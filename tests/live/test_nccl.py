@@ -102,7 +102,7 @@ def test_real_libnccl_launched(launched, real_libnccl) -> None:
     check_real_calls(cap, printed, real_libnccl)
 
 
-@pytest.mark.parametrize("mode", ["-p", "-a"])
+@pytest.mark.parametrize("mode", ["-p", pytest.param("-a", marks=pytest.mark.machine_wide)])
 def test_real_libnccl_attached_mid_run(require_bpf, real_libnccl, nccl_programs, tracer, tmp_path, mode) -> None:
     """-p PID, and -a (system-wide: the library is found by the scan of every process)."""
     prog = subprocess.Popen([str(nccl_programs["calls"]), str(real_libnccl.lib), "--wait"], stdin=subprocess.PIPE,

@@ -186,6 +186,7 @@ def _link_type(fd: int) -> str:
         return next(line.split()[1] for line in f if line.startswith("link_type:"))
 
 
+@pytest.mark.machine_wide
 def test_real_libcuda(tracer, libcuda_each):
     """Each real driver, attached whole once: the attach itself, then the
     calls of every argument shape, on the same tracer."""

@@ -120,6 +120,7 @@ def test_attach(tmp_path, cuda_stub, tracer):
                     ["--stack-depth", str(DEPTH)]))
 
 
+@pytest.mark.machine_wide
 def test_system_wide(tmp_path, cuda_stub, tracer):
     """-a: the interpreters start after the tracer, among whatever else runs on the machine."""
     out = tmp_path / "cap"

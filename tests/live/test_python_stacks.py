@@ -148,6 +148,7 @@ def test_attach_deep(tmp_path, cuda_stub, tracer):
     assert deepest > DEEP
 
 
+@pytest.mark.machine_wide
 def test_system_wide(tmp_path, cuda_stub, tracer):
     """-a: the interpreters start after the tracer; other processes on the machine do not disturb ours
     (the tracer drains them too, so the workloads linger longer: see LINGER_S).  Each opens a library

@@ -100,6 +100,7 @@ def test_attach_mid_run(families, tmp_path, tracer):
                         (tmp_path / "late.json", ALL_PHASES, cuda.workload.name)])
 
 
+@pytest.mark.machine_wide
 def test_system_wide(families, tmp_path, tracer):
     """-a: processes running before the tracer (counted from attach) and processes started after it,
     one of them on a copy of the library that no process had mapped when the tracer started."""

@@ -53,7 +53,7 @@ def hostile_cwd(user):
     shutil.rmtree(base, ignore_errors=True)
 
 
-@pytest.mark.parametrize("mode", ["launch", "system_wide"])
+@pytest.mark.parametrize("mode", ["launch", pytest.param("system_wide", marks=pytest.mark.machine_wide)])
 def test_the_users_directory_runs_nothing_as_root(user, hostile_cwd, cuda_stub, cuda_workload, mode):
     cwd, mark = hostile_cwd
     out = cwd / "cap"

@@ -94,6 +94,7 @@ def _workload(cuda_workload: Path, lib: Path, report: Path) -> list[str]:
     return [str(cuda_workload), "--lib", str(lib), "--report", str(report), *WORKLOAD_ARGS]
 
 
+@pytest.mark.machine_wide
 @pytest.mark.parametrize("under_sudo", [True, False], ids=["sudo-user1", "root"])
 def test_system_wide_under_sudo_records_only_the_invoking_users_processes(
         under_sudo, two_users, shared_dir, cuda_stub, cuda_workload):

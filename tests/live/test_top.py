@@ -22,7 +22,7 @@ import build
 from pasta_run import pasta_command, tracer_env, wait_for_file
 from pasta_trace.reporters import top_screen
 
-pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf"),
+pytestmark = [pytest.mark.live, pytest.mark.machine_wide, pytest.mark.usefixtures("require_bpf"),
               pytest.mark.skipif(shutil.which("tmux") is None,
                                  reason="tmux is not installed (scripts/setup.sh installs it)")]
 

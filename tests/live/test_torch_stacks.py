@@ -93,6 +93,7 @@ def test_attach(tmp_path, torch_cpu, tracer):
     check(out, [r for _, r, _ in started])
 
 
+@pytest.mark.machine_wide
 def test_system_wide(tmp_path, torch_cpu, tracer):
     out = tmp_path / "cap"
     t = tracer(["-a", "-o", str(out), "--buffer-pages", "16384"])

@@ -14,7 +14,7 @@ import expect
 from pasta_run import copy_library, read_report
 from pasta_trace.read import open_capture
 
-pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
+pytestmark = [pytest.mark.live, pytest.mark.machine_wide, pytest.mark.usefixtures("require_bpf")]
 
 PHASES = {"setup", "before_go", "run"}
 
