@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up of a fresh Debian 12 machine for pasta-trace (run as root).
 #  1. Debian packages: python3-bpfcc (BCC 0.26; NEVER the unrelated PyPI package `bcc`), kernel headers,
-#     a compiler, Debian's HIP runtime (a real libamdhip64 for the probe tests), Chromium (HTML report test).
+#     a compiler, Debian's HIP runtime (a real libamdhip64 for the probe tests), Chromium (HTML report test),
+#     Prometheus (the daemon's metrics test starts its own server on a free port and scrapes the daemon).
 #  2. Kernel headers for BCC.  BCC compiles its programs against /lib/modules/$(uname -r)/build.  When the
 #     running kernel ships no headers (as on our Firecracker VMs) we point that path at Debian's
 #     linux-headers-amd64 tree ("build" -> the -amd64 tree, "source" -> the -common tree) so that BCC's
@@ -19,7 +20,7 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 . scripts/as_root.sh  # root for apt-get, headers and BPF: sudo when not root
 
 pkgs=(python3-bpfcc python3-venv python3-dev linux-headers-amd64 gcc g++ make libamdhip64-5 libamdhip64-dev
-      chromium util-linux binutils tmux)
+      chromium util-linux binutils tmux prometheus)
 missing=()
 for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -21,11 +21,13 @@ EXAMPLES = """\
   sudo pasta-trace dump --pid 1234                       only PID 1234's events
   sudo kill -USR1 PID                                    the same (PID: the daemon's, in its banner)
   sudo pasta-trace daemon -o dumps/ --socket-group gpuops   members of gpuops may ask for dumps too
+  sudo pasta-trace daemon -o dumps/ --metrics 0.0.0.0:9464   Prometheus may scrape it from other machines
 contrib/pasta-trace-daemon.service and contrib/pasta-trace-daemonset.yaml run it as a service (docs/daemon.md)
 """
 
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_WINDOW_BYTES = 1 << 30
+DEFAULT_METRICS = "127.0.0.1:9464"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -38,6 +40,16 @@ def byte_size(text: str) -> int:
     if n < 1 << 20:
         raise argparse.ArgumentTypeError(f"{text} is less than 1 MiB: try 256M")
     return n
+
+
+def metrics_address(text: str) -> tuple[str, int] | None:
+    """--metrics: where /metrics is served, or None (off)."""
+    from ..daemon.metrics import parse_address
+
+    try:
+        return parse_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def count(text: str) -> int:
@@ -69,6 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer-pages", type=pages, default=DEFAULT_BUFFER_PAGES, metavar="N",
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
                         "raise it when events are lost")
+    p.add_argument("--metrics", type=metrics_address, default=DEFAULT_METRICS, metavar="ADDR",
+                   help=f"serve Prometheus metrics on http://ADDR/metrics (default {DEFAULT_METRICS}, this machine "
+                        "only; HOST:PORT, [IPv6]:PORT, PORT; 0.0.0.0:PORT for every interface; off: none)")
     p.add_argument("--no-bpf-cache", action="store_true",
                    help="compile every BPF handler again instead of loading those compiled before")
 
@@ -90,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     opts = DaemonOptions(out_dir=args.output, window_s=args.window, window_bytes=args.window_bytes,
                          socket=args.socket, socket_group=_group(args.socket_group), keep=args.keep,
                          keep_bytes=args.keep_bytes, buffer_pages=args.buffer_pages, command_line=sys.argv[:],
-                         verbose=args.verbose, bpf_cache=not args.no_bpf_cache)
+                         verbose=args.verbose, bpf_cache=not args.no_bpf_cache, metrics=args.metrics)
     if os.path.lexists(opts.out_dir) and not os.path.isdir(opts.out_dir):
         raise UsageError(f"output path {opts.out_dir} exists and is not a directory")
     return Daemon(opts, say=lambda m: print(m, file=sys.stderr, flush=True)).run()

@@ -33,6 +33,7 @@ from ..probes.catalog import API_NAMES
 from ..safe_output import invoking_user
 from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
+from .metrics import Metrics, Server
 from .window import Snapshot, Window
 
 #: how often the loss counters are read (a dump counts the losses since its window began, to this)
@@ -54,6 +55,8 @@ class DaemonOptions:
     command_line: list[str]
     verbose: bool = False
     bpf_cache: bool = True
+    #: where /metrics is served (host, port); None: no metrics (daemon.metrics)
+    metrics: tuple[str, int] | None = None
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Daemon:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._checkpoints: deque[tuple[int, dict[str, int]]] = deque()
         self.dumps: list[Written] = []
+        self.metrics: Metrics | None = None
 
     def run(self) -> int:
         from ..capture.bpf.ringbuf import open_table
@@ -87,9 +91,13 @@ class Daemon:
         control = ControlSocket(o.socket, o.socket_group, owner[0] if owner is not None else None)
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         writer = threading.Thread(target=self._write_dumps, name="pasta-dumps")
-        events = names = None
+        events = names = server = None
         window = Window(o.window_s, o.window_bytes, schema.HOST_NAME.dtype)  # before the probes: it holds all since
         try:
+            if o.metrics is not None:  # before the probes load: an address in use fails at once
+                self.metrics = Metrics(list(API_NAMES))
+                server = Server(self.metrics, *o.metrics)
+                self.say(f"Metrics on http://{server.address}/metrics")
             session.setup()
             events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
             names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
@@ -104,6 +112,8 @@ class Daemon:
             if writer.is_alive():
                 writer.join()  # dumps asked for before the end are written
             control.close()
+            if server is not None:
+                server.close()
             for ring in (events, names):
                 if ring is not None:
                     ring.close()
@@ -130,7 +140,10 @@ class Daemon:
             now = time.monotonic()
             if now >= next_checkpoint:
                 next_checkpoint = now + CHECKPOINT_S
-                self._checkpoint(session.lost())
+                lost = session.lost()
+                self._checkpoint(lost)
+                if self.metrics is not None:
+                    self.metrics.update(lost, window)
             if now >= next_forget:
                 # the daemon runs for weeks: what it keeps of processes is bounded by those alive or in the window
                 next_forget = now + FORGET_S
@@ -149,7 +162,11 @@ class Daemon:
         window.add(recs)
         if recs.size:
             session.seen(np.unique(recs["pid"]).tolist())
-        window.add_names(names.drain())
+        named = names.drain()
+        window.add_names(named)
+        if self.metrics is not None:
+            self.metrics.add(recs)
+            self.metrics.add_names(named)
 
     def _checkpoint(self, lost: dict[str, int]) -> None:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)

@@ -41,7 +41,8 @@ def sock():
 
 
 def start_daemon(tmp_path: Path, sock: Path, *args: str) -> Tracer:
-    daemon = Tracer(["daemon", "-o", str(tmp_path / "dumps"), "--socket", str(sock), *args],
+    # --metrics off: daemons of tests that run at once would ask for the same default port (test_daemon_metrics)
+    daemon = Tracer(["daemon", "-o", str(tmp_path / "dumps"), "--socket", str(sock), "--metrics", "off", *args],
                     tmp_path / "daemon.log")
     daemon.wait_ready(timeout=180)  # the first start of a configuration compiles the BPF program
     return daemon
@@ -271,7 +272,8 @@ def test_under_sudo_the_socket_and_the_dumps_are_the_invoking_users(sock, tmp_pa
     with users.temporary_user() as u1, users.temporary_user() as u2, users.users_directory(u1) as home:
         log = tmp_path / "daemon.log"
         with open(log, "w") as err:
-            proc = subprocess.Popen([*pasta_command(), "daemon", "-o", str(home / "dumps"), "--socket", str(sock)],
+            proc = subprocess.Popen([*pasta_command(), "daemon", "-o", str(home / "dumps"), "--socket", str(sock),
+                                     "--metrics", "off"],
                                     stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                                     env={**tracer_env(), **u1.sudo_env})
         try:

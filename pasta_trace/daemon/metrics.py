@@ -1,0 +1,440 @@
+"""The daemon's Prometheus metrics (docs/daemon.md, "Metrics"): what every
+traced process did since the daemon saw it first, counted from the drained
+events, labelled by process (pid, comm) and container (container, pod).
+
+The main loop hands over each drained batch (``add``, ``add_names``: a copy
+of the few columns counted, no per-event Python) and folds them in once a
+second (``update``: Polars group-bys into one long table of totals).  The
+HTTP server's thread reads only what ``update`` published, whole frames
+swapped in at once, so a scrape never sees half an update.
+
+Bounds, for a daemon that runs for weeks: a process's kernels get a series
+each for the first KERNELS_PER_PROCESS names seen (a counter's series must
+never go away or shrink while its process lives), later ones are summed
+under ``kernel="(other)"``; every series of a process goes EXITED_KEEP_S
+after the daemon notices its exit (checked every CHECK_EXITED_S), long
+enough for the last value to be scraped and for rate() to see the end.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .. import schema
+from ..call_result import error_name
+from ..capture.output.decode import names_frame
+from ..capture.procs.processes import container_id
+from ..errors import PastaError
+from ..hexfmt import hex_expr
+from ..lifetimes import kind_from_api, memory
+
+#: kernels with a series of their own, per process; the rest are summed under OTHER_KERNELS
+KERNELS_PER_PROCESS = 20
+OTHER_KERNELS = "(other)"
+#: how long the series of a process that exited stay (seconds after its exit was noticed)
+EXITED_KEEP_S = 300.0
+#: how often the processes counted are looked up in /proc
+CHECK_EXITED_S = 10.0
+#: NCCL call durations: the histogram's upper bounds (seconds), 10 us to a minute
+NCCL_BUCKETS_S = (1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0)
+#: labels every per-process series has
+PROCESS_LABELS = ("pid", "comm", "container", "pod")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One metric: its name (exported as pasta_<name>), type and labels beyond the process's."""
+
+    name: str
+    type: str  # counter | gauge | histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("launches", "counter", (), "kernel launches that returned success (rate() gives launches/s)"),
+    Spec("kernel_launches", "counter", ("kernel",),
+         f"launches by kernel name (the handle in hex where no name was seen); the first {KERNELS_PER_PROCESS} "
+         f"kernels of a process each, the rest under kernel=\"{OTHER_KERNELS}\""),
+    Spec("allocations", "counter", ("layer", "memory"), "successful allocations"),
+    Spec("allocated_bytes", "counter", ("layer", "memory"), "bytes allocated by successful allocations"),
+    Spec("live_bytes", "gauge", ("layer", "memory"),
+         "bytes allocated since the daemon saw the process first and not freed yet"),
+    Spec("copies", "counter", ("direction",), "memory copies that returned success"),
+    Spec("copied_bytes", "counter", ("direction",), "bytes those copies moved"),
+    Spec("syncs", "counter", (), "synchronisations (stream, context, event, device) that returned success"),
+    Spec("sync_seconds", "counter", (), "time the process was blocked in those synchronisations"),
+    Spec("failed_calls", "counter", ("api", "error"), "calls that returned an error, by API and error code"),
+    Spec("nccl_calls", "counter", ("op",), "NCCL collectives and sends/receives that returned success"),
+    Spec("nccl_bytes", "counter", ("op",), "bytes those NCCL calls were given"),
+    Spec("nccl_call_seconds", "histogram", ("op",), "time in each of those NCCL calls (enqueue to return)"),
+    Spec("triggers", "counter", ("kind",), "dumps and their triggers fired, by kind (hang suspects included)"),
+)
+SPEC = {s.name: s for s in SPECS}
+#: the daemon's own series (no process labels)
+DAEMON_SPECS: tuple[Spec, ...] = (
+    Spec("lost", "counter", ("counter",), "what the probes could not record (schema.LOSSES), by counter"),
+    Spec("events", "counter", (), "events drained from the ring buffer"),
+    Spec("window_dropped_events", "counter", (), "events that left the window (older than it, or past its bytes)"),
+    Spec("window_events", "gauge", (), "events the window holds now"),
+    Spec("window_bytes", "gauge", (), "bytes the window's events take now"),
+)
+
+_K = schema.Kind
+_FIELDS = ("pid", "api", "kind", "flags", "ret", "valid", "copy_kind", "func", "ptr", "size", "dur_ns")
+_BIT = {k: 1 << v for k, v in schema.PAYLOAD_BITS.items()}
+_BOUNDS_NS = np.array([b * 1e9 for b in NCCL_BUCKETS_S], dtype=np.float64)
+#: (kubepods) pod UIDs in a cgroup path: /kubepods/burstable/pod<uid>/..., kubepods-pod<uid with _>.slice
+_POD = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_TOTALS = {"metric": pl.String, "pid": pl.UInt32, "a": pl.String, "b": pl.String, "value": pl.Float64}
+_LIVE = {"pid": pl.UInt32, "layer": pl.String, "memory": pl.String, "ptr": pl.UInt64, "size": pl.UInt64}
+
+
+def parse_address(text: str) -> tuple[str, int] | None:
+    """--metrics: HOST:PORT, [IPv6]:PORT, PORT (loopback) or `off` (None)."""
+    if text.strip().lower() == "off":
+        return None
+    m = re.fullmatch(r"\s*(?:\[([0-9a-fA-F:.]+)\]|([^:\s]*)):([0-9]+)\s*|\s*([0-9]+)\s*", text)
+    port = int(m.group(3) or m.group(4)) if m else -1
+    if not 0 < port < 65536:
+        raise ValueError(f"not an address: {text!r}: try 127.0.0.1:9464, [::1]:9464, 9464 or off")
+    return (m.group(1) or m.group(2) or "127.0.0.1") if m.group(3) else "127.0.0.1", port
+
+
+@dataclass
+class Process:
+    """The labels of a process counted, and what says whether it is still the same one."""
+
+    comm: str
+    container: str
+    pod: str
+    start: str | None  # /proc/PID/stat's start time: a PID reused later is another process
+    exited_at: float | None = None
+
+    def labels(self, pid: int) -> tuple[str, ...]:
+        return str(pid), self.comm, self.container, self.pod
+
+
+def _start_time(proc: Path, pid: int) -> str | None:
+    try:
+        return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _where(proc: Path, pid: int) -> tuple[str, str]:
+    """(container id, pod UID) from /proc/PID/cgroup, "" where its path names none."""
+    try:
+        cgroup = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return "", ""
+    pod = _POD.search(cgroup)
+    return container_id(cgroup) or "", pod.group(1).replace("_", "-") if pod else ""
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a scrape reads: per-process totals (metric, pid, a, b, value), the labels of each pid, the daemon's own."""
+
+    totals: pl.DataFrame
+    processes: dict[int, tuple[str, ...]]
+    daemon: dict[tuple[str, str], float]
+
+
+class Metrics:
+    def __init__(self, api_names: list[str], *, proc: Path = Path("/proc"),
+                 clock: Callable[[], float] = time.monotonic, keep_exited_s: float = EXITED_KEEP_S):
+        self._api = np.array(api_names + ["(unknown api)"], dtype=object)
+        self._driver_memory = np.array(
+            pl.select(memory(kind_from_api(pl.Series(api_names + ["?"], dtype=pl.String)))).to_series()
+            .cast(pl.String).replace({"pinned host": "pinned"}).to_list(), dtype=object)
+        self._api_names = api_names
+        self._proc = proc
+        self._clock = clock
+        self.keep_exited_s = keep_exited_s
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._pending_names: list[np.ndarray] = []
+        self._totals = pl.DataFrame(schema=_TOTALS)
+        self._live = pl.DataFrame(schema=_LIVE)
+        self._names = pl.DataFrame(schema={"pid": pl.UInt32, "func": pl.UInt64, "kernel": pl.String})
+        self._admitted = pl.DataFrame(schema={"pid": pl.UInt32, "a": pl.String})
+        self.processes: dict[int, Process] = {}
+        self._lock = threading.Lock()  # triggered() may come from any thread
+        self._triggers: list[tuple[int, str]] = []
+        self._daemon: dict[tuple[str, str], float] = {}
+        self._next_check = clock() + CHECK_EXITED_S
+        self.published = Published(self._totals, {}, {})
+
+    # ------------------------------------------------------------------ input (main thread)
+
+    def add(self, recs: np.ndarray) -> None:
+        """A drained batch of schema.HOST_EVENT records."""
+        if not recs.size:
+            return
+        self._pending.append({f: np.array(recs[f]) for f in _FIELDS})
+        pids, first = np.unique(recs["pid"], return_index=True)
+        for pid, i in zip(pids.tolist(), first.tolist()):  # per process, never per event
+            known = self.processes.get(pid)
+            if known is None or known.exited_at is not None:
+                self._new_process(pid, bytes(recs["comm"][i]).split(b"\0", 1)[0].decode(errors="replace"))
+
+    def add_names(self, recs: np.ndarray) -> None:
+        """A drained batch of schema.HOST_NAME records."""
+        if recs.size:
+            self._pending_names.append(recs)
+
+    def triggered(self, kind: str, pid: int | None) -> None:
+        """A trigger of ``kind`` fired for ``pid`` (None: for every process): counted in pasta_triggers_total."""
+        with self._lock:
+            self._triggers.append((0 if pid is None else pid, kind))
+
+    def _new_process(self, pid: int, comm: str) -> None:
+        if pid in self.processes:  # it exited and the PID came back: the old series go now
+            self._drop([pid])
+        container, pod = _where(self._proc, pid)
+        self.processes[pid] = Process(comm, container, pod, _start_time(self._proc, pid))
+
+    # ------------------------------------------------------------------ folding (main thread)
+
+    def update(self, lost: dict[str, int], window=None) -> None:
+        """Fold the batches added since the last update into the totals, and publish."""
+        with self._lock:
+            triggers, self._triggers = self._triggers, []
+        for pid, _ in triggers:
+            if pid and pid not in self.processes:
+                self._new_process(pid, _comm(self._proc, pid))
+        new = [self._count(self._events())] if self._pending else []
+        self._pending = []
+        if triggers:
+            new.append(pl.DataFrame({"metric": "triggers", "pid": [p for p, _ in triggers],
+                                     "a": [k for _, k in triggers], "b": "", "value": 1.0}, schema=_TOTALS))
+        if new:
+            self._totals = pl.concat([self._totals, *new]).group_by("metric", "pid", "a", "b").agg(pl.col("value").sum())
+        if self._clock() >= self._next_check:
+            self._next_check = self._clock() + CHECK_EXITED_S
+            self._check_exited()
+        self._daemon = {("lost", name): float(n) for name, n in lost.items()}
+        if window is not None:
+            self._daemon.update({("events", ""): float(window.drained), ("window_dropped_events", ""):
+                                 float(window.dropped), ("window_events", ""): float(window.held),
+                                 ("window_bytes", ""): float(window.bytes)})
+        live = self._live_rows()
+        self.published = Published(pl.concat([self._totals, live]),
+                                   {pid: p.labels(pid) for pid, p in self.processes.items()}, dict(self._daemon))
+
+    def _events(self) -> pl.DataFrame:
+        cols = {f: np.concatenate([b[f] for b in self._pending]) for f in _FIELDS}
+        dur = np.where(cols["flags"] & schema.FLAG_HAS_DUR, cols["dur_ns"], 0)
+        cols["bucket"] = np.searchsorted(_BOUNDS_NS, dur, side="left").astype(np.uint8)
+        api = np.minimum(cols["api"], len(self._api) - 1)
+        ev = pl.DataFrame(cols).with_columns(
+            pl.Series("api_name", self._api[api], dtype=pl.String),
+            pl.Series("driver_memory", self._driver_memory[api], dtype=pl.String),
+            ok=~(((pl.col("flags") & schema.FLAG_HAS_RET) != 0) & (pl.col("ret") != 0)),
+            size=pl.when((pl.col("valid") & _BIT["size"]) != 0).then(pl.col("size")).otherwise(0),
+            seconds=pl.when((pl.col("flags") & schema.FLAG_HAS_DUR) != 0).then(pl.col("dur_ns") / 1e9).otherwise(0.0),
+        )
+        # a call nested in a traced call of a higher layer is that call's; a launch captured into a graph ran nothing
+        return ev.filter(~pl.col("kind").is_in([int(_K.nested), int(_K.captured)]))
+
+    def _count(self, ev: pl.DataFrame) -> pl.DataFrame:
+        """This update's counts as totals rows."""
+        kind, ok = pl.col("kind"), pl.col("ok")
+        mem = ev.filter(kind.is_in([int(_K.alloc), int(_K.tensor_alloc)]) & ok).with_columns(
+            a=pl.when(kind == int(_K.tensor_alloc)).then(pl.lit("tensor")).otherwise(pl.lit("driver")),
+            b=pl.when(kind == int(_K.tensor_alloc)).then(pl.lit("")).otherwise(pl.col("driver_memory")))
+        copies = ev.filter((kind == int(_K.memcpy)) & ok).with_columns(
+            a=pl.when((pl.col("valid") & _BIT["copy_kind"]) != 0)
+            .then(pl.col("copy_kind").clip(upper_bound=int(schema.CopyKind.unknown))
+                  .replace_strict(list(range(len(schema.COPY_KIND_NAMES))), schema.COPY_KIND_NAMES))
+            .otherwise(pl.lit("unknown")), b=pl.lit(""))
+        syncs = ev.filter((kind == int(_K.sync)) & ok).with_columns(a=pl.lit(""), b=pl.lit(""))
+        failed = ev.filter(~ok).with_columns(
+            a=pl.col("api_name"), b=error_name(pl.col("api_name"), pl.col("ret")))
+        nccl = ev.filter(kind.is_in([int(_K.collective), int(_K.p2p)]) & ok).with_columns(
+            a=pl.col("api_name"), b=pl.lit(""))
+        timed = nccl.filter((pl.col("flags") & schema.FLAG_HAS_DUR) != 0)
+        launches = ev.filter((kind == int(_K.launch)) & ok)
+        self._track_live(ev)
+
+        def rows(frame: pl.DataFrame, metric: str, value: pl.Expr = pl.len()) -> pl.DataFrame:
+            return frame.group_by("pid", "a", "b").agg(value.cast(pl.Float64).alias("value")).select(
+                pl.lit(metric).alias("metric"), "pid", "a", "b", "value")
+
+        return pl.concat([
+            rows(launches.with_columns(a=pl.lit(""), b=pl.lit("")), "launches"),
+            self._kernels(launches),
+            rows(mem, "allocations"), rows(mem, "allocated_bytes", pl.col("size").sum()),
+            rows(copies, "copies"), rows(copies, "copied_bytes", pl.col("size").sum()),
+            rows(syncs, "syncs"), rows(syncs, "sync_seconds", pl.col("seconds").sum()),
+            rows(failed, "failed_calls"),
+            rows(nccl, "nccl_calls"), rows(nccl, "nccl_bytes", pl.col("size").sum()),
+            rows(timed, "nccl_call_seconds_sum", pl.col("seconds").sum()),
+            rows(timed.with_columns(b=pl.col("bucket").cast(pl.String)), "nccl_call_seconds_bucket"),
+        ]).cast(_TOTALS)
+
+    def _kernels(self, launches: pl.DataFrame) -> pl.DataFrame:
+        """Launches by (pid, kernel label), the labels past a process's cap summed under OTHER_KERNELS."""
+        if self._pending_names:
+            self._fold_names(np.concatenate(self._pending_names))
+            self._pending_names = []
+        by = launches.group_by("pid", "func").len().join(self._names, on=["pid", "func"], how="left").with_columns(
+            a=pl.coalesce("kernel", hex_expr(pl.col("func")))).group_by("pid", "a").agg(pl.col("len").sum())
+        fresh = by.join(self._admitted, on=["pid", "a"], how="anti")
+        if fresh.height:
+            held = self._admitted.group_by("pid").len("held")
+            admit = (fresh.join(held, on="pid", how="left").sort("len", "a", descending=[True, False])
+                     .with_columns(rank=pl.int_range(pl.len()).over("pid") + pl.col("held").fill_null(0))
+                     .filter(pl.col("rank") < KERNELS_PER_PROCESS).select("pid", "a"))
+            self._admitted = pl.concat([self._admitted, admit])
+        kept = by.join(self._admitted.with_columns(keep=pl.lit(True)), on=["pid", "a"], how="left")
+        return kept.with_columns(a=pl.when(pl.col("keep")).then(pl.col("a")).otherwise(pl.lit(OTHER_KERNELS))).group_by(
+            "pid", "a").agg(pl.col("len").sum().cast(pl.Float64).alias("value")).select(
+            pl.lit("kernel_launches").alias("metric"), "pid", "a", pl.lit("").alias("b"), "value")
+
+    def _fold_names(self, recs: np.ndarray) -> None:
+        """handle -> kernel name, the latest of each; a CUfunction that aliases a CUkernel
+        (cuKernelGetFunction) named in an earlier update takes that name too."""
+        named = names_frame(recs, self._api_names).select(
+            "pid", pl.col("handle").alias("func"), pl.col("name").alias("kernel"))
+        self._names = pl.concat([self._names, named]).unique(["pid", "func"], keep="last", maintain_order=True)
+        aliases = recs[(recs["alias"] != 0) & (recs["name"] == b"")]
+        if aliases.size:
+            late = pl.DataFrame({"pid": aliases["pid"], "func": aliases["handle"], "alias": aliases["alias"]}).join(
+                self._names.rename({"func": "alias"}), on=["pid", "alias"]).select("pid", "func", "kernel")
+            self._names = pl.concat([self._names, late]).unique(["pid", "func"], keep="last", maintain_order=True)
+
+    def _track_live(self, ev: pl.DataFrame) -> None:
+        """Each (pid, layer, address)'s last allocation or free of the update
+        decides whether it is held: a free names no size (nor, for the driver, which memory)."""
+        kind = pl.col("kind")
+        ops = ev.filter(kind.is_in([int(_K.alloc), int(_K.free), int(_K.tensor_alloc), int(_K.tensor_free)])
+                        & pl.col("ok") & (pl.col("ptr") != 0)).with_row_index("seq")
+        if ops.is_empty():
+            return
+        tensor = kind.is_in([int(_K.tensor_alloc), int(_K.tensor_free)])
+        last = ops.with_columns(
+            layer=pl.when(tensor).then(pl.lit("tensor")).otherwise(pl.lit("driver")),
+            memory=pl.when(tensor).then(pl.lit("")).otherwise(pl.col("driver_memory")),
+            alloc=kind.is_in([int(_K.alloc), int(_K.tensor_alloc)]),
+        ).group_by("pid", "layer", "ptr").agg(pl.all().sort_by("seq").last())
+        kept = self._live.join(last.select("pid", "layer", "ptr"), on=["pid", "layer", "ptr"], how="anti")
+        self._live = pl.concat([kept, last.filter(pl.col("alloc")).select(list(_LIVE)).cast(_LIVE)])
+
+    def _live_rows(self) -> pl.DataFrame:
+        """live_bytes of every (pid, layer, memory) that ever allocated: 0 once all is freed."""
+        keys = self._totals.filter(pl.col("metric") == "allocated_bytes").select("pid", "a", "b")
+        held = self._live.group_by("pid", pl.col("layer").alias("a"), pl.col("memory").alias("b")).agg(
+            pl.col("size").sum().cast(pl.Float64).alias("value"))
+        return keys.join(held, on=["pid", "a", "b"], how="left").select(
+            pl.lit("live_bytes").alias("metric"), "pid", "a", "b", pl.col("value").fill_null(0.0)).cast(_TOTALS)
+
+    # ------------------------------------------------------------------ exited processes
+
+    def _check_exited(self) -> None:
+        now = self._clock()
+        for pid, p in self.processes.items():
+            if p.exited_at is None and (p.start is None or _start_time(self._proc, pid) != p.start):
+                p.exited_at = now
+        self._drop([pid for pid, p in self.processes.items()
+                    if p.exited_at is not None and now - p.exited_at >= self.keep_exited_s])
+
+    def _drop(self, pids: list[int]) -> None:
+        """Every series of these processes goes."""
+        if not pids:
+            return
+        for pid in pids:
+            del self.processes[pid]
+        gone = ~pl.col("pid").is_in(pids)
+        self._totals, self._live = self._totals.filter(gone), self._live.filter(gone)
+        self._names, self._admitted = self._names.filter(gone), self._admitted.filter(gone)
+
+
+def _comm(proc: Path, pid: int) -> str:
+    try:
+        return (proc / str(pid) / "comm").read_text().rstrip("\n")
+    except OSError:
+        return ""
+
+
+def collect(metrics: Metrics, prefix: str = "pasta_") -> Iterator:
+    """The metric families of what ``metrics`` published last (prometheus_client's collector protocol)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    pub = metrics.published
+    family = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
+    rows: dict[str, list[tuple]] = {}
+    for metric, pid, a, b, value in pub.totals.sort("metric", "pid", "a", "b").iter_rows():
+        rows.setdefault(metric, []).append((pid, a, b, value))
+    empty = ("",) * len(PROCESS_LABELS)
+    for spec in SPECS:
+        fam = family[spec.type](prefix + spec.name, spec.help, labels=[*PROCESS_LABELS, *spec.labels])
+        if spec.type == "histogram":
+            _histograms(fam, rows.get(spec.name + "_bucket", []), rows.get(spec.name + "_sum", []), pub.processes)
+        else:
+            for pid, a, b, value in rows.get(spec.name, []):
+                fam.add_metric([*pub.processes.get(pid, empty), *(a, b)[:len(spec.labels)]], value)
+        yield fam
+    for spec in DAEMON_SPECS:
+        fam = family[spec.type](prefix + spec.name, spec.help, labels=list(spec.labels))
+        for (name, label), value in pub.daemon.items():
+            if name == spec.name:
+                fam.add_metric([label] if spec.labels else [], value)
+        yield fam
+
+
+def _histograms(fam, buckets: list[tuple], sums: list[tuple], processes: dict[int, tuple[str, ...]]) -> None:
+    counts: dict[tuple[int, str], np.ndarray] = {}
+    for pid, op, bucket, n in buckets:
+        counts.setdefault((pid, op), np.zeros(len(NCCL_BUCKETS_S) + 1))[int(bucket)] += n
+    total = {(pid, op): s for pid, op, _, s in sums}
+    bounds = [*(f"{b:g}" for b in NCCL_BUCKETS_S), "+Inf"]
+    for (pid, op), n in counts.items():
+        if pid in processes:
+            fam.add_metric([*processes[pid], op], list(zip(bounds, np.cumsum(n).tolist())), total.get((pid, op), 0.0))
+
+
+class Server:
+    """/metrics over HTTP (prometheus_client's server, a thread of its own): the
+    counts above, and the daemon's own CPU, memory and open files
+    (prometheus_client's process collector: process_cpu_seconds_total, process_resident_memory_bytes, ...)."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int):
+        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        registry.register(_Collector(metrics))
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as e:
+            why = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be listened on: {e.strerror or e}"
+            raise PastaError(f"--metrics {_show(host, port)} {why}",
+                             hint="give another with --metrics HOST:PORT, or --metrics off") from None
+        self.address = _show(host, self._httpd.server_address[1])
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+
+class _Collector:
+    def __init__(self, metrics: Metrics):
+        self._metrics = metrics
+
+    def collect(self) -> Iterator:
+        return collect(self._metrics)
+
+
+def _show(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
