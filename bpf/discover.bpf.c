@@ -167,6 +167,12 @@ static __always_inline void pt_notify(u32 type, u32 pid, u32 tid, u32 ppid)
      * user space can read /proc/PID/cgroup */
     e->cgroup_id = bpf_get_current_cgroup_id();
     e->addr = e->len = e->pgoff = e->dev = e->ino = 0;
+    e->exit_code = e->pad = 0;
+    /* the exit status, set by do_exit before this tracepoint: the daemon fires on
+     * a process killed by a signal or exiting non-zero */
+    if (type == PT_DISCOVER_EXIT)
+        bpf_probe_read_kernel(&e->exit_code, sizeof(e->exit_code),
+                              (char *)bpf_get_current_task() + PT_OFF_TASK_EXIT_CODE);
     /* an exec wakes the tracer: a short program must have its maps read
      * (runtime launches are named through them) before it exits; a stop, so
      * that the stopped process waits only for its own handling */
@@ -194,6 +200,7 @@ static __always_inline void pt_notify_map(u32 tgid, u32 tid, u64 addr, struct pt
     e->pgoff = m->pgoff;
     e->dev = f->dev;
     e->ino = f->ino;
+    e->exit_code = e->pad = 0;
     discover_events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 #endif

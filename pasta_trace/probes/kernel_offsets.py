@@ -19,9 +19,11 @@ from .libbpf import lib
 BTF_KIND_STRUCT = 4
 BTF_KIND_UNION = 5
 
-#: (define, struct, member path) read by discover.bpf.c to find the file behind a descriptor
+#: (define, struct, member path) read by discover.bpf.c to find the file behind a descriptor,
+#: and a process's exit status (the daemon's exit triggers)
 MEMBERS = (
     ("PT_OFF_TASK_FILES", "task_struct", "files"),
+    ("PT_OFF_TASK_EXIT_CODE", "task_struct", "exit_code"),
     ("PT_OFF_FILES_FDT", "files_struct", "fdt"),
     ("PT_OFF_FDT_FD", "fdtable", "fd"),
     ("PT_OFF_FILE_INODE", "file", "f_inode"),

@@ -325,6 +325,9 @@ DISCOVER_EVENT = Record(
             ("pgoff", "u64", "bytes", "MAP: the file offset it maps"),
             ("dev", "u64", "", "MAP: KNOWN_FILE.dev of the mapped file"),
             ("ino", "u64", "", "MAP: inode of the mapped file"),
+            ("exit_code", "u32", "", "EXIT: task->exit_code, the wait status (exit status << 8, or the "
+                                     "killing signal | 0x80 if it dumped core)"),
+            ("pad", "u32", "", "zero"),
         ]
     ),
     "process-lifetime notification, written into the discover_events ring buffer",

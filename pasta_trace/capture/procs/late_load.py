@@ -107,6 +107,7 @@ class LateLoadWatcher:
         on_mapped: Callable[[OpenedLibrary], Opened | bool] = lambda lib: Opened.PLAIN,
         on_map: Callable[[np.void], None] = lambda rec: None,
         on_finalizing: Callable[[], None] = lambda: None,
+        on_exit_status: Callable[[int, int], None] = lambda pid, exit_code: None,
     ):
         self._bpf = bpf
         self._ring: RingBuffer | None = open_table(bpf, "discover_events", DISCOVER_EVENT.dtype)
@@ -114,6 +115,8 @@ class LateLoadWatcher:
         self._plain = bpf["plain_files"]
         self.on_library, self.on_fork, self.on_exec, self.on_exit = on_library, on_fork, on_exec, on_exit
         self.on_mapped, self.on_map = on_mapped, on_map
+        #: (pid, wait status) of each traced process's exit (the daemon's exit triggers)
+        self.on_exit_status = on_exit_status
         #: Python processes held at their finalization wait for it (it reads their stacks' code objects)
         self.on_finalizing = on_finalizing
         self.on_warning = on_warning
@@ -273,6 +276,7 @@ class LateLoadWatcher:
                 self.on_exec(pid, int(rec["cgroup_id"]))
             elif kind == DiscoverType.EXIT:
                 self.on_exit(pid, int(rec["ts_ns"]))
+                self.on_exit_status(pid, int(rec["exit_code"]))
             elif kind == DiscoverType.MAP:
                 maps.append(rec)
         handled = self._handle_stops(pending)

@@ -61,6 +61,8 @@ class Session:
         self._writer: CaptureWriter | None = None
         self._device = None
         self._finalize: FinalizeProbes | None = None
+        #: told (pid, wait status) of each traced process's exit, when set before setup() (the daemon)
+        self.on_exit_status: Callable[[int, int], None] = lambda pid, exit_code: None
 
     def check(self) -> None:
         """Everything that can refuse the capture before anything is loaded:
@@ -105,7 +107,8 @@ class Session:
         self._watcher = LateLoadWatcher(self.bpf, on_library=self._on_library, on_fork=self._on_fork,
                                         on_exec=self._on_exec, on_exit=self._on_exit, on_warning=self._warn,
                                         on_mapped=self._on_library, on_map=self._on_map,
-                                        on_finalizing=self._stacks.drain if self._stacks is not None else lambda: None)
+                                        on_finalizing=self._stacks.drain if self._stacks is not None else lambda: None,
+                                        on_exit_status=self.on_exit_status)
         self._probes = ProbeSet(self.bpf, known=self._watcher.add_known, say=self.say, verbose=opts.verbose)
         self._tracker = ProcessTracker(self._probes, mode=opts.mode, pids=opts.pids, say=self.say,
                                        stacks=self._stacks, native=self._native)
