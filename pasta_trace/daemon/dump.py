@@ -1,6 +1,7 @@
 """A dump: the flight recorder's window written as an ordinary capture
 directory (docs/formats.md), which report, merge and export read unchanged,
-with what triggered it in the manifest's ``trigger`` object (format 1.10).
+with what triggered it in the manifest's ``trigger`` object (format 1.10; an
+automatic trigger's fields, daemon.triggers: 1.11).
 
 Everything is written through safe_output, as a capture is: the directory is
 claimed new under the daemon's output directory, each file is written to a
@@ -33,16 +34,20 @@ from ..safe_output import OutputDir
 from .window import Snapshot
 
 PREFIX = "dump-"
-#: the triggers this daemon has: `pasta-trace dump` and SIGUSR1
-TRIGGERS = ("demand", "signal")
+#: the triggers this daemon has: `pasta-trace dump` and SIGUSR1, then the automatic ones (daemon.triggers)
+TRIGGERS = ("demand", "signal", "oom", "cuda_error", "init_failed", "nccl_hang", "quiet", "killed", "exit")
 
 
 @dataclass
 class Trigger:
     kind: str  # one of TRIGGERS
     cause: str  # what made it, in words: "pasta-trace dump from uid 0 (PID 4242)", "SIGUSR1"
-    at: mf.ClockSample
-    pid: int | None = None  # the one process dumped; None: every process
+    at: mf.ClockSample  # the snapshot's moment: the window's end
+    pid: int | None = None  # the one process dumped; None: every process; an automatic trigger's: its process
+    #: when an automatic trigger fired (None: at); the window is the one before it, and what came until ``at``
+    fired: mf.ClockSample | None = None
+    #: an automatic trigger's own fields for the manifest (api, error, comm_id, sequence, ...: docs/daemon.md)
+    details: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -100,15 +105,22 @@ def _claim(root: Path, name: str) -> tuple[OutputDir, Path]:
 
 def _write(out: OutputDir, path: Path, snap: Snapshot, trigger: Trigger, tables: Tables,
            owner: tuple[int, int] | None) -> Written:
-    # from here on every event is in the dump: the window's length back, or just after the newest dropped
-    start_ns = max(trigger.at.mono_before_ns - int(tables.window_s * 1e9), snap.since_ns)
+    # from here on every event is in the dump: the window's length back (from the trigger's firing), or just
+    # after the newest dropped
+    fired = trigger.fired or trigger.at
+    start_ns = max(fired.mono_before_ns - int(tables.window_s * 1e9), snap.since_ns)
     manifest = mf.Manifest(command_line=tables.command_line, mode="system", start=_sample_at(trigger.at, start_ns),
                            buffer_pages=tables.buffer_pages)
     manifest.libraries = tables.entries
-    manifest.pids = sorted(snap.pids) if trigger.pid is None else [trigger.pid]
+    # an automatic trigger's dump holds every process: the memory an OOM lacked, or a hang's other ranks
+    manifest.pids = sorted(snap.pids) if trigger.pid is None or trigger.fired is not None else [trigger.pid]
     manifest.trigger = {"kind": trigger.kind, "cause": trigger.cause, "pid": trigger.pid,
                         "window_s": tables.window_s, "window_bytes": tables.window_bytes,
                         "window_start_ns": start_ns, "dropped_events": 0}
+    if trigger.fired is not None:
+        manifest.trigger.update(fired_ns=trigger.fired.mono_before_ns,
+                                after_s=round((trigger.at.mono_before_ns - trigger.fired.mono_before_ns) / 1e9, 3),
+                                **trigger.details)
     manifest.write(out, complete=False)
     # the window's segments hold whole drains: events older than the window's start are trimmed here
     parts = [recs for s in snap.segments if (recs := s.records[s.records["ts_ns"] >= start_ns]).size]

@@ -1,8 +1,10 @@
 """The daemon's main loop: trace every process as `-a` does (capture.session.session,
 set up as for `top`), keep the last window of events in memory (window), and
 write a dump (dump) when `pasta-trace dump` asks on the control socket
-(control) or SIGUSR1 arrives.  Ctrl-C or SIGTERM end it: the probes go,
-nothing stays stopped, and no dump is written unless one was asked for.
+(control), SIGUSR1 arrives, or an automatic trigger fires (triggers: a CUDA
+error, a hang suspect, a process killed or exiting non-zero; all through
+Daemon._fire).  Ctrl-C or SIGTERM end it: the probes go, nothing stays
+stopped, and no dump is written unless one was asked for or a trigger fired.
 
 Threads: the main thread drains the rings every POLL_INTERVAL_S and takes
 each dump's snapshot (the window, the process table, the loss counters); a
@@ -30,9 +32,11 @@ from ..capture.output import manifest as mf
 from ..capture.output.drain import POLL_INTERVAL_S, boost_drain_thread
 from ..capture.session.options import Options
 from ..probes.catalog import API_NAMES
+from ..probes.compiled_cache import module_maps
 from ..safe_output import invoking_user
 from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
+from .triggers import Debounce, Firing, Triggers
 from .metrics import Metrics, Server
 from .window import Snapshot, Window
 
@@ -40,6 +44,8 @@ from .window import Snapshot, Window
 CHECKPOINT_S = 1.0
 #: how often exited processes are forgotten (a look at /proc for each process seen)
 FORGET_S = 10.0
+#: the window holds this much more than --window + --after: a trigger's dump is taken a little after it is due
+WINDOW_SLACK_S = 1.0
 
 
 @dataclass
@@ -57,6 +63,13 @@ class DaemonOptions:
     bpf_cache: bool = True
     #: where /metrics is served (host, port); None: no metrics (daemon.metrics)
     metrics: tuple[str, int] | None = None
+    #: automatic triggers (daemon.triggers): an NCCL call not returned after hang_after_s (None: off), a
+    #: process whose calls stop for quiet_after_s (None: off); one dump per cause per process per debounce_s;
+    #: a trigger's dump is taken after_s after it fired
+    hang_after_s: float | None = 60.0
+    quiet_after_s: float | None = None
+    debounce_s: float = 300.0
+    after_s: float = 5.0
 
 
 @dataclass
@@ -77,6 +90,9 @@ class Daemon:
         self._checkpoints: deque[tuple[int, dict[str, int]]] = deque()
         self.dumps: list[Written] = []
         self.metrics: Metrics | None = None
+        self._triggers: Triggers | None = None
+        self._debounce = Debounce(int(opts.debounce_s * 1e9))
+        self._pending: list[tuple[float, Firing, mf.ClockSample]] = []  # (due, monotonic s) of triggers fired
 
     def run(self) -> int:
         from ..capture.bpf.ringbuf import open_table
@@ -92,13 +108,18 @@ class Daemon:
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
         writer = threading.Thread(target=self._write_dumps, name="pasta-dumps")
         events = names = server = None
-        window = Window(o.window_s, o.window_bytes, schema.HOST_NAME.dtype)  # before the probes: it holds all since
+        # before the probes: it holds all since; a trigger's dump keeps the window before it and after_s after,
+        # taken a little after it is due (WINDOW_SLACK_S)
+        window = Window(o.window_s + o.after_s + WINDOW_SLACK_S, o.window_bytes, schema.HOST_NAME.dtype)
+        session.on_exit_status = lambda pid, status: self._triggers is not None and self._triggers.exited(pid, status)
         try:
             if o.metrics is not None:  # before the probes load: an address in use fails at once
                 self.metrics = Metrics(list(API_NAMES))
                 server = Server(self.metrics, *o.metrics)
                 self.say(f"Metrics on http://{server.address}/metrics")
             session.setup()
+            self._triggers = Triggers(module_maps(session.bpf)["inflight"][0], hang_after_s=o.hang_after_s,
+                                      quiet_after_s=o.quiet_after_s)
             events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
             names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
             writer.start()
@@ -120,7 +141,10 @@ class Daemon:
             session.detach()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-        self.say(f"stopped; {len(self.dumps)} dump{'s' if len(self.dumps) != 1 else ''} written")
+        suppressed = sum(self._debounce.suppressed.values())
+        self.say(f"stopped; {len(self.dumps)} dump{'s' if len(self.dumps) != 1 else ''} written"
+                 + (f", {suppressed} trigger{'s' if suppressed != 1 else ''} suppressed (--debounce)" if suppressed
+                    else ""))
         return 0
 
     def _on_signal(self, sig: int, _frame: object) -> None:
@@ -136,6 +160,7 @@ class Daemon:
         next_checkpoint = next_forget = 0.0
         while not self._stop:
             self._drain(session, events, names, window)
+            self._triggered(session, events, names, window)
             session.poll()
             now = time.monotonic()
             if now >= next_checkpoint:
@@ -156,10 +181,39 @@ class Daemon:
                 self._usr1 = False
                 self._dump(session, events, names, window, "signal", "SIGUSR1", None, None)
             wake.poll(POLL_INTERVAL_S * 1000)
+        for _, firing, fired in self._pending:  # fired before the end: written with what came until now
+            self._dump(session, events, names, window, firing.kind, firing.cause, firing.pid, None, (firing, fired))
+        self._pending.clear()
+
+    def _triggered(self, session, events, names, window: Window) -> None:
+        """Fire what the triggers found since the last drain, and take the dumps due."""
+        for firing in self._triggers.poll(time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
+            self._fire(firing)
+        now = time.monotonic()
+        while self._pending and self._pending[0][0] <= now:
+            _, firing, fired = self._pending.pop(0)
+            self._dump(session, events, names, window, firing.kind, firing.cause, firing.pid, None, (firing, fired))
+
+    def _fire(self, firing: Firing) -> None:
+        """Every automatic trigger goes through here: debounced per cause and process, then its dump is
+        taken after_s later."""
+        fired = mf.ClockSample.now()
+        admitted = self._debounce.admit(firing.kind, firing.pid, fired.mono_before_ns, firing.repeats)
+        if self.opts.verbose and (firing.repeats or not admitted):
+            again = firing.repeats + (not admitted)
+            self.say(f"trigger {firing.kind} suppressed {again} time{'s' if again != 1 else ''} (one dump per "
+                     f"{self.opts.debounce_s:g} s per process; {self._debounce.suppressed[firing.kind]} so far): "
+                     f"{firing.cause}")
+        if not admitted:
+            return
+        self.say(f"trigger {firing.kind}: {firing.cause}; dumping in {self.opts.after_s:g} s")
+        self._pending.append((time.monotonic() + self.opts.after_s, firing, fired))
 
     def _drain(self, session, events, names, window: Window) -> None:
         recs = events.drain()
         window.add(recs)
+        if self._triggers is not None:
+            self._triggers.note(recs)
         if recs.size:
             session.seen(np.unique(recs["pid"]).tolist())
         named = names.drain()
@@ -172,7 +226,7 @@ class Daemon:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         self._checkpoints.append((now, lost))
         # one before the window's start is kept: the base of a dump's counts
-        horizon = now - int(self.opts.window_s * 1e9)
+        horizon = now - int((self.opts.window_s + self.opts.after_s + WINDOW_SLACK_S) * 1e9)
         while len(self._checkpoints) > 1 and self._checkpoints[1][0] <= horizon:
             self._checkpoints.popleft()
 
@@ -184,16 +238,19 @@ class Daemon:
         return {k: n - base.get(k, 0) for k, n in now.items()}
 
     def _dump(self, session, events, names, window: Window, kind: str, cause: str, pid: int | None,
-              req: Request | None) -> None:
-        """Take the snapshot now (what the probes wrote until this moment included); the dump thread writes it."""
+              req: Request | None, fired: tuple[Firing, mf.ClockSample] | None = None) -> None:
+        """Take the snapshot now (what the probes wrote until this moment included); the dump thread writes it.
+        ``fired``: an automatic trigger and when it fired (every process is dumped; ``pid`` is the trigger's)."""
         self._drain(session, events, names, window)
         at = mf.ClockSample.now()
         processes, libraries, entries = session.tables()
         o = self.opts
+        since = (fired[1] if fired is not None else at).mono_before_ns - int(o.window_s * 1e9)
         tables = Tables(o.command_line, list(API_NAMES), processes, libraries, entries, o.buffer_pages,
-                        o.window_s, o.window_bytes,
-                        self._lost_since(at.mono_before_ns - int(o.window_s * 1e9), session.lost()))
-        self._jobs.put(_Job(window.snapshot(pid), Trigger(kind, cause, at, pid), tables, req))
+                        o.window_s, o.window_bytes, self._lost_since(since, session.lost()))
+        trigger = Trigger(kind, cause, at, pid) if fired is None else \
+            Trigger(kind, cause, at, pid, fired=fired[1], details=fired[0].details)
+        self._jobs.put(_Job(window.snapshot(pid if fired is None else None), trigger, tables, req))
 
     def _write_dumps(self) -> None:
         owner = invoking_user()

@@ -8,7 +8,9 @@ from __future__ import annotations
 #: 1.9: copies and memsets under capture are kind captured (ptr = the address written, dst = the
 #: capture id), on streams joined to a capture by an event wait too; event record and stream wait probed
 #: 1.10: the manifest's trigger object (a daemon's dump: its trigger and the window it holds)
-CAPTURE_FORMAT_VERSION = (1, 10)
+#: 1.11: the trigger object of an automatic trigger (oom, cuda_error, init_failed, nccl_hang, quiet, killed,
+#: exit): fired_ns, after_s and the trigger's own fields (api, error, comm_id, sequence, signal, ...)
+CAPTURE_FORMAT_VERSION = (1, 11)
 
 #: Version of the device record file (TLV) format, written in its file header
 #: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;
