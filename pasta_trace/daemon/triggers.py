@@ -308,7 +308,7 @@ class Triggers:
         self._exits: list[tuple[int, int]] = []
         self._found: list[Firing] = []
         self._next_check = 0
-        self._check_ns = int(min(self.CHECK_S, *(s / 2 for s in (hang_after_s, quiet_after_s) if s)) * 1e9)
+        self._check_ns = int(min([self.CHECK_S, *(s / 2 for s in (hang_after_s, quiet_after_s) if s)]) * 1e9)
 
     def note(self, recs: np.ndarray) -> None:
         """A batch just drained (the window's order: before any dump's snapshot)."""
