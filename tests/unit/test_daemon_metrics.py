@@ -8,7 +8,11 @@ use refused in one line."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import socket
+import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -181,3 +185,70 @@ def test_parse_address():
     for bad in ("", "host", "1.2.3.4:0", "1.2.3.4:70000", "a:b"):
         with pytest.raises(ValueError, match="not an address"):
             parse_address(bad)
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana-pasta-trace.json"
+
+
+def _every_kind_of_call(pid: int) -> np.ndarray:
+    """One call of each kind a metric counts: a launch, an allocation, a copy, a sync, a failed call, an NCCL call."""
+    recs = np.zeros(6, schema.HOST_EVENT.dtype)
+    recs["pid"], recs["comm"] = pid, b"worker"
+    apis = ["cuLaunchKernel", "cuMemAlloc_v2", "cuMemcpyHtoD_v2", "cuCtxSynchronize", "cuMemAlloc_v2", "ncclAllReduce"]
+    kinds = [schema.Kind.launch, schema.Kind.alloc, schema.Kind.memcpy, schema.Kind.sync, schema.Kind.alloc,
+             schema.Kind.collective]
+    recs["api"], recs["kind"] = [API.index(a) for a in apis], [int(k) for k in kinds]
+    recs["flags"], recs["dur_ns"] = schema.FLAG_HAS_RET | schema.FLAG_HAS_DUR, 2000
+    recs["ret"] = [0, 0, 0, 0, 2, 0]  # the second allocation fails: CUDA_ERROR_OUT_OF_MEMORY
+    recs["valid"] = (1 << schema.PAYLOAD_BITS["size"]) | (1 << schema.PAYLOAD_BITS["copy_kind"])
+    recs["ptr"], recs["size"], recs["copy_kind"] = [0, 0x1000, 0, 0, 0, 0], 4096, int(schema.CopyKind.h2d)
+    return recs
+
+
+def test_the_grafana_dashboard_names_only_metrics_the_daemon_exports(proc):
+    from pasta_trace.daemon.window import Window
+
+    fake_process(proc, 7, start=50)
+    m = Metrics(API, proc=proc)
+    m.add(_every_kind_of_call(7))
+    m.triggered("nccl_hang", 7)
+    window = Window(60, 1 << 20, schema.HOST_NAME.dtype)
+    m.update({"lost_events": 0}, window)
+    server = Server(m, "127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(f"http://{server.address}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        server.close()
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert 'pasta_failed_calls_total{api="cuMemAlloc_v2",comm="worker",container="",error="CUDA_ERROR_OUT_OF_MEMORY"' \
+           in text
+    assert 'pasta_nccl_call_seconds_bucket{comm="worker",container="",le="1e-05",op="ncclAllReduce",pid="7",pod=""} ' \
+           '1.0' in text
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    assert len(exprs) > 15
+    for expr in exprs:
+        named = set(re.findall(r"\b((?:pasta|process)_[a-z_]+)\b", expr))
+        assert named and named <= exported, f"{expr}: {named - exported or 'no metric'} not exported"
+    # every metric of the daemon is on the dashboard
+    on_board = {n for e in exprs for n in re.findall(r"\bpasta_[a-z_]+\b", e)}
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in exported if n.startswith("pasta_")}
+    assert families - {re.sub(r"_bucket$", "", n) for n in on_board} == set()
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="Debian's prometheus package (promtool) is not installed (scripts/setup.sh installs it)")
+def test_the_grafana_dashboard_queries_parse(tmp_path):
+    """Prometheus's own parser (promtool check rules) reads every query, Grafana's variables given a value."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query{i}", "expr": e.replace("$instance", ".*").replace("$job", ".*")}
+        for i, e in enumerate(exprs)]}]}
+    (tmp_path / "rules.yml").write_text(json.dumps(rules))  # JSON is YAML
+    r = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in r.stdout
