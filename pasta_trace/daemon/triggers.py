@@ -76,18 +76,22 @@ class ErrorScan:
         self._family = [a.family for a in APIS]
 
     def scan(self, recs: np.ndarray) -> list[Firing]:
-        ret = recs["ret"]
-        failed = ((recs["flags"] & FLAG_HAS_RET) != 0) & (ret != 0)
-        if not failed.any():
+        # one pass over `ret` (most batches fail nowhere); the rest looks at the non-zero codes only
+        nonzero = np.flatnonzero(recs["ret"])
+        if not nonzero.size:
             return []
-        api = np.minimum(recs["api"], len(APIS)).astype(np.intp)
-        code = np.full(recs.size, -1, np.int8)
+        some = recs[nonzero]
+        ret = some["ret"]
+        failed = (some["flags"] & FLAG_HAS_RET) != 0  # a code no return probe wrote means nothing
+        api = np.minimum(some["api"], len(APIS)).astype(np.intp)
+        code = np.full(some.size, -1, np.int8)
         code[failed & self._gpu[api] & np.isin(ret, FAULTS)] = KINDS.index("cuda_error")
         code[failed & self._alloc[api] & (ret == OUT_OF_MEMORY)] = KINDS.index("oom")
         code[failed & self._init[api]] = KINDS.index("init_failed")
         hits = np.flatnonzero(code >= 0)
         if not hits.size:
             return []
+        recs = some
         # the first call of each (process, kind): a storm of failures fires once
         hits = hits[np.argsort(recs["ts_ns"][hits], kind="stable")]
         pairs = recs["pid"][hits].astype(np.int64) * len(KINDS) + code[hits]
@@ -297,8 +301,12 @@ class Triggers:
     """Every automatic trigger of one daemon: fed each drained batch and each
     traced process's exit, asked every loop what fired."""
 
-    #: the most often the calls in flight and the quiet processes are looked at
+    #: the most often the quiet processes and the calls in flight are looked at
     CHECK_S = 1.0
+    #: the calls in flight are looked at every hang_after / HANG_CHECKS (CHECK_S at least): each look reads
+    #: every thread of the NCCL processes (measured 0.1-0.5 ms a thread), and a hang is seen at most
+    #: hang_after / HANG_CHECKS late
+    HANG_CHECKS = 8
 
     def __init__(self, inflight_fd: int, *, hang_after_s: float | None, quiet_after_s: float | None):
         self._errors = ErrorScan()
@@ -307,8 +315,9 @@ class Triggers:
         self._gpu: set[int] = set()  # processes that made GPU calls (their exit may fire)
         self._exits: list[tuple[int, int]] = []
         self._found: list[Firing] = []
-        self._next_check = 0
-        self._check_ns = int(min([self.CHECK_S, *(s / 2 for s in (hang_after_s, quiet_after_s) if s)]) * 1e9)
+        self._next_check = self._next_hang_check = 0
+        self._check_ns = int(min([self.CHECK_S, *([quiet_after_s / 2] if quiet_after_s else [])]) * 1e9)
+        self._hang_check_ns = int(max(self.CHECK_S, (hang_after_s or 0) / self.HANG_CHECKS) * 1e9)
 
     def note(self, recs: np.ndarray) -> None:
         """A batch just drained (the window's order: before any dump's snapshot)."""
@@ -339,9 +348,10 @@ class Triggers:
             for watch in (self._nccl, self._quiet):
                 if watch is not None:
                     watch.gone(pid)
-        if now_ns >= self._next_check:
+        if self._quiet is not None and now_ns >= self._next_check:
             self._next_check = now_ns + self._check_ns
-            for watch in (self._nccl, self._quiet):
-                if watch is not None:
-                    found += watch.check(now_ns)
+            found += self._quiet.check(now_ns)
+        if self._nccl is not None and now_ns >= self._next_hang_check:
+            self._next_hang_check = now_ns + self._hang_check_ns
+            found += self._nccl.check(now_ns)
         return found
