@@ -112,6 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--after", type=seconds_or_zero, default=DEFAULT_AFTER_S, metavar="SEC",
                    help=f"a trigger's dump keeps the window before it and SEC seconds after it (default "
                         f"{DEFAULT_AFTER_S:g}): it is written SEC seconds after the trigger fired")
+    p.add_argument("--no-stacks", action="store_true",
+                   help="record no Python stacks (each event's Python call site, as -a records by default)")
     p.add_argument("--metrics", type=metrics_address, default=DEFAULT_METRICS, metavar="ADDR",
                    help=f"serve Prometheus metrics on http://ADDR/metrics (default {DEFAULT_METRICS}, this machine "
                         "only; HOST:PORT, [IPv6]:PORT, PORT; 0.0.0.0:PORT for every interface; off: none)")
@@ -136,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     opts = DaemonOptions(out_dir=args.output, window_s=args.window, window_bytes=args.window_bytes,
                          socket=args.socket, socket_group=_group(args.socket_group), keep=args.keep,
                          keep_bytes=args.keep_bytes, buffer_pages=args.buffer_pages, command_line=sys.argv[:],
-                         verbose=args.verbose, bpf_cache=not args.no_bpf_cache, hang_after_s=args.hang_after,
-                         quiet_after_s=args.quiet_after, debounce_s=args.debounce, after_s=args.after,
-                         metrics=args.metrics)
+                         verbose=args.verbose, bpf_cache=not args.no_bpf_cache,
+                         stacks=not args.no_stacks, hang_after_s=args.hang_after, quiet_after_s=args.quiet_after,
+                         debounce_s=args.debounce, after_s=args.after, metrics=args.metrics)
     if opts.quiet_after_s is not None and opts.quiet_after_s >= opts.window_s:
         # its dump keeps the window before it: none of the quiet process's calls would be in it
         raise UsageError(f"--quiet-after {opts.quiet_after_s:g} is not less than --window {opts.window_s:g}",

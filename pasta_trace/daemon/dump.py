@@ -26,11 +26,12 @@ from .. import schema
 from ..errors import UsageError
 from ..capture.output import manifest as mf
 from ..capture.output.collectives import CommunicatorTable, Sequencer
-from ..capture.output.decode import events_frame, names_frame
+from ..capture.output.decode import events_frame
 from ..capture.output.event_writer import COMMUNICATORS, FILE_BYTES, kind_counts, write_atomic
 from ..capture.session.finish import complete_manifest
 from ..capture.output.tensor_sizes import TensorSizes
 from ..safe_output import OutputDir
+from .naming import dump_names
 from .window import Snapshot
 
 PREFIX = "dump-"
@@ -64,6 +65,11 @@ class Tables:
     window_bytes: int
     #: each loss counter, counted since the window's start (at most a second before it)
     lost: dict[str, int] = field(default_factory=dict)
+    #: the maps saved for each process of the dump, and the build-ids of their files (daemon.naming)
+    maps: dict[int, str] = field(default_factory=dict)
+    build_ids: dict[int, dict] = field(default_factory=dict)
+    #: the manifest's `stacks` object (daemon.stacks.stacks_manifest); None: no stacks recorded
+    stacks: dict | None = None
 
 
 @dataclass
@@ -126,19 +132,35 @@ def _write(out: OutputDir, path: Path, snap: Snapshot, trigger: Trigger, tables:
     parts = [recs for s in snap.segments if (recs := s.records[s.records["ts_ns"] >= start_ns]).size]
     events, by_kind, comms = _write_events(out, parts, tables.api_names)
     dropped = snap.dropped + snap.held - events
-    names = names_frame(snap.names, tables.api_names)
+    stacks = None
+    if snap.stacks is not None:
+        rows = snap.stacks.frame(_stack_keys(parts))
+        write_atomic(out, "stacks.parquet", rows)
+        manifest.stacks = tables.stacks
+        stacks = {"stacks": rows.select("pid", "stack_id").n_unique() if rows.height else 0}
+    named = dump_names(path, parts, snap.names, tables.api_names, tables.maps, tables.build_ids)
+    names = named.names
     write_atomic(out, "names.parquet", names)
+    manifest.attach_names = named.attach_names
     processes = _with_minimal_rows(tables.processes.filter(pl.col("pid").is_in(manifest.pids)), comms)
     write_atomic(out, "processes.parquet", processes)
     write_atomic(out, "libraries.parquet", tables.libraries)
     manifest.end = trigger.at
     manifest.trigger["dropped_events"] = dropped
-    manifest.counts = mf.counts(events=events, names=names.height, lost=tables.lost,
+    manifest.counts = mf.counts(events=events, names=names.height, lost=tables.lost, stacks=stacks,
                                 by_kind={k: int(n) for k, n in zip(schema.KIND_NAMES, by_kind.tolist())})
+    manifest.notes = [*named.notes, *mf.FILE_PROBLEMS.take()]
     if (why := complete_manifest(out, manifest)) is not None:
         raise OSError(f"{path}/manifest.json: {why}")
     out.hand_over(owner)
     return Written(path, events, dropped)
+
+
+def _stack_keys(parts: list[np.ndarray]) -> list[tuple[int, int]]:
+    """The (pid, stack_id) the events of ``parts`` refer to."""
+    keys = [pl.DataFrame({"pid": p["pid"], "stack_id": p["stack_id"]}).filter(pl.col("stack_id") != 0)
+            for p in parts]
+    return pl.concat(keys).unique().rows() if keys else []
 
 
 def _sample_at(now: mf.ClockSample, mono_ns: int) -> mf.ClockSample:

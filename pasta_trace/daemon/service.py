@@ -38,6 +38,7 @@ from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
 from .triggers import Debounce, Firing, Triggers
 from .metrics import Metrics, Server
+from .stacks import follow, stacks_manifest
 from .window import Snapshot, Window
 
 #: how often the loss counters are read (a dump counts the losses since its window began, to this)
@@ -61,6 +62,7 @@ class DaemonOptions:
     command_line: list[str]
     verbose: bool = False
     bpf_cache: bool = True
+    stacks: bool = True  # the caller's Python stack on every event, as -a records (--no-stacks: off)
     #: where /metrics is served (host, port); None: no metrics (daemon.metrics)
     metrics: tuple[str, int] | None = None
     #: automatic triggers (daemon.triggers): an NCCL call not returned after hang_after_s (None: off), a
@@ -100,7 +102,7 @@ class Daemon:
 
         o = self.opts
         capture = Options(mode="system", out_dir=o.out_dir, command_line=o.command_line, buffer_pages=o.buffer_pages,
-                          stacks=False, verbose=o.verbose, bpf_cache=o.bpf_cache)
+                          stacks=o.stacks, verbose=o.verbose, bpf_cache=o.bpf_cache)
         session = Session(capture, say=self.say, banner=False)
         session.check()
         owner = invoking_user()
@@ -122,6 +124,8 @@ class Daemon:
                                       quiet_after_s=o.quiet_after_s)
             events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
             names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
+            if session.stacks is not None:
+                window.stacks = follow(session.stacks)
             writer.start()
             self.say(f"Recording every process's calls ({len(session.libraries())} libraries so far), keeping the "
                      f"last {o.window_s:g} s or {o.window_bytes / 2**20:g} MiB in memory; `pasta-trace dump` "
@@ -157,6 +161,8 @@ class Daemon:
         boost_drain_thread()
         wake = select.poll()
         wake.register(control.fileno(), select.POLLIN)
+        if session.stacks is not None:  # a new stack is read at once, while its code objects exist
+            wake.register(session.stacks.fd, select.POLLIN)
         next_checkpoint = next_forget = 0.0
         while not self._stop:
             self._drain(session, events, names, window)
@@ -173,7 +179,9 @@ class Daemon:
                 # the daemon runs for weeks: what it keeps of processes is bounded by those alive or in the window
                 next_forget = now + FORGET_S
                 window.forget_names(lambda pid: os.path.exists(f"/proc/{pid}"))
-                session.forget_exited(window.held_pids())
+                for pid in session.forget_exited(window.held_pids()):
+                    if session.stacks is not None:
+                        session.stacks.status.pop(pid, None)
             for req in control.accept():
                 self._dump(session, events, names, window, "demand",
                            f"pasta-trace dump from uid {req.uid} (PID {req.pid})", req.pid_filter, req)
@@ -210,12 +218,15 @@ class Daemon:
         self._pending.append((time.monotonic() + self.opts.after_s, firing, fired))
 
     def _drain(self, session, events, names, window: Window) -> None:
+        if session.stacks is not None:  # first: a stack is symbolized while its process is alive
+            session.stacks.drain()
         recs = events.drain()
         window.add(recs)
         if self._triggers is not None:
             self._triggers.note(recs)
         if recs.size:
             session.seen(np.unique(recs["pid"]).tolist())
+            session.seen_launches(recs)
         named = names.drain()
         window.add_names(named)
         if self.metrics is not None:
@@ -245,12 +256,15 @@ class Daemon:
         at = mf.ClockSample.now()
         processes, libraries, entries = session.tables()
         o = self.opts
+        snap = window.snapshot(pid if fired is None else None)
         since = (fired[1] if fired is not None else at).mono_before_ns - int(o.window_s * 1e9)
         tables = Tables(o.command_line, list(API_NAMES), processes, libraries, entries, o.buffer_pages,
-                        o.window_s, o.window_bytes, self._lost_since(since, session.lost()))
+                        o.window_s, o.window_bytes, self._lost_since(since, session.lost()),
+                        stacks=stacks_manifest(session.stacks, snap.pids))
+        tables.maps, tables.build_ids = session.saved_maps(snap.pids)
         trigger = Trigger(kind, cause, at, pid) if fired is None else \
             Trigger(kind, cause, at, pid, fired=fired[1], details=fired[0].details)
-        self._jobs.put(_Job(window.snapshot(pid if fired is None else None), trigger, tables, req))
+        self._jobs.put(_Job(snap, trigger, tables, req))
 
     def _write_dumps(self) -> None:
         owner = invoking_user()

@@ -199,6 +199,23 @@ class Session:
         """Forget the processes that have exited, but ``keep`` (ProcessTracker.forget_exited)."""
         return self._tracker.forget_exited(keep)
 
+    @property
+    def stacks(self) -> StackCollector | None:
+        """The Python stack collector (None without stacks): a caller that drains the events drains it first."""
+        return self._stacks
+
+    def seen_launches(self, recs: np.ndarray) -> None:
+        """Launches the caller drained: their processes' maps are read again where needed (offline naming)."""
+        self._tracker.seen_launches(recs)
+
+    def saved_maps(self, pids: set[int]) -> tuple[dict[int, str], dict[int, dict]]:
+        """The maps saved for ``pids`` (the newest of each, read again now for those seen since the last
+        call) and the build-ids of their files: offline naming reads them (capture.naming.symbolize)."""
+        self._tracker.save_recent_maps()
+        maps = self._tracker.maps
+        return ({p: maps[p] for p in pids if p in maps},
+                {p: dict(ids) for p in pids if (ids := self._tracker.build_ids.of_pid.get(p)) is not None})
+
     def tables(self) -> tuple[pl.DataFrame, pl.DataFrame, list[mf.LibraryEntry]]:
         """processes.parquet's and libraries.parquet's rows so far, and the manifest's library entries."""
         probes = self._probes

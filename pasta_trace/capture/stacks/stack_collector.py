@@ -279,6 +279,21 @@ class StackCollector:
                                    code.line_at(instr) if code else None, None, code_addr))
         return groups
 
+    def forget_stacks(self, keys: list[tuple[int, int]], *, symbols: bool) -> None:
+        """Have BPF send the stacks ``keys`` (pid, stack_id) again with the
+        next event that has one (out of py_seen); ``symbols``: forget them
+        here too, so that one sent again is symbolized and added again.  The
+        daemon forgets the stacks its window no longer refers to (daemon.stacks)."""
+        seen = self.bpf["py_seen"]
+        for pid, sid in keys:
+            try:
+                del seen[seen.Key(sid)]
+            except KeyError:
+                pass  # evicted already (an LRU table)
+            if symbols:
+                self._seen.discard((pid, sid))
+                self._groups.pop((pid, sid), None)
+
     def groups(self, pid: int, stack_id: int) -> tuple[list[list[Frame]], bool] | None:
         """The Python stack ``stack_id`` of ``pid`` by eval-loop activation,
         innermost first, and whether it was truncated; None if not seen yet."""
