@@ -42,6 +42,8 @@ KERNELS_PER_PROCESS = 20
 OTHER_KERNELS = "(other)"
 #: how long the series of a process that exited stay (seconds after its exit was noticed)
 EXITED_KEEP_S = 300.0
+#: events waiting for the next fold at most (their columns take 52 bytes an event: 7 MB)
+PENDING_EVENTS = 1 << 17
 #: how often the processes counted are looked up in /proc
 CHECK_EXITED_S = 10.0
 #: NCCL call durations: the histogram's upper bounds (seconds), 10 us to a minute
@@ -91,12 +93,18 @@ DAEMON_SPECS: tuple[Spec, ...] = (
 
 _K = schema.Kind
 _FIELDS = ("pid", "api", "kind", "flags", "ret", "valid", "copy_kind", "func", "ptr", "size", "dur_ns")
+#: the columns counting each kind of call reads, beyond pid, kind, api and whether it failed
+_NEEDS: dict[int, tuple[str, ...]] = {
+    _K.launch: ("func",), _K.free: ("ptr",), _K.tensor_free: ("ptr",), _K.alloc: ("ptr", "size", "valid"),
+    _K.tensor_alloc: ("ptr", "size", "valid"), _K.memcpy: ("size", "valid", "copy_kind"), _K.sync: ("dur_ns",),
+    _K.collective: ("size", "valid", "dur_ns"), _K.p2p: ("size", "valid", "dur_ns"),
+}
 _BIT = {k: 1 << v for k, v in schema.PAYLOAD_BITS.items()}
-_BOUNDS_NS = np.array([b * 1e9 for b in NCCL_BUCKETS_S], dtype=np.float64)
+_BOUNDS_S = np.array(NCCL_BUCKETS_S, dtype=np.float64)
 #: (kubepods) pod UIDs in a cgroup path: /kubepods/burstable/pod<uid>/..., kubepods-pod<uid with _>.slice
 _POD = re.compile(r"kubepods.*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _TOTALS = {"metric": pl.String, "pid": pl.UInt32, "a": pl.String, "b": pl.String, "value": pl.Float64}
-_LIVE = {"pid": pl.UInt32, "layer": pl.String, "memory": pl.String, "ptr": pl.UInt64, "size": pl.UInt64}
+_LIVE = {"pid": pl.UInt32, "tensor": pl.Boolean, "ptr": pl.UInt64, "pinned": pl.Boolean, "size": pl.UInt64}
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
@@ -153,15 +161,18 @@ class Published:
 class Metrics:
     def __init__(self, api_names: list[str], *, proc: Path = Path("/proc"),
                  clock: Callable[[], float] = time.monotonic, keep_exited_s: float = EXITED_KEEP_S):
-        self._api = np.array(api_names + ["(unknown api)"], dtype=object)
-        self._driver_memory = np.array(
-            pl.select(memory(kind_from_api(pl.Series(api_names + ["?"], dtype=pl.String)))).to_series()
-            .cast(pl.String).replace({"pinned host": "pinned"}).to_list(), dtype=object)
         self._api_names = api_names
+        #: api index -> name, the last for an index past the table (never from our program)
+        self._api_label = pl.col("api").replace_strict(list(range(len(api_names) + 1)), [*api_names, "(unknown api)"],
+                                                       return_dtype=pl.String)
+        #: per api index: whether a driver allocation by it is pinned host memory (else device memory)
+        self._pinned = pl.select(memory(kind_from_api(pl.Series([*api_names, "?"], dtype=pl.String)))
+                                 == "pinned host").to_series().to_numpy()
         self._proc = proc
         self._clock = clock
         self.keep_exited_s = keep_exited_s
         self._pending: list[dict[str, np.ndarray]] = []
+        self._pending_events = 0
         self._pending_names: list[np.ndarray] = []
         self._totals = pl.DataFrame(schema=_TOTALS)
         self._live = pl.DataFrame(schema=_LIVE)
@@ -177,15 +188,20 @@ class Metrics:
     # ------------------------------------------------------------------ input (main thread)
 
     def add(self, recs: np.ndarray) -> None:
-        """A drained batch of schema.HOST_EVENT records."""
+        """A drained batch of schema.HOST_EVENT records: the columns counted are copied now, while the
+        drain's records are in the cache (a third of the fold's cost, measured, against copying them
+        at the fold), and folded early past PENDING_EVENTS, so what waits stays bounded."""
         if not recs.size:
             return
         self._pending.append({f: np.array(recs[f]) for f in _FIELDS})
-        pids, first = np.unique(recs["pid"], return_index=True)
+        self._pending_events += recs.size
+        pids, first = np.unique(self._pending[-1]["pid"], return_index=True)
         for pid, i in zip(pids.tolist(), first.tolist()):  # per process, never per event
             known = self.processes.get(pid)
             if known is None or known.exited_at is not None:
                 self._new_process(pid, bytes(recs["comm"][i]).split(b"\0", 1)[0].decode(errors="replace"))
+        if self._pending_events >= PENDING_EVENTS:
+            self._fold()
 
     def add_names(self, recs: np.ndarray) -> None:
         """A drained batch of schema.HOST_NAME records."""
@@ -212,13 +228,10 @@ class Metrics:
         for pid, _ in triggers:
             if pid and pid not in self.processes:
                 self._new_process(pid, _comm(self._proc, pid))
-        new = [self._count(self._events())] if self._pending else []
-        self._pending = []
+        self._fold()
         if triggers:
-            new.append(pl.DataFrame({"metric": "triggers", "pid": [p for p, _ in triggers],
-                                     "a": [k for _, k in triggers], "b": "", "value": 1.0}, schema=_TOTALS))
-        if new:
-            self._totals = pl.concat([self._totals, *new]).group_by("metric", "pid", "a", "b").agg(pl.col("value").sum())
+            self._add_totals(pl.DataFrame({"metric": "triggers", "pid": [p for p, _ in triggers],
+                                           "a": [k for _, k in triggers], "b": "", "value": 1.0}, schema=_TOTALS))
         if self._clock() >= self._next_check:
             self._next_check = self._clock() + CHECK_EXITED_S
             self._check_exited()
@@ -231,62 +244,93 @@ class Metrics:
         self.published = Published(pl.concat([self._totals, live]),
                                    {pid: p.labels(pid) for pid, p in self.processes.items()}, dict(self._daemon))
 
-    def _events(self) -> pl.DataFrame:
-        cols = {f: np.concatenate([b[f] for b in self._pending]) for f in _FIELDS}
-        dur = np.where(cols["flags"] & schema.FLAG_HAS_DUR, cols["dur_ns"], 0)
-        cols["bucket"] = np.searchsorted(_BOUNDS_NS, dur, side="left").astype(np.uint8)
-        api = np.minimum(cols["api"], len(self._api) - 1)
-        ev = pl.DataFrame(cols).with_columns(
-            pl.Series("api_name", self._api[api], dtype=pl.String),
-            pl.Series("driver_memory", self._driver_memory[api], dtype=pl.String),
-            ok=~(((pl.col("flags") & schema.FLAG_HAS_RET) != 0) & (pl.col("ret") != 0)),
-            size=pl.when((pl.col("valid") & _BIT["size"]) != 0).then(pl.col("size")).otherwise(0),
-            seconds=pl.when((pl.col("flags") & schema.FLAG_HAS_DUR) != 0).then(pl.col("dur_ns") / 1e9).otherwise(0.0),
-        )
+    def _fold(self) -> None:
+        """Count the batches added since the last fold into the totals."""
+        if self._pending_names:  # first: the launches of this fold are named by what came with them
+            self._fold_names(np.concatenate(self._pending_names))
+            self._pending_names = []
+        if self._pending:
+            ev, present = self._events()
+            self._pending, self._pending_events = [], 0
+            self._add_totals(self._count(ev, present))
+
+    def _add_totals(self, new: pl.DataFrame) -> None:
+        self._totals = pl.concat([self._totals, new]).group_by("metric", "pid", "a", "b").agg(pl.col("value").sum())
+
+    def _events(self) -> tuple[pl.DataFrame, set[int]]:
+        """The batches since the last fold, in the columns the kinds of call they hold need (a flood
+        of launches: five), and those kinds.  No text yet: labels are made per group, not per event."""
+        kind = np.concatenate([b["kind"] for b in self._pending])
+        present = set(np.flatnonzero(np.bincount(kind)).tolist())
+        fields = {"pid", "api", "flags", "ret"}.union(*(_NEEDS.get(k, ()) for k in present))
+        cols = {f: np.concatenate([b[f] for b in self._pending]) for f in sorted(fields)}
+        cols["kind"] = kind
+        cols["api"] = np.minimum(cols["api"], len(self._api_names))
+        flags = cols.pop("flags")
+        cols["ok"] = ((flags & schema.FLAG_HAS_RET) == 0) | (cols["ret"] == 0)
+        if "dur_ns" in cols:
+            cols["timed"] = (flags & schema.FLAG_HAS_DUR) != 0
+            cols["seconds"] = np.where(cols["timed"], cols.pop("dur_ns") / 1e9, 0.0)
+        valid = cols.pop("valid", None)
+        if "size" in cols:
+            cols["size"] = np.where(valid & _BIT["size"], cols["size"], 0)
+        if "copy_kind" in cols:
+            unknown = int(schema.CopyKind.unknown)
+            cols["copy_kind"] = np.where(valid & _BIT["copy_kind"], np.minimum(cols["copy_kind"], unknown), unknown)
+        if present & {_K.alloc, _K.tensor_alloc}:
+            cols["pinned"] = self._pinned[cols["api"]]
         # a call nested in a traced call of a higher layer is that call's; a launch captured into a graph ran nothing
-        return ev.filter(~pl.col("kind").is_in([int(_K.nested), int(_K.captured)]))
+        counted = ~np.isin(kind, [int(_K.nested), int(_K.captured)])
+        if not counted.all():
+            cols = {k: v[counted] for k, v in cols.items()}
+        return pl.DataFrame(cols), present
 
-    def _count(self, ev: pl.DataFrame) -> pl.DataFrame:
-        """This update's counts as totals rows."""
-        kind, ok = pl.col("kind"), pl.col("ok")
-        mem = ev.filter(kind.is_in([int(_K.alloc), int(_K.tensor_alloc)]) & ok).with_columns(
-            a=pl.when(kind == int(_K.tensor_alloc)).then(pl.lit("tensor")).otherwise(pl.lit("driver")),
-            b=pl.when(kind == int(_K.tensor_alloc)).then(pl.lit("")).otherwise(pl.col("driver_memory")))
-        copies = ev.filter((kind == int(_K.memcpy)) & ok).with_columns(
-            a=pl.when((pl.col("valid") & _BIT["copy_kind"]) != 0)
-            .then(pl.col("copy_kind").clip(upper_bound=int(schema.CopyKind.unknown))
-                  .replace_strict(list(range(len(schema.COPY_KIND_NAMES))), schema.COPY_KIND_NAMES))
-            .otherwise(pl.lit("unknown")), b=pl.lit(""))
-        syncs = ev.filter((kind == int(_K.sync)) & ok).with_columns(a=pl.lit(""), b=pl.lit(""))
-        failed = ev.filter(~ok).with_columns(
-            a=pl.col("api_name"), b=error_name(pl.col("api_name"), pl.col("ret")))
-        nccl = ev.filter(kind.is_in([int(_K.collective), int(_K.p2p)]) & ok).with_columns(
-            a=pl.col("api_name"), b=pl.lit(""))
-        timed = nccl.filter((pl.col("flags") & schema.FLAG_HAS_DUR) != 0)
-        launches = ev.filter((kind == int(_K.launch)) & ok)
-        self._track_live(ev)
+    def _count(self, ev: pl.DataFrame, present: set[int]) -> pl.DataFrame:
+        """This fold's counts as totals rows: grouped by numbers, then labelled per group.  Only the
+        kinds of call the fold holds are looked at: a flood of launches costs two group-bys, not twelve."""
+        kind, ok, none, api = pl.col("kind"), pl.col("ok"), pl.lit(""), self._api_label
+        size, seconds = pl.col("size").sum(), pl.col("seconds").sum()
 
-        def rows(frame: pl.DataFrame, metric: str, value: pl.Expr = pl.len()) -> pl.DataFrame:
-            return frame.group_by("pid", "a", "b").agg(value.cast(pl.Float64).alias("value")).select(
-                pl.lit(metric).alias("metric"), "pid", "a", "b", "value")
+        def rows(frame: pl.DataFrame, metric: str, by: tuple[str, ...], a: pl.Expr, b: pl.Expr,
+                 value: pl.Expr = pl.len()) -> pl.DataFrame:
+            return frame.group_by("pid", *by).agg(value.cast(pl.Float64).alias("value")).select(
+                pl.lit(metric).alias("metric"), "pid", a.alias("a"), b.alias("b"), "value")
 
-        return pl.concat([
-            rows(launches.with_columns(a=pl.lit(""), b=pl.lit("")), "launches"),
-            self._kernels(launches),
-            rows(mem, "allocations"), rows(mem, "allocated_bytes", pl.col("size").sum()),
-            rows(copies, "copies"), rows(copies, "copied_bytes", pl.col("size").sum()),
-            rows(syncs, "syncs"), rows(syncs, "sync_seconds", pl.col("seconds").sum()),
-            rows(failed, "failed_calls"),
-            rows(nccl, "nccl_calls"), rows(nccl, "nccl_bytes", pl.col("size").sum()),
-            rows(timed, "nccl_call_seconds_sum", pl.col("seconds").sum()),
-            rows(timed.with_columns(b=pl.col("bucket").cast(pl.String)), "nccl_call_seconds_bucket"),
-        ]).cast(_TOTALS)
+        def of(*kinds: _K) -> pl.DataFrame | None:
+            return ev.filter(kind.is_in([int(k) for k in kinds]) & ok) if present & set(kinds) else None
+
+        out = [pl.DataFrame(schema=_TOTALS)]
+        if (launches := of(_K.launch)) is not None:
+            out += [rows(launches, "launches", (), none, none), self._kernels(launches)]
+        if (mem := of(_K.alloc, _K.tensor_alloc)) is not None:
+            tensor = pl.col("kind") == int(_K.tensor_alloc)
+            layer = pl.when(tensor).then(pl.lit("tensor")).otherwise(pl.lit("driver"))
+            memory_kind = pl.when(tensor).then(none).when(pl.col("pinned")).then(pl.lit("pinned")).otherwise(
+                pl.lit("device"))
+            out += [rows(mem, "allocations", ("kind", "pinned"), layer, memory_kind),
+                    rows(mem, "allocated_bytes", ("kind", "pinned"), layer, memory_kind, size)]
+        if present & {_K.alloc, _K.free, _K.tensor_alloc, _K.tensor_free}:
+            self._track_live(ev)
+        if (copies := of(_K.memcpy)) is not None:
+            direction = pl.col("copy_kind").replace_strict(list(range(len(schema.COPY_KIND_NAMES))),
+                                                           schema.COPY_KIND_NAMES, return_dtype=pl.String)
+            out += [rows(copies, "copies", ("copy_kind",), direction, none),
+                    rows(copies, "copied_bytes", ("copy_kind",), direction, none, size)]
+        if (syncs := of(_K.sync)) is not None:
+            out += [rows(syncs, "syncs", (), none, none), rows(syncs, "sync_seconds", (), none, none, seconds)]
+        if not ev["ok"].all():
+            out.append(rows(ev.filter(~ok), "failed_calls", ("api", "ret"), api, error_name(api, pl.col("ret"))))
+        if (nccl := of(_K.collective, _K.p2p)) is not None:
+            timed = nccl.filter(pl.col("timed"))
+            timed = timed.with_columns(bucket=pl.Series(
+                np.searchsorted(_BOUNDS_S, timed["seconds"].to_numpy(), side="left").astype(np.uint8)))
+            out += [rows(nccl, "nccl_calls", ("api",), api, none), rows(nccl, "nccl_bytes", ("api",), api, none, size),
+                    rows(timed, "nccl_call_seconds_sum", ("api",), api, none, seconds),
+                    rows(timed, "nccl_call_seconds_bucket", ("api", "bucket"), api, pl.col("bucket").cast(pl.String))]
+        return pl.concat(out).cast(_TOTALS)
 
     def _kernels(self, launches: pl.DataFrame) -> pl.DataFrame:
         """Launches by (pid, kernel label), the labels past a process's cap summed under OTHER_KERNELS."""
-        if self._pending_names:
-            self._fold_names(np.concatenate(self._pending_names))
-            self._pending_names = []
         by = launches.group_by("pid", "func").len().join(self._names, on=["pid", "func"], how="left").with_columns(
             a=pl.coalesce("kernel", hex_expr(pl.col("func")))).group_by("pid", "a").agg(pl.col("len").sum())
         fresh = by.join(self._admitted, on=["pid", "a"], how="anti")
@@ -314,27 +358,27 @@ class Metrics:
             self._names = pl.concat([self._names, late]).unique(["pid", "func"], keep="last", maintain_order=True)
 
     def _track_live(self, ev: pl.DataFrame) -> None:
-        """Each (pid, layer, address)'s last allocation or free of the update
+        """Each (pid, tensor or driver, address)'s last allocation or free of the update
         decides whether it is held: a free names no size (nor, for the driver, which memory)."""
         kind = pl.col("kind")
         ops = ev.filter(kind.is_in([int(_K.alloc), int(_K.free), int(_K.tensor_alloc), int(_K.tensor_free)])
                         & pl.col("ok") & (pl.col("ptr") != 0)).with_row_index("seq")
-        if ops.is_empty():
-            return
-        tensor = kind.is_in([int(_K.tensor_alloc), int(_K.tensor_free)])
         last = ops.with_columns(
-            layer=pl.when(tensor).then(pl.lit("tensor")).otherwise(pl.lit("driver")),
-            memory=pl.when(tensor).then(pl.lit("")).otherwise(pl.col("driver_memory")),
+            tensor=kind.is_in([int(_K.tensor_alloc), int(_K.tensor_free)]),
             alloc=kind.is_in([int(_K.alloc), int(_K.tensor_alloc)]),
-        ).group_by("pid", "layer", "ptr").agg(pl.all().sort_by("seq").last())
-        kept = self._live.join(last.select("pid", "layer", "ptr"), on=["pid", "layer", "ptr"], how="anti")
+        ).group_by("pid", "tensor", "ptr").agg(pl.col("alloc", "pinned", "size").sort_by("seq").last())
+        kept = self._live.join(last.select("pid", "tensor", "ptr"), on=["pid", "tensor", "ptr"], how="anti")
         self._live = pl.concat([kept, last.filter(pl.col("alloc")).select(list(_LIVE)).cast(_LIVE)])
 
     def _live_rows(self) -> pl.DataFrame:
         """live_bytes of every (pid, layer, memory) that ever allocated: 0 once all is freed."""
         keys = self._totals.filter(pl.col("metric") == "allocated_bytes").select("pid", "a", "b")
-        held = self._live.group_by("pid", pl.col("layer").alias("a"), pl.col("memory").alias("b")).agg(
-            pl.col("size").sum().cast(pl.Float64).alias("value"))
+        tensor = pl.col("tensor")
+        held = self._live.group_by("pid", "tensor", "pinned").agg(pl.col("size").sum().cast(pl.Float64).alias("value"))
+        held = held.select(
+            "pid", pl.when(tensor).then(pl.lit("tensor")).otherwise(pl.lit("driver")).alias("a"),
+            pl.when(tensor).then(pl.lit("")).when(pl.col("pinned")).then(pl.lit("pinned")).otherwise(pl.lit("device"))
+            .alias("b"), "value").group_by("pid", "a", "b").agg(pl.col("value").sum())
         return keys.join(held, on=["pid", "a", "b"], how="left").select(
             pl.lit("live_bytes").alias("metric"), "pid", "a", "b", pl.col("value").fill_null(0.0)).cast(_TOTALS)
 
