@@ -119,12 +119,13 @@ class NcclWatch:
     def __init__(self, inflight_fd: int, hang_after_ns: int):
         from ..capture.bpf.map_fds import Map
 
+        # bpf/pasta.h's struct pt_frames (the value) of struct pt_frame; the key is a pidfd (an int)
         self._frames = np.dtype([("api", "<u8"), ("ts", "<u8"), ("outer", "<u8"), ("a", "<u8", 4)])
         self._storage = np.dtype([("depth", "<u8"), ("f", self._frames, schema.INFLIGHT_DEPTH)])
+        self._none = np.empty(0, self._frames)
         self._map = Map(inflight_fd, 4, self._storage.itemsize)
         self.hang_after_ns = hang_after_ns
         nccl_kinds = (Kind.collective, Kind.p2p, Kind.group, Kind.comm)
-        self._nccl = _by_api(lambda a: a.family == "nccl")
         self._waits = _by_api(lambda a: a.kind in (Kind.collective, Kind.p2p) or a.symbol in _CREATES)
         self._creates = _by_api(lambda a: a.symbol in _CREATES or a.symbol in ("ncclCommInitAll", "ncclCommSplit"))
         self._kinds = np.array([int(k) for k in nccl_kinds])
@@ -187,20 +188,16 @@ class NcclWatch:
     def _in_flight(self, tid: int) -> np.ndarray:
         try:
             fd = os.pidfd_open(tid, PIDFD_THREAD)
-        except OSError:
-            return self._frames_none
+        except OSError:  # the thread is gone
+            return self._none
         try:
             raw = self._map.lookup(fd.to_bytes(4, "little"))
         finally:
             os.close(fd)
-        if raw is None:
-            return self._frames_none
+        if raw is None:  # no probed call made on this thread yet
+            return self._none
         s = np.frombuffer(raw, self._storage)[0]
         return s["f"][: min(int(s["depth"]), schema.INFLIGHT_DEPTH)]
-
-    @property
-    def _frames_none(self) -> np.ndarray:
-        return np.empty(0, self._frames)
 
     def _firing(self, pid: int, tid: int, api: int, frame: np.void, now_ns: int) -> Firing:
         name = APIS[api].api_name
