@@ -59,13 +59,21 @@ class Segments:
 
     def lookup(self, key: np.ndarray) -> np.ndarray:
         """Segment index of each key; -1 below the first segment."""
+        p = key >> np.uint64(ADDRESS_BITS)  # the 2^64-1 "no pid" key: the extra entry
+        np.minimum(p, np.uint64(self.pids.size), out=p)
+        return self.lookup_parts(p.view(np.int64), key & np.uint64((1 << ADDRESS_BITS) - 1))
+
+    def lookup_parts(self, p: np.ndarray, addr: np.ndarray) -> np.ndarray:
+        """Segment index of each (pid index, address < 2^48), as `lookup` of
+        p << 48 | addr: pid index pids.size stands for no process's (the last
+        gap).  With the pid index at hand, no key of 64 bits is made per row."""
         if self.kstart.size == 0:
-            return np.full(key.shape, -1, dtype=np.int64)
-        parts = min(self.threads, key.size // SPLIT_ROWS)
+            return np.full(p.shape, -1, dtype=np.int64)
+        parts = min(self.threads, p.size // SPLIT_ROWS)
         if parts < 2:
-            return self.buckets.lookup(self.kstart, key)
-        chunks = np.array_split(key, parts)
-        return np.concatenate(list(self.pool.map(lambda c: self.buckets.lookup(self.kstart, c), chunks)))
+            return self.buckets.lookup(self.kstart, p, addr)
+        return np.concatenate(list(self.pool.map(lambda pa: self.buckets.lookup(self.kstart, *pa),
+                                                 zip(np.array_split(p, parts), np.array_split(addr, parts)))))
 
     def key(self, pid: pl.Expr, addr: pl.Expr) -> pl.Expr:
         """pid_index << 48 | address as a native Polars expression (UInt64;
@@ -145,17 +153,16 @@ class Buckets:
     #: (10^7 keys into 2.5*10^6 slots), and int16 where the segments fit
     #: halves what they miss (a lookup 21 -> 10 ns a key)
     table: np.ndarray
-    #: base, offset and nb with one more entry, for the keys of no process
+    #: base (its address alone), offset and nb with one more entry, for the keys of no process
     pbase: np.ndarray
     poffset: np.ndarray
     pnb: np.ndarray
 
-    def lookup(self, kstart: np.ndarray, key: np.ndarray) -> np.ndarray:
-        p = key >> np.uint64(ADDRESS_BITS)  # the 2^64-1 "no pid" key: the extra entry
-        np.minimum(p, np.uint64(self.base.size), out=p)
-        p = p.view(np.int64)
+    def lookup(self, kstart: np.ndarray, p: np.ndarray, addr: np.ndarray) -> np.ndarray:
+        """Segment of each (pid index, address): p is an int64 index into
+        pbase (base.size for keys of no process), addr below 2^48."""
         # np.maximum/np.minimum in place: np.clip is ~10x slower here
-        b = key.view(np.int64) - self.pbase[p]
+        b = addr.view(np.int64) - self.pbase[p]
         b >>= self.shift
         np.maximum(b, -1, out=b)
         np.minimum(b, self.pnb[p], out=b)
@@ -163,7 +170,8 @@ class Buckets:
         out = self.table[b].astype(np.int64)
         todo = np.flatnonzero(out < -1)
         if todo.size:
-            out[todo] = np.searchsorted(kstart, key[todo], side="right") - 1
+            key = (p[todo].astype(np.uint64) << np.uint64(ADDRESS_BITS)) | addr[todo].astype(np.uint64)
+            out[todo] = np.searchsorted(kstart, key, side="right") - 1
         return out
 
 
@@ -199,7 +207,7 @@ def _buckets(pids: np.ndarray, kstart: np.ndarray) -> Buckets:
     table = np.r_[table, last, last].astype(np.int16 if kstart.size <= TABLE16_SEGMENTS else small)
     total = int(slots.sum())
     return Buckets(shift, base, offset, nb, lo.astype(small), through.astype(small), table,
-                   np.r_[base, 0], np.r_[offset, total], np.r_[nb, 0])
+                   np.r_[base & ((1 << ADDRESS_BITS) - 1), 0], np.r_[offset, total], np.r_[nb, 0])
 
 
 def segments(allocs: pl.DataFrame) -> Segments:

@@ -6,18 +6,18 @@ biggest input (10^7-10^8+ rows).  Both come from one scan here:
 
 1. Polars streams the scan and computes two UInt64 keys per row, natively and
    in the elementwise segment lookup (attribution.py), on every core:
-     hk = (segment + 1, pid index, launch_id, lanes set, access size)
+     hk = (pid index, launch_id, segment + 1, lanes set, access size)
      wk = (pid index, launch_id, page)
 2. numpy reduces each batch by *sorting* those keys (x86-simd-sort: ~6 ns a
    key) instead of hashing them: a hash group-by with 10^6-10^7 groups costs
    ~60 ns a row (cache misses), and the working set has about as many
    distinct (launch, page) pairs as rows.  Sorted hk runs give the sums per
-   (segment, launch), added into running sums; sorted wk, deduplicated, the
+   (launch, segment), added into running sums; sorted wk, deduplicated, the
    distinct pages.
 3. The small results (~10^6 rows) go back to Polars.
 
 Only the keys are sorted, never the table, and only one batch at a time; what
-stays in memory is a few sums per (segment, launch) and one UInt64 per
+stays in memory is a few sums per (launch, segment) and one UInt64 per
 distinct (launch, page) of each batch.  Fresh memory is dear (a page fault
 per 4 KiB: ~0.5 ms a MiB here, several times that with numpy's huge-page
 advice), so each batch is copied into work arrays made once, with numpy's
@@ -70,8 +70,7 @@ class Packing:
         return max(1, int(self.pids.size - 1).bit_length()) + self.launch_bits
 
     def fits(self, segs: Segments) -> bool:
-        seg_bits = int(segs.kstart.size).bit_length()
-        return self.lk_bits + self.page_bits <= 64 and seg_bits + self.lk_bits + VALUE_BITS <= 64
+        return self.lk_bits + self.page_bits <= 64 and segment_bits(segs) + self.lk_bits + VALUE_BITS <= 64
 
     def pid_index(self) -> pl.Expr:
         """pid -> its index in `pids` (UInt64, null for another pid): pid - min
@@ -151,35 +150,46 @@ def sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> S
 def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyFrame:
     """The streaming query of step 1: hk and wk of every sample, computed
     elementwise (no sort, no whole-column node: tests check its plan)."""
-    lk_bits, launch_bits = pk.lk_bits, np.uint64(pk.launch_bits)
+    launch_bits = np.uint64(pk.launch_bits)
+    seg_bits = np.uint64(segment_bits(segs))
     pidx = pk.pid_index()
     lk = pidx * (1 << pk.launch_bits) + pl.col("launch_id")
     value = (pl.col("lanes").bitwise_count_ones().fill_null(0).cast(pl.UInt64)
              + pl.col("size").fill_null(0).cast(pl.UInt64) * (1 << 6))
+    # the segments' pid index of each of the packing's (pids.size: no allocation there)
+    at = np.searchsorted(segs.pids, pk.pids)
+    known = at < segs.pids.size
+    known[known] = segs.pids[at[known]] == pk.pids[known]
+    seg_pid = np.where(known, at, segs.pids.size).astype(np.int64)
 
     def hk(cols: list[pl.Series]) -> pl.Series:
-        skey, pi, lid, val, addr = cols
+        pi, lid, val, addr = cols
         pk.check(pi, lid, addr)
-        # segment + 1 (0 below every segment) in place: lookup's array is this call's own
-        seg = segs.lookup(skey.to_numpy()).view(np.uint64)
+        # segment + 1 (0 below every segment) in place: lookup's array is this call's own.  An
+        # address of 48 bits or more lands in a gap beside its process's allocations: no instance's
+        seg = segs.lookup_parts(seg_pid[pi.to_numpy()], addr.to_numpy()).view(np.uint64)
         seg += np.uint64(1)
-        seg <<= np.uint64(lk_bits + VALUE_BITS)
+        seg <<= np.uint64(VALUE_BITS)
         lk = pi.to_numpy() << launch_bits
         lk |= lid.to_numpy()
-        lk <<= np.uint64(VALUE_BITS)
+        lk <<= seg_bits + np.uint64(VALUE_BITS)
         seg |= lk
         seg |= val.to_numpy()
         return pl.Series(seg)
 
     return cap.device["access_samples"].select(
-        pl.map_batches([segs.key(pl.col("pid"), pl.col("address")), pidx, pl.col("launch_id"), value,
-                        pl.col("address")], hk, return_dtype=pl.UInt64, is_elementwise=True).alias("hk"),
+        pl.map_batches([pidx, pl.col("launch_id"), value, pl.col("address")], hk, return_dtype=pl.UInt64,
+                       is_elementwise=True).alias("hk"),
         (lk * (1 << pk.page_bits) + pl.col("address") // (1 << page_shift)).alias("wk"),
     )
 
 
+def segment_bits(segs: Segments) -> int:
+    """Bits of segment + 1 in hk (0 .. number of segments)."""
+    return int(segs.kstart.size).bit_length()
+
+
 def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> SampleSums:
-    lk_bits = pk.lk_bits
     pages = DistinctKeys(pk.rows)
     running = RunningSums()
     seen = 0
@@ -210,20 +220,26 @@ def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> 
     if seen != pk.rows:
         # the batches end early, with no error, when the decoder panics: say it as Polars would
         raise pl.exceptions.ComputeError(f"access samples: read {seen} of {pk.rows} rows")
+    # hk's groups are (launch, segment + 1) in order: each launch's sums are one run of them
     g, n, acc, byt = running.cols
-    lk_mask = np.uint64((1 << lk_bits) - 1)
-    sums = pl.DataFrame({"lk": g & lk_mask, "seg_id": (g >> np.uint64(lk_bits)).astype(np.int64) - 1,
-                         "samples": n, "accesses": acc, "bytes": byt})
-    per_launch = (
-        sums.group_by("lk").agg(pl.col("samples", "accesses", "bytes").sum())
-        .join(pl.DataFrame({"lk": lks, "pages": counts}), on="lk", how="left")
-        .sort("lk")
-    )
-    return SampleSums(
-        _launch_ids(per_launch, pk).select("pid", "launch_id", "samples", "accesses", "bytes", "pages"),
-        _launch_ids(sums.filter(pl.col("seg_id") >= 0), pk).select(
-            "seg_id", "pid", "launch_id", "samples", "accesses", "bytes"),
-    )
+    seg_bits = np.uint64(segment_bits(segs))
+    lk = g >> seg_bits
+    seg = (g & np.uint64((1 << int(seg_bits)) - 1)).astype(np.int64) - 1
+    start = np.flatnonzero(np.r_[True, lk[1:] != lk[:-1]]) if lk.size else np.zeros(0, np.intp)
+    launches = lk[start]
+    # both reductions saw every sample: the launches with pages are these, in this order
+    if not np.array_equal(lks, launches):
+        raise AssertionError("access samples: the distinct pages and the sums name other launches")
+    per_launch = pl.DataFrame({
+        **_launch_ids(launches, pk),
+        **{k: np.add.reduceat(v, start) if start.size else v[:0] for k, v in
+           (("samples", n), ("accesses", acc), ("bytes", byt))},
+        "pages": counts,
+    })
+    inside = seg >= 0
+    per_segment = pl.DataFrame({"seg_id": seg[inside], **_launch_ids(lk[inside], pk), "samples": n[inside],
+                                "accesses": acc[inside], "bytes": byt[inside]})
+    return SampleSums(per_launch, per_segment)
 
 
 def _done(lanes: tuple[Future, Future]) -> None:
@@ -231,9 +247,8 @@ def _done(lanes: tuple[Future, Future]) -> None:
         f.result()  # raises what the lane raised
 
 
-def _launch_ids(df: pl.DataFrame, pk: Packing) -> pl.DataFrame:
-    """`df` with its `lk` column decoded to pid and launch_id."""
-    lk = df["lk"].to_numpy()
+def _launch_ids(lk: np.ndarray, pk: Packing) -> dict[str, pl.Series]:
+    """The pid and launch_id columns of packed (pid index, launch_id) keys."""
     pid = pk.pids[(lk >> np.uint64(pk.launch_bits)).astype(np.intp)]
-    return df.with_columns(pl.Series("pid", pid, dtype=schema.DEVICE_FRAMES["access_samples"]["pid"]),
-                           pl.Series("launch_id", lk & np.uint64((1 << pk.launch_bits) - 1)))
+    return {"pid": pl.Series("pid", pid, dtype=schema.DEVICE_FRAMES["access_samples"]["pid"]),
+            "launch_id": pl.Series("launch_id", lk & np.uint64((1 << pk.launch_bits) - 1))}

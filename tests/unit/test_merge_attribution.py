@@ -53,9 +53,9 @@ def test_lookup_split_across_threads_equals_one_searchsorted() -> None:
     parts: list[int] = []
     inner = s.buckets.lookup
 
-    def spy(kstart: np.ndarray, key: np.ndarray) -> np.ndarray:
-        parts.append(key.size)
-        return inner(kstart, key)
+    def spy(kstart: np.ndarray, p: np.ndarray, addr: np.ndarray) -> np.ndarray:
+        parts.append(addr.size)
+        return inner(kstart, p, addr)
 
     object.__setattr__(s.buckets, "lookup", spy)
     key = rng.integers(0, 4 << ADDRESS_BITS, 5 * SPLIT_ROWS + 17, dtype=np.uint64)

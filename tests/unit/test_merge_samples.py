@@ -75,6 +75,26 @@ def fx_capture(tmp_path: Path) -> Path:
     return tmp_path / "cap"
 
 
+def test_addresses_beyond_48_bits_are_in_no_allocation(tmp_path: Path, monkeypatch) -> None:
+    """Keys that fit 64 bits with addresses of 48 bits or more (segments key on 48): those samples count
+    in their launch's working set and in no allocation, as in the hash group-bys."""
+    d = tmp_path / "cap"
+    synthetic.write_capture(d, dataclasses.replace(SPEC, accesses=3_000))
+    path = d / "device" / "access_samples.parquet"
+    rows = pl.read_parquet(path)
+    far = rows.head(40).with_columns((pl.lit(1 << 50, pl.UInt64) + pl.col("address")).alias("address"))
+    pl.concat([rows, far]).write_parquet(path)
+    cap = open_capture(d)
+    pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
+    assert pk.page_shift + pk.page_bits > 48 and pk.fits(merge.segments(merge.allocations(cap).collect()))
+    ws, hot = frames(d)
+    assert int(ws["samples"].sum()) == 3_040 and int(hot["samples"].sum()) < 3_000
+    monkeypatch.setattr(pages, "packing", lambda *_: None)
+    ws_hash, hot_hash = frames(d)
+    assert ws.equals(ws_hash)
+    assert hot.equals(hot_hash)
+
+
 def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path) -> None:
     # the streaming engine's batches end quietly when its decoder panics: rows are counted
     cap = open_capture(cap_dir)
