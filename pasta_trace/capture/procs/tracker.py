@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
-import polars as pl
 
 from ... import schema
+from ...runs import distinct
 from . import discovery, reach
 from ..naming.build_ids import BuildIds
 from .late_load import Opened, OpenedLibrary, kernel_dev
@@ -205,18 +205,18 @@ class ProcessTracker:
         driver handle lies in memory mapped already (the heap): it costs
         nothing; an address still in no mapping after a re-read is not looked
         for again."""
-        # columns, never whole records, and a hash unique: this runs on every drained batch
+        # columns, never whole records, and runs folded before any sort (runs): this runs on every drained batch
         at = np.flatnonzero(recs["kind"] == int(schema.Kind.launch))
         if not at.size:
             return
         pids = recs["pid"][at]
-        each = pl.Series(pids).unique().to_list()
+        each = distinct(pids).tolist()
         for pid in each:
             if pid not in self.maps:
                 continue
             mine = at if len(each) == 1 else at[pids == pid]
-            addrs = pl.Series(np.concatenate([recs[c][mine] for c in ("func", "caller", "caller_fp")])).unique()
-            addrs = addrs.filter(addrs != 0).to_numpy()
+            addrs = distinct(np.concatenate([recs[c][mine] for c in ("func", "caller", "caller_fp")]))
+            addrs = addrs[addrs != 0]
             gone = self._unmappable.setdefault(pid, set())
             missing = [a for a in self._unmapped(pid, addrs).tolist() if a not in gone]
             if missing:
@@ -263,8 +263,8 @@ class ProcessTracker:
             self.processes.forget(pid)
         return gone
 
-    def rescan_if_due(self) -> None:
-        if self._mode == "system" and time.monotonic() - self._last_rescan >= RESCAN_INTERVAL_S:
+    def rescan_if_due(self, interval_s: float = RESCAN_INTERVAL_S) -> None:
+        if self._mode == "system" and time.monotonic() - self._last_rescan >= interval_s:
             self.rescan()
 
     def rescan(self) -> None:
