@@ -45,6 +45,18 @@ def test_group_sums_and_distinct_counts_of_one_batch() -> None:
     assert [c.tolist() for c in d.counts(4, s, 2)] == [[1, 2, 3], [1, 2, 2]]
 
 
+def test_group_sums_of_a_batch_too_long_to_pack_both_sums() -> None:
+    """Accesses and bytes share a word per row only where no sum can carry into the other: 2^23 rows of
+    32 lanes of 255 B in one group sum to 2^28 accesses and 2^23 * 8,160 bytes (36 bits)."""
+    vb = sort_reduce.VALUE_BITS
+    top = (7 << vb) | (255 << 6) | 32
+    rows = 1 << 23  # the fewest rows whose sums may not share a word
+    keys = np.full(rows, top, U)
+    keys[0] = (3 << vb) | (4 << 6) | 1
+    got = [c.tolist() for c in sort_reduce.group_sums(pl.Series(keys), sort_reduce.Scratch())]
+    assert got == [[3, 7], [1, rows - 1], [1, 32 * (rows - 1)], [4, 8_160 * (rows - 1)]]
+
+
 def test_ordinary_pages_turns_the_advice_off_and_back() -> None:
     before = _set_madvise_hugepage(True)
     try:
