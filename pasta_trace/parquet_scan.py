@@ -140,6 +140,10 @@ def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int
                 parts = [fut.result() for fut in [pool.submit(part, k) for k in range(threads)]]
     except ARROW_ERRORS as e:
         return f"damaged Parquet data ({first_line(e)})"
+    finally:
+        # Arrow's allocator keeps what the decoded batches freed: 1.3 GB resident after
+        # the check of 10^8 access samples, held through the merge that follows (its peak)
+        pa.default_memory_pool().release_unused()
     if nulls is not None:
         nulls.update({name: sum(c) for name, c in zip(names, zip(*parts))})
     return None
