@@ -189,7 +189,11 @@ class Daemon:
                 self._usr1 = False
                 self._dump(session, events, names, window, "signal", "SIGUSR1", None, None)
             wake.poll(POLL_INTERVAL_S * 1000)
-        for _, firing, fired in self._pending:  # fired before the end: written with what came until now
+        # the calls made before the end may fire yet; the triggers fired are written with what came until now
+        self._drain(session, events, names, window)
+        for firing in self._triggers.poll(time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
+            self._fire(firing)
+        for _, firing, fired in self._pending:
             self._dump(session, events, names, window, firing.kind, firing.cause, firing.pid, None, (firing, fired))
         self._pending.clear()
 

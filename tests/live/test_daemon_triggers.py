@@ -30,7 +30,7 @@ from pasta_trace import schema
 pytestmark = [pytest.mark.live, pytest.mark.machine_wide, pytest.mark.usefixtures("require_bpf")]
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "fixtures" / "failing_workload.py"
-WINDOW_S, AFTER_S, HANG_S, QUIET_S = 3, 1.5, 1, 2
+WINDOW_S, AFTER_S, HANG_S, QUIET_S = 5, 1.5, 1, 2
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def check_error_dump(daemon: Tracer, w: Failing, log: dict, kind: str, error: st
     assert t["call_ns"] <= t["fired_ns"] and t["window_s"] == WINDOW_S
     assert t["window_start_ns"] == manifest["clock"]["start_ns"] == t["fired_ns"] - WINDOW_S * 10**9
     # written --after seconds after it fired: the end of the window is that much later
-    assert AFTER_S <= t["after_s"] < AFTER_S + 5
+    assert AFTER_S <= t["after_s"] < AFTER_S + 30  # taken when due, by a loop that runs every 10 ms
     assert manifest["clock"]["end_ns"] - t["fired_ns"] >= AFTER_S * 1e9
     assert manifest["format_version"] == "1.11" and manifest["complete"] is True
     # every call of the workload, the launches made after the trigger included, and nothing else
@@ -157,8 +157,8 @@ def test_cuinit_failing_and_a_non_zero_exit_each_make_one_dump(daemon, cuda_stub
     w = Failing(cuda_stub, tmp_path / "w", "init", "--exit", "3", env={"PASTA_STUB_NO_DEVICE": "1"})
     try:
         log = w.run()
+        assert w.end() == 3  # at once: its calls are in the window of its exit's dump however slow the checks
         check_error_dump(daemon, w, log, "init_failed", "CUDA_ERROR_NO_DEVICE", 100)
-        assert w.end() == 3
         d = wait_dump(daemon, "exit", w.pid)
         t = json.loads((d / "manifest.json").read_text())["trigger"]
         assert (t["kind"], t["pid"], t["exit_status"], t["cause"]) == ("exit", w.pid, 3,
@@ -256,3 +256,22 @@ def _children(pid: int) -> list[int]:
 
 def _child_of(pid: int, parent: int) -> bool:
     return pid in _children(parent)
+
+
+def test_ctrl_c_writes_the_dumps_of_the_triggers_fired(daemon, cuda_stub, tmp_path):
+    """Last in the module: it ends the shared daemon.  A trigger whose --after has not passed is written at
+    Ctrl-C, with what came until then, and the daemon's last line counts the triggers suppressed."""
+    w = Failing(cuda_stub, tmp_path / "w", "oom", "--before", "0.1", "--after", "0")
+    try:
+        log = w.run()
+        assert daemon.stop() == 0, daemon.stderr()
+        d = wait_dump(daemon, "oom", w.pid, timeout=1)
+        t = json.loads((d / "manifest.json").read_text())["trigger"]
+        assert t["call_ns"] == events_of(d, w.pid).filter(pl.col("api") == "cuMemAlloc_v2")["ts_ns"].min()
+        assert events_of(d, w.pid)["grid_x"].drop_nulls().to_list() == list(range(1, len(log["before"]) + 1))
+        # the second failing call of each workload of the module made no dump
+        assert re.search(r"^stopped; \d+ dumps written, \d+ triggers suppressed \(--debounce\)$", daemon.stderr(),
+                         re.M), daemon.stderr()
+        assert w.end() == 0
+    finally:
+        w.kill()
