@@ -228,9 +228,11 @@ def test_an_nccl_collective_that_never_returns_fires_nccl_hang(daemon, nccl_prog
         # the dump holds every process: both ranks' calls, numbered as a capture numbers them
         for pid in printed["pids"]:
             ev = events_of(d, pid)
+            assert ev["api"].cast(pl.String).to_list() == ["ncclCommInitRank", "ncclAllReduce", "ncclAllReduce"]
             assert ev.filter(pl.col("kind") == "collective")["seq"].to_list() == [0, 1]
             assert ev.filter(pl.col("api") == "ncclCommInitRank")["comm_id"].to_list() == [comm_id]
         assert {parent.pid, *printed["pids"]} <= set(manifest["pids"])
+        assert events_of(d, parent.pid)["api"].cast(pl.String).to_list() == ["ncclGetUniqueId"]
         k = json.loads((wait_dump(daemon, "killed", rank0) / "manifest.json").read_text())["trigger"]
         assert (k["signal"], k["signal_name"], k["core_dumped"], k["cause"]) == (
             9, "SIGKILL", False, f"PID {rank0} killed by SIGKILL")
