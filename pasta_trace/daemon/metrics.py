@@ -2,9 +2,10 @@
 traced process did since the daemon saw it first, counted from the drained
 events, labelled by process (pid, comm) and container (container, pod).
 
-The main loop hands over each drained batch (``add``, ``add_names``: a copy
-of the few columns counted, no per-event Python) and folds them in once a
-second (``update``: Polars group-bys into one long table of totals).  The
+The main loop hands over each drained batch (``add_names``, then ``add``: a
+copy of the few columns counted, no per-event Python) and folds them in once
+a second (``update``: Polars group-bys into one long table of totals), or
+sooner once PENDING_EVENTS wait.  The
 HTTP server's thread reads only what ``update`` published, whole frames
 swapped in at once, so a scrape never sees half an update.
 
@@ -36,6 +37,7 @@ from ..capture.procs.processes import container_id
 from ..errors import PastaError
 from ..hexfmt import hex_expr
 from ..lifetimes import kind_from_api, memory
+from .window import Window
 
 #: kernels with a series of their own, per process; the rest are summed under OTHER_KERNELS
 KERNELS_PER_PROCESS = 20
@@ -81,7 +83,6 @@ SPECS: tuple[Spec, ...] = (
     Spec("nccl_call_seconds", "histogram", ("op",), "time in each of those NCCL calls (enqueue to return)"),
     Spec("triggers", "counter", ("kind",), "dumps and their triggers fired, by kind (hang suspects included)"),
 )
-SPEC = {s.name: s for s in SPECS}
 #: the daemon's own series (no process labels)
 DAEMON_SPECS: tuple[Spec, ...] = (
     Spec("lost", "counter", ("counter",), "what the probes could not record (schema.LOSSES), by counter"),
@@ -188,7 +189,7 @@ class Metrics:
     # ------------------------------------------------------------------ input (main thread)
 
     def add(self, recs: np.ndarray) -> None:
-        """A drained batch of schema.HOST_EVENT records: the columns counted are copied now, while the
+        """A drained batch of schema.HOST_EVENT records (after the names drained with it): the columns counted are copied now, while the
         drain's records are in the cache (a third of the fold's cost, measured, against copying them
         at the fold), and folded early past PENDING_EVENTS, so what waits stays bounded."""
         if not recs.size:
@@ -221,7 +222,7 @@ class Metrics:
 
     # ------------------------------------------------------------------ folding (main thread)
 
-    def update(self, lost: dict[str, int], window=None) -> None:
+    def update(self, lost: dict[str, int], window: Window | None = None) -> None:
         """Fold the batches added since the last update into the totals, and publish."""
         with self._lock:
             triggers, self._triggers = self._triggers, []
