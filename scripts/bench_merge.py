@@ -351,9 +351,11 @@ def main() -> int:
         inp = input_bytes(cap_dir)
         # engines take turns, so a busy spell on the shared machine hits them alike
         runs: dict[str, list[dict]] = {e: [] for e in engines}
+        load_before = os.getloadavg()[0]
         for _ in range(a.repeat):
             for e in engines:
                 runs[e].append(measure(e, cap_dir, a.workdir / f"out-{e}"))
+        load_after = os.getloadavg()[0]
         sums = {e: checksum(a.workdir / f"out-{e}") for e in engines}
         results = {}
         for e in engines:
@@ -382,9 +384,18 @@ def main() -> int:
                   f"{r['peak_bytes'] / inp:10.2f} {vs[0]:>10} {vs[1]:>9}")
         print("  (medians over the runs; cpu s: user+sys of the whole child process, including imports;")
         print("   vs X: X's seconds / this engine's seconds, >1 means faster than X)")
+        print(f"  load average (1 min): {load_before:.1f} before, {load_after:.1f} after")
         if a.repeat > 1:
             for e in engines:
                 print(f"  {e} runs: {', '.join(f'{x:.2f}' for x in results[e]['all'])} s")
+        for o in ("duckdb", "numpy"):
+            if o in runs:
+                # each round's engines ran one after the other: their ratio shares that round's load
+                ratios = sorted(b["seconds"] / p["seconds"] for p, b in zip(runs["pasta"], runs[o]))
+                cpu = sorted(b["cpu"] / p["cpu"] for p, b in zip(runs["pasta"], runs[o]))
+                print(f"  {o} / pasta per round: seconds median {ratios[len(ratios) // 2]:.2f}x "
+                      f"({ratios[0]:.2f}-{ratios[-1]:.2f}), cpu s median {cpu[len(cpu) // 2]:.2f}x "
+                      f"({cpu[0]:.2f}-{cpu[-1]:.2f})")
     return 0
 
 
