@@ -321,11 +321,14 @@ class Triggers:
         if not recs.size:
             return
         self._found += self._errors.scan(recs)
-        pids, inverse = np.unique(recs["pid"], return_inverse=True)
+        # a batch holds a few runs of one process each (runs.py): each run's process and newest call
+        pid = recs["pid"]
+        starts = np.flatnonzero(np.concatenate(([True], pid[1:] != pid[:-1])))
+        pids, inverse = np.unique(pid[starts], return_inverse=True)
         self._gpu.update(pids.tolist())
         if self._quiet is not None:
             last = np.zeros(pids.size, np.uint64)
-            np.maximum.at(last, inverse, recs["ts_ns"])
+            np.maximum.at(last, inverse, np.maximum.reduceat(recs["ts_ns"], starts))
             self._quiet.note(pids, last)
         if self._nccl is not None:
             self._nccl.note(recs)

@@ -137,3 +137,14 @@ def test_quiet_after_must_be_less_than_the_window(tmp_path):
     assert r.stderr.strip() == ("pasta-trace: error: --quiet-after 30 is not less than --window 30 (a quiet "
                                 "process's last calls must still be in the window: raise --window)")
     assert not (tmp_path / "d").exists()
+
+
+def test_the_quiet_watch_keeps_each_process_s_newest_call_of_interleaved_runs():
+    t = Triggers(-1, hang_after_s=None, quiet_after_s=5)
+    rows = [(1, 1, 30, "cuLaunchKernel", 0, True), (1, 1, 10, "cuLaunchKernel", 0, True),
+            (2, 2, 50, "cuLaunchKernel", 0, True), (1, 1, 20, "cuLaunchKernel", 0, True),
+            (2, 2, 40, "cuLaunchKernel", 0, True)]
+    t.note(batch(*rows))
+    assert t._quiet._last == {1: 30, 2: 50}
+    t.note(batch((1, 1, 25, "cuLaunchKernel", 0, True)))  # an older call drained later changes nothing
+    assert t._quiet._last == {1: 30, 2: 50}
