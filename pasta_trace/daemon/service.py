@@ -6,7 +6,7 @@ error, a hang suspect, a process killed or exiting non-zero; all through
 Daemon._fire).  Ctrl-C or SIGTERM end it: the probes go, nothing stays
 stopped, and no dump is written unless one was asked for or a trigger fired.
 
-Threads: the main thread drains the rings every POLL_INTERVAL_S and takes
+Threads: the main thread drains the rings (every 10 ms while events come: pacing) and takes
 each dump's snapshot (the window, the process table, the loss counters); a
 dump thread writes the snapshots to disk, so a slow disk never keeps the rings
 from being drained.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import queue
-import select
 import signal
 import threading
 import time
@@ -25,19 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from .. import schema
 from ..capture.output import manifest as mf
-from ..capture.output.drain import POLL_INTERVAL_S, boost_drain_thread
+from ..capture.output.drain import boost_drain_thread
+from ..capture.output.heap import keep_freed_memory
 from ..capture.session.options import Options
 from ..probes.catalog import API_NAMES
 from ..probes.compiled_cache import module_maps
+from ..runs import distinct
 from ..safe_output import invoking_user
 from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
 from .triggers import Debounce, Firing, Triggers
 from .metrics import Metrics, Server
+from .pacing import RESCAN_S, Pacer, idle_poll_s
 from .stacks import follow, stacks_manifest
 from .window import Snapshot, Window
 
@@ -159,15 +159,18 @@ class Daemon:
 
     def _loop(self, session, events, names, window: Window, control: ControlSocket) -> None:
         boost_drain_thread()
-        wake = select.poll()
-        wake.register(control.fileno(), select.POLLIN)
+        # each drain's records, and each segment the window closes, land in memory freed by the ones before
+        # (what it keeps stays bounded by the window's peak): new pages cost more than the rest at 100k/s
+        keep_freed_memory()
+        wake = Pacer(session.watch_fd, control.fileno(), idle_s=idle_poll_s(events))
         if session.stacks is not None:  # a new stack is read at once, while its code objects exist
-            wake.register(session.stacks.fd, select.POLLIN)
+            wake.register(session.stacks.fd)
         next_checkpoint = next_forget = 0.0
         while not self._stop:
             self._drain(session, events, names, window)
             self._triggered(session, events, names, window)
-            session.poll()
+            if wake.watch_due():  # a stop, an exec, a fork or an exit waiting, or WATCH_S passed (pacing)
+                session.poll(RESCAN_S)
             now = time.monotonic()
             if now >= next_checkpoint:
                 next_checkpoint = now + CHECKPOINT_S
@@ -188,7 +191,7 @@ class Daemon:
             if self._usr1:
                 self._usr1 = False
                 self._dump(session, events, names, window, "signal", "SIGUSR1", None, None)
-            wake.poll(POLL_INTERVAL_S * 1000)
+            wake.wait(wake.tick(window.drained))
         # the calls made before the end may fire yet; the triggers fired are written with what came until now
         self._drain(session, events, names, window)
         for firing in self._triggers.poll(time.clock_gettime_ns(time.CLOCK_MONOTONIC)):
@@ -229,7 +232,7 @@ class Daemon:
         if self._triggers is not None:
             self._triggers.note(recs)
         if recs.size:
-            session.seen(np.unique(recs["pid"]).tolist())
+            session.seen(distinct(recs["pid"]).tolist())
             session.seen_launches(recs)
         named = names.drain()
         window.add_names(named)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..runs import distinct
 from .stacks import HeldStacks, StackStore
 
 #: the longest a segment stays open: the granularity at which old events leave
@@ -92,7 +93,7 @@ class Window:
                 self._opened_at = self._clock()
             self._open.append(recs)
             if self.stacks is not None:
-                ids = np.unique(recs["stack_id"])
+                ids = distinct(recs["stack_id"])
                 self._open_stacks.append(ids[ids != 0])
             self._open_bytes += recs.nbytes
             self.drained += int(recs.size)
@@ -138,7 +139,7 @@ class Window:
         ts = recs["ts_ns"]
         stacks = np.unique(np.concatenate(self._open_stacks)) if self._open_stacks else np.empty(0, np.uint64)
         self._segments.append(Segment(recs, int(ts.min()), int(ts.max()),
-                                      frozenset(np.unique(recs["pid"]).tolist()), stacks))
+                                      frozenset(distinct(recs["pid"]).tolist()), stacks))
         self.bytes += recs.nbytes
         self._open.clear()
         self._open_stacks.clear()

@@ -33,7 +33,7 @@ from ..procs.finalize_probe import FinalizeProbes
 from ..bpf.probe_set import ProbeSet, load_program
 from ..stacks.stack_collector import StackCollector, write_stacks
 from ..procs.targets import check_pids, check_readable, launch_candidates
-from ..procs.tracker import ProcessTracker
+from ..procs.tracker import RESCAN_INTERVAL_S, ProcessTracker
 from ..output.writer import CaptureWriter
 
 
@@ -173,11 +173,16 @@ class Session:
 
     # ------------------------------------------------------------------ live views (top)
 
-    def poll(self) -> None:
+    def poll(self, rescan_s: float = RESCAN_INTERVAL_S) -> None:
         """Handle late-loaded libraries, forks and exits (attach, resume), and
-        (-a) look for processes that appeared since the last scan."""
+        (-a) look for processes that appeared since the last scan, every ``rescan_s``."""
         self._watcher.poll()
-        self._tracker.rescan_if_due()
+        self._tracker.rescan_if_due(rescan_s)
+
+    @property
+    def watch_fd(self) -> int | None:
+        """The discover ring's descriptor: readable while it holds a record; a stop or an exec wakes a poll."""
+        return self._watcher.wake_fd if self._watcher is not None else None
 
     def aggregate(self) -> tuple[np.ndarray, np.ndarray]:
         """The in-kernel aggregation so far (--aggregate): AGG_KEY and AGG_VAL rows."""
