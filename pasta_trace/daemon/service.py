@@ -213,6 +213,8 @@ class Daemon:
         """Every automatic trigger goes through here: debounced per cause and process, then its dump is
         taken after_s later."""
         fired = mf.ClockSample.now()
+        if self.metrics is not None:  # pasta_triggers_total: every trigger fired, its dump debounced or not
+            self.metrics.triggered(firing.kind, firing.pid)
         admitted = self._debounce.admit(firing.kind, firing.pid, fired.mono_before_ns, firing.repeats)
         if self.opts.verbose and (firing.repeats or not admitted):
             again = firing.repeats + (not admitted)
@@ -261,6 +263,8 @@ class Daemon:
         ``fired``: an automatic trigger and when it fired (every process is dumped; ``pid`` is the trigger's)."""
         self._drain(session, events, names, window)
         at = mf.ClockSample.now()
+        if fired is None and self.metrics is not None:  # an automatic trigger was counted when it fired
+            self.metrics.triggered(kind, pid)
         processes, libraries, entries = session.tables()
         o = self.opts
         snap = window.snapshot(pid if fired is None else None)

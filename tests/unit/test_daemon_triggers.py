@@ -6,6 +6,8 @@ The live half, on real uprobes: tests/live/test_daemon_triggers.py."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -148,3 +150,31 @@ def test_the_quiet_watch_keeps_each_process_s_newest_call_of_interleaved_runs():
     assert t._quiet._last == {1: 30, 2: 50}
     t.note(batch((1, 1, 25, "cuLaunchKernel", 0, True)))  # an older call drained later changes nothing
     assert t._quiet._last == {1: 30, 2: 50}
+
+
+def test_fire_counts_every_trigger_in_the_metrics_and_plans_one_dump_per_interval(tmp_path):
+    from pasta_trace.daemon.metrics import Metrics
+    from pasta_trace.daemon.service import Daemon, DaemonOptions
+    from pasta_trace.daemon.triggers import Firing
+    from pasta_trace.probes.catalog import API_NAMES
+
+    said: list[str] = []
+    d = Daemon(DaemonOptions(out_dir=tmp_path, window_s=60, window_bytes=1 << 30, socket=tmp_path / "s",
+                             socket_group=None, keep=None, keep_bytes=None, buffer_pages=64, command_line=[],
+                             verbose=True, after_s=5.0), say=said.append)
+    d.metrics = Metrics(list(API_NAMES))
+    me = os.getpid()  # a real process: the metrics read its /proc
+    for _ in range(2):
+        d._fire(Firing("oom", me, "cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY (2)", repeats=1))
+    d.metrics.update({})
+    t = d.metrics.published.totals
+    rows = t.filter((t["metric"] == "triggers") & (t["pid"] == me))
+    assert dict(zip(rows["a"].to_list(), rows["value"].to_list())) == {"oom": 2}
+    assert [f.kind for _, f, _ in d._pending] == ["oom"]  # one dump planned, 5 s on
+    assert d._debounce.suppressed == {"oom": 3}  # both repeats and the second firing
+    assert said == [
+        "trigger oom suppressed 1 time (one dump per 300 s per process; 1 so far): cuMemAlloc_v2 returned "
+        "CUDA_ERROR_OUT_OF_MEMORY (2)",
+        "trigger oom: cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY (2); dumping in 5 s",
+        "trigger oom suppressed 2 times (one dump per 300 s per process; 3 so far): cuMemAlloc_v2 returned "
+        "CUDA_ERROR_OUT_OF_MEMORY (2)"]
