@@ -60,6 +60,7 @@ class Scraped:
     ranks: dict | None  # nccl_ranks' output (pids), None where the NCCL fixtures cannot be built
     daemon: Tracer
     in_pod: bool  # the CUDA workload ran in the pod's cgroup (False: no writable cgroup v2 hierarchy)
+    sock: Path  # the daemon's control socket
 
     def query(self, expr: str) -> list[tuple[dict[str, str], float]]:
         body = json.loads(_get(f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})))
@@ -124,7 +125,7 @@ def scraped(_bpf_status, cuda_stub, cuda_workload, build_dir, tmp_path_factory):
                         "--lib", str(cuda_stub), "--report", str(report), "--threads", str(THREADS),
                         "--iters", str(ITERS)], check=True, timeout=120)
         ranks = _nccl_ranks(build_dir)
-        yield Scraped(url, read_report(report), ranks, daemon, in_pod)
+        yield Scraped(url, read_report(report), ranks, daemon, in_pod, sock_dir / "daemon.sock")
     finally:
         if server is not None:
             server.terminate()
@@ -243,6 +244,12 @@ def test_nccl_calls_and_latency_histogram(scraped):
     for labels, v in scraped.query(f"pasta_nccl_call_seconds_sum{{{of}}}"):
         assert 0 < v < NCCL_ITERS * 1.0, labels  # the stand-in returns at once
     assert {m["comm"] for m, _ in scraped.query(f"pasta_nccl_calls_total{{{of}}}")} == {"nccl_ranks"}
+
+
+def test_a_dump_asked_for_is_counted(scraped):
+    r = run_pasta(["dump", "--socket", str(scraped.sock), "--pid", str(scraped.cuda["pid"])], timeout=120)
+    assert r.returncode == 0, r.stderr
+    scraped.settled(_of(scraped, "pasta_triggers_total"), "kind", {"demand": 1})
 
 
 def test_the_daemon_itself(scraped):
