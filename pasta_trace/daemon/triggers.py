@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,6 +117,9 @@ class NcclWatch:
     """NCCL calls entered and not returned for ``hang_after_ns``, with the
     communicator's comm_id and the collective's sequence number where known."""
 
+    #: the longest one check reads threads for (the main loop drains every 10 ms)
+    BUDGET_S = 0.005
+
     def __init__(self, inflight_fd: int, hang_after_ns: int):
         from ..capture.bpf.map_fds import Map
 
@@ -134,6 +138,8 @@ class NcclWatch:
         self._comm_ids: dict[tuple[int, int], int] = {}  # (pid, communicator) -> comm_id
         self._done: dict[tuple[int, int], int] = {}  # (pid, communicator) -> collectives done (the next seq)
         self._fired: set[tuple[int, int, int]] = set()  # (pid, tid, entry ts) of the calls fired on
+        self._still: set[tuple[int, int, int]] = set()  # those of the calls past hang_after this round saw
+        self._todo: list[tuple[int, int]] = []  # (pid, tid) of the threads this round has yet to read
 
     def note(self, recs: np.ndarray) -> None:
         """Take in a drained batch: which processes call NCCL, their communicators, their collectives done."""
@@ -163,27 +169,45 @@ class NcclWatch:
             for (pid, c), n in zip(uniq.tolist(), counts.tolist()):
                 self._done[(pid, c)] = self._done.get((pid, c), 0) + n
 
+    @property
+    def busy(self) -> bool:
+        """A round of reads is under way: the next check goes on with it."""
+        return bool(self._todo)
+
     def check(self, now_ns: int) -> list[Firing]:
-        """The calls in flight longer than hang_after, each fired on once."""
-        out, still = [], set()
+        """The calls in flight longer than hang_after, each fired on once.  A round reads every thread of
+        the NCCL processes, BUDGET_S at most a check (one thread at least): a process of thousands of
+        threads is read over several checks, and the drain between them is never held up long."""
+        if not self._todo:
+            self._todo = self._threads()
+        out = []
+        deadline = time.monotonic() + self.BUDGET_S
+        while self._todo:
+            pid, tid = self._todo.pop()
+            for f in self._in_flight(tid):
+                api = int(f["api"])
+                if api >= len(APIS) or not self._waits[api] or now_ns - int(f["ts"]) < self.hang_after_ns:
+                    continue
+                key = (pid, tid, int(f["ts"]))
+                self._still.add(key)
+                if key not in self._fired:
+                    self._fired.add(key)
+                    out.append(self._firing(pid, tid, api, f, now_ns))
+            if time.monotonic() >= deadline:
+                break
+        if not self._todo:  # a round done: the calls fired on that returned since are forgotten
+            self._fired &= self._still
+            self._still = set()
+        return out
+
+    def _threads(self) -> list[tuple[int, int]]:
+        todo = []
         for pid in list(self.pids):
             try:
-                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+                todo += [(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")]
             except OSError:
                 self.gone(pid)
-                continue
-            for tid in tids:
-                frames = self._in_flight(tid)
-                for f in frames:
-                    api = int(f["api"])
-                    if api >= len(APIS) or not self._waits[api] or now_ns - int(f["ts"]) < self.hang_after_ns:
-                        continue
-                    key = (pid, tid, int(f["ts"]))
-                    still.add(key)
-                    if key not in self._fired:
-                        out.append(self._firing(pid, tid, api, f, now_ns))
-        self._fired = still
-        return out
+        return todo
 
     def _in_flight(self, tid: int) -> np.ndarray:
         try:
@@ -351,7 +375,8 @@ class Triggers:
         if self._quiet is not None and now_ns >= self._next_check:
             self._next_check = now_ns + self._check_ns
             found += self._quiet.check(now_ns)
-        if self._nccl is not None and now_ns >= self._next_hang_check:
-            self._next_hang_check = now_ns + self._hang_check_ns
+        if self._nccl is not None and (self._nccl.busy or now_ns >= self._next_hang_check):
+            if not self._nccl.busy:  # a new round
+                self._next_hang_check = now_ns + self._hang_check_ns
             found += self._nccl.check(now_ns)
         return found

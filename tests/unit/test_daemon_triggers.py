@@ -178,3 +178,32 @@ def test_fire_counts_every_trigger_in_the_metrics_and_plans_one_dump_per_interva
         "trigger oom: cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY (2); dumping in 5 s",
         "trigger oom suppressed 2 times (one dump per 300 s per process; 3 so far): cuMemAlloc_v2 returned "
         "CUDA_ERROR_OUT_OF_MEMORY (2)"]
+
+
+def test_the_nccl_watch_reads_a_process_s_threads_over_several_checks_within_its_budget(monkeypatch):
+    """Every thread of this process (real pidfds; a map fd of -1: no call in flight found), one a check
+    with no budget: the round ends once each was read, and a new one starts."""
+    import threading
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        w = NcclWatch(-1, 60 * S)
+        monkeypatch.setattr(NcclWatch, "BUDGET_S", 0.0)
+        w.pids = {os.getpid()}
+        n = len(os.listdir("/proc/self/task"))
+        checks = 0
+        while True:
+            assert w.check(0) == []
+            checks += 1
+            if not w.busy:
+                break
+        assert checks == n >= 4
+        w.check(0)
+        assert w.busy  # the next round
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
