@@ -45,6 +45,18 @@ def test_group_sums_and_distinct_counts_of_one_batch() -> None:
     assert [c.tolist() for c in d.counts(4, s, 2)] == [[1, 2, 3], [1, 2, 2]]
 
 
+def test_batches_after_one_that_kept_most_keys_go_in_as_they_come() -> None:
+    s = sort_reduce.Scratch()
+    d = sort_reduce.DistinctKeys(12)
+    d.append(pl.Series([0x21, 0x20, 0x21, 0x21], dtype=pl.UInt64), s)  # 2 of 4 kept: deduplicated
+    d.append(pl.Series([0x35, 0x36, 0x11, 0x12], dtype=pl.UInt64), s)  # all 4 kept: the last sorted
+    assert (d.n, d.dedup) == (6, False)
+    d.append(pl.Series([0x36, 0x20, 0x36], dtype=pl.UInt64), s)  # as it came, duplicates and all
+    assert d.n == 9 and d.buf[6:9].tolist() == [0x36, 0x20, 0x36]
+    # distinct keys per high part (key >> 4): 1 -> 0x11, 0x12; 2 -> 0x20, 0x21; 3 -> 0x35, 0x36
+    assert [c.tolist() for c in d.counts(4, s, 2)] == [[1, 2, 3], [2, 2, 2]]
+
+
 def test_group_sums_of_a_batch_too_long_to_pack_both_sums() -> None:
     """Accesses and bytes share a word per row only where no sum can carry into the other: 2^23 rows of
     32 lanes of 255 B in one group sum to 2^28 accesses and 2^23 * 8,160 bytes (36 bits)."""
