@@ -1,15 +1,17 @@
 """What a dump holds besides the events, on one daemon shared by the tests:
 the Python call site of each event (stacks.parquet, exactly the stacks the
 program itself saw), a stack forgotten once its events left the window and
-sent again by BPF when the program comes back to it, and the kernel names of
-an nvcc-built runtime program found at dump time, from its files while it
-runs and from the maps saved of it once it has exited."""
+sent again by BPF when the program comes back to it, and the kernel names
+found at dump time: an nvcc-built runtime program's, from its files while it
+runs and from the maps saved of it once it has exited, and those of driver
+handles looked up before the daemon started, from the driver's objects."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -21,12 +23,14 @@ import polars as pl
 import pytest
 
 import cudart_expect as ce
+from conftest import _built
 from pasta_run import Tracer, read_report, run_pasta, wait_for_file
 from pasta_trace import merge
 from pasta_trace.daemon.stacks import GRACE_S
 from pasta_trace.daemon.service import WINDOW_SLACK_S
 from pasta_trace.daemon.window import SEGMENT_S
 from pasta_trace.read import open_capture
+from test_attach_names_live import KERNELS, LAUNCHES
 from test_python_stacks import captured_stacks, expected_stacks, workload
 
 pytestmark = [pytest.mark.live]
@@ -55,9 +59,24 @@ class Daemon:
 
 
 @pytest.fixture(scope="module")
-def daemon(_bpf_status, tmp_path_factory):
+def looked_up(_bpf_status, build_dir, tmp_path_factory):
+    """attach_names_workload on stub layout 1 (tests/live/test_attach_names_live.py), started before the
+    daemon: it looks its five handles up, then waits for SIGUSR1 to launch them."""
     if _bpf_status:
         pytest.skip(_bpf_status)
+    ready = tmp_path_factory.mktemp("looked_up") / "ready"
+    proc = subprocess.Popen([str(_built("attach_names_workload", build_dir)),
+                             str(_built("cuda_stub_layout1", build_dir)), str(ready), "600"])
+    try:
+        wait_for_file(ready, proc=proc)
+        yield proc, ready
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def daemon(looked_up, tmp_path_factory):
     where = tmp_path_factory.mktemp("daemon")
     with tempfile.TemporaryDirectory(prefix="pasta-daemon-", dir="/tmp") as d:
         sock = Path(d) / "daemon.sock"
@@ -216,3 +235,23 @@ def test_a_dump_names_the_kernels_of_a_runtime_program(daemon, cudart_launcher, 
     names = open_capture(alive).names.filter(pl.col("pid") == proc.pid).collect()
     assert sorted(names.filter(pl.col("source") == "runtime_launch")["name"].unique().to_list()) == \
         sorted(("_Z6vecAddPKfS0_Pfi", "_Z5scaleIfEvPT_S0_i", "plain_c_kernel", "_ZN2ns5innerEPd"))
+
+
+def test_a_dump_names_driver_handles_looked_up_before_the_daemon(daemon, looked_up):
+    """As a capture attached with -p names them (test_attach_names_live.py): from the driver's objects."""
+    proc, ready = looked_up
+    os.kill(proc.pid, signal.SIGUSR1)
+    wait_for_file(ready.with_name(ready.name + ".launched"), proc=proc)
+    cap = open_capture(daemon.dump(proc.pid))
+    launches = merge.kernel_executions(cap).filter(pl.col("pid") == proc.pid).select("func", "name").collect()
+    handles = launches["func"].unique(maintain_order=True).to_list()  # in launch order: the workload's order
+    assert len(handles) == 5 and launches.height == 15
+    names = cap.names.filter(pl.col("pid") == proc.pid).collect()
+    got = {h: (name, str(src), reason) for h, name, src, reason in names.select("handle", "name", "source",
+                                                                              "reason").iter_rows()}
+    want = {h: (k, "driver_object", None) for h, k in zip(handles[:4], KERNELS)}
+    want[handles[4]] = ("plain_c_kernel", "module_get_function", None)
+    assert got == want
+    assert dict(launches.group_by("name").len().iter_rows()) == LAUNCHES
+    assert cap.manifest["attach_names"][str(proc.pid)] == {
+        "handles_read": 5, "named": 4, "path": [0x58], "reason": None, "unnamed_handles": 4}
