@@ -13,10 +13,12 @@ Layout of the file (field numbers from perfetto/protos/perfetto/trace):
      duration and launches without device timing, counter values, and flows
      from each launch to its kernel.
 
-Events are prepared once for all rows (string columns as interned ids,
-tracks and stack ids joined on key columns), put in order once (`_Order`: a
-part and a row per event), then encoded column-wise CHUNK_ROWS events at a
-time, on several threads, and written in order.
+The strings are interned once for the whole trace.  The events are then made
+one window of time at a time (`_Window`: the rows that begin or end in it,
+string columns as interned ids, tracks and stack ids joined on key columns,
+put in order, a part and a row per event), encoded column-wise CHUNK_ROWS
+events at a time on several threads while the next window is made, and
+written in order: the memory the events take is one window's.
 """
 
 from __future__ import annotations
@@ -126,25 +128,35 @@ _KERNEL = "kernel"  # the category of kernel executions
 _STR_ARGS = tuple(name for name, kind in ARGS if kind == "str")
 
 
-def _dressed(model: TraceModel, threads: pl.DataFrame, streams: pl.DataFrame, counters: pl.DataFrame) -> tuple[list[pl.DataFrame], pl.DataFrame]:
-    """The slices (API calls, kernels, copies) with the columns the encoder
-    reads, on every row at once, and the counter samples with their track.
-    Tracks and stack texts are joined on the key columns alone and put beside
-    the rows: a join of the frames themselves would copy their widest columns."""
-    def beside(frame: pl.DataFrame, table: pl.DataFrame, on: list[str], col: str) -> pl.Series:
-        return frame.select(on).join(table.select(*on, col), on=on, how="left", maintain_order="left")[col]
-
-    api = model.api.with_columns(beside(model.api, threads, ["pid", "tid"], "track")).with_columns(
-        name=pl.col("api"), correlation=pl.col("corr"), flow_out=pl.coalesce("corr", "coll_out"),
-        flow_in=pl.col("coll_in"))
-    kernels = model.kernels.with_columns(beside(model.kernels, streams, ["pid", "label"], "track")).with_columns(
-        correlation=pl.col("corr"), flow_in=pl.col("corr"),
-        device_timing=pl.col("dur_ns").is_not_null())
-    memops = model.memops.with_columns(beside(model.memops, streams, ["pid", "label"], "track")).with_columns(
+def _dressed(k: int, frame: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
+    """Rows of slice frame `k` (0 API calls, 1 kernels, 2 copies) with the
+    columns the encoder reads.  Tracks are joined on the key columns alone and
+    put beside the rows: a join of the frame itself would copy its widest columns."""
+    frame = _tracked(k, frame, tracks)
+    if k == 0:
+        return frame.with_columns(name=pl.col("api"), correlation=pl.col("corr"),
+                                  flow_out=pl.coalesce("corr", "coll_out"), flow_in=pl.col("coll_in"))
+    if k == 1:
+        return frame.with_columns(correlation=pl.col("corr"), flow_in=pl.col("corr"),
+                                  device_timing=pl.col("dur_ns").is_not_null())
+    return frame.with_columns(
         cupti_copy_kind=pl.when(pl.col("cat") == "gpu_memcpy").then(pl.col("copy_kind"))).drop("copy_kind")
-    counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
-        "track", "ts_ns", counter_value="live_bytes")
-    return [api, kernels, memops], counts
+
+
+def _tracked(k: int, frame: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
+    """Rows of slice frame `k` with the uuid of their track (a thread's, or a GPU stream's)."""
+    on = ["pid", "tid"] if k == 0 else ["pid", "label"]
+    return frame.with_columns(frame.select(on).join(tracks.select(*on, "track"), on=on, how="left",
+                                                    maintain_order="left")["track"])
+
+
+def _texts(k: int, frame: pl.DataFrame) -> pl.DataFrame:
+    """The string columns `_dressed` gives slice frame `k`, without dressing every row."""
+    if k == 0:
+        frame = frame.with_columns(name=pl.col("api"))
+    elif k == 2:
+        frame = frame.drop("copy_kind")
+    return frame.select(c for c in ("name", "cat", *_STR_ARGS) if c in frame.columns)
 
 
 def _strings(slices: list[pl.DataFrame]) -> dict[str, list[str]]:
@@ -188,60 +200,71 @@ def _coded(frame: pl.DataFrame, strings: dict[str, list[str]]) -> pl.DataFrame:
     return frame.with_columns(layout=layout * 2 + _HAS_DUR.cast(pl.UInt64))
 
 
-class _Order:
-    """Every event's place in the file, computed once: sorted by time, and at
-    one instant ends first (the inner slice's first), then begins (the outer
-    slice's first), then instants, then counters.  Events are parts (begins
-    and ends of each slice frame, then the counter samples), concatenated in
-    that order, and the sort is stable.  A stable sort by time alone puts
-    most events in place (the parts are runs already in time order); only
-    the events that share their time with another are sorted further."""
+class _Slices:
+    """One slice frame (API calls, kernels or copies), its rows with a time,
+    and where its events fall in time: the begins (or instants) in time order
+    (the rows `idx`, or the rows as they are when `idx` is None: the frame is
+    not copied to sort it), the ends of the rows with a duration in the order
+    of their end times (stable: a frame's ends of one instant keep its order)."""
 
-    def __init__(self, slices: list[pl.DataFrame], counts: pl.DataFrame) -> None:
-        ts, order, rows = [], [], []
-        #: per part, what orders its events at one instant after `order` (see `_sub`)
-        self._subs: list[tuple[np.ndarray, int]] = []
-        for f in slices:
-            t = f["ts_ns"].cast(pl.Int64).to_numpy()
-            dur = f["dur_ns"].cast(pl.Int64).fill_null(0).to_numpy()
-            has = f.select(_HAS_DUR)["dur_ns"].to_numpy()
-            ts.append(t)
-            order.append(np.where(has, 1, 2).astype(np.int8))
-            rows.append(np.arange(f.height, dtype=np.uint32))  # frames hold under 2^32 rows
-            self._subs.append((dur, -1))  # the longer slice first
-            timed = np.flatnonzero(has).astype(np.uint32)
-            end = t[timed] + dur[timed]
-            by_end = np.argsort(end, kind="stable")
-            ts.append(end[by_end])
-            order.append(np.zeros(len(timed), dtype=np.int8))
-            rows.append(timed[by_end])
-            self._subs.append((t, -1))  # the later-begun (inner) slice first
-        ts.append(counts["ts_ns"].cast(pl.Int64).to_numpy())
-        order.append(np.full(counts.height, 3, dtype=np.int8))
-        rows.append(np.arange(counts.height, dtype=np.uint32))
-        self._subs.append((np.zeros(counts.height, dtype=np.int64), 1))
-        t = np.concatenate(ts)
-        del ts
-        # numpy's timsort merges the parts' runs: on 3*10^7 times, half the CPU of
-        # Polars' arg_sort and a third of its memory (1.2 GB more than the times)
+    def __init__(self, frame: pl.DataFrame) -> None:
+        if frame["ts_ns"].null_count():
+            frame = frame.filter(pl.col("ts_ns").is_not_null())  # never drawn
+        self.frame = frame
+        ts = frame["ts_ns"].cast(pl.Int64).to_numpy()
+        self.idx = None if frame["ts_ns"].is_sorted() else np.argsort(ts, kind="stable")
+        self.ts = ts if self.idx is None else ts[self.idx]
+        has = frame.select(_HAS_DUR)["dur_ns"].to_numpy()
+        timed = np.flatnonzero(has if self.idx is None else has[self.idx])
+        if self.idx is not None:
+            timed = self.idx[timed]
+        end = ts[timed] + frame["dur_ns"].cast(pl.Int64).fill_null(0).to_numpy()[timed]
+        by_end = np.argsort(end, kind="stable")
+        self.end, self.end_rows = end[by_end], timed[by_end]
+
+    def begins(self, lo: int | None, hi: int | None) -> tuple[pl.DataFrame, np.ndarray]:
+        """The rows that begin in [lo, hi), in time order, and their times."""
+        i0, i1 = _span(self.ts, lo, hi)
+        rows = self.frame.slice(i0, i1 - i0) if self.idx is None else self.frame[self.idx[i0:i1]]
+        return rows, self.ts[i0:i1]
+
+    def ends(self, lo: int | None, hi: int | None) -> tuple[pl.DataFrame, np.ndarray]:
+        """track keys, ts_ns and dur_ns of the rows that end in [lo, hi), in end order, and their ends."""
+        j0, j1 = _span(self.end, lo, hi)
+        keys = [c for c in ("pid", "tid", "label") if c in self.frame.columns]
+        return self.frame.select(*keys, "ts_ns", "dur_ns")[self.end_rows[j0:j1]], self.end[j0:j1]
+
+
+def _span(times: np.ndarray, lo: int | None, hi: int | None) -> tuple[int, int]:
+    """The positions of sorted `times` in [lo, hi) (None: no bound)."""
+    return (0 if lo is None else int(np.searchsorted(times, lo)),
+            len(times) if hi is None else int(np.searchsorted(times, hi)))
+
+
+class _Window:
+    """The events of one span of time [lo, hi) in their place in the file:
+    sorted by time, and at one instant ends first (the inner slice's first),
+    then begins (the outer slice's first), then instants, then counters.
+    Events are parts (begins and ends of each slice frame, then the counter
+    samples), concatenated in that order, and the sort is stable.  A stable
+    sort by time alone puts most events in place (the parts are runs already
+    in time order); only the events that share their time with another are
+    sorted further.  Every event of one instant falls in one window, so the
+    windows end to end give the order of the whole trace.  `parts` are the
+    rows each part's events are encoded from."""
+
+    def __init__(self, parts: list[pl.DataFrame], times: list[np.ndarray], order: list[np.ndarray],
+                 subs: list[np.ndarray]) -> None:
+        self.parts = parts
+        t = np.concatenate(times)
         perm = np.argsort(t, kind="stable")
-        t.sort(kind="stable")  # the times in order, in place: t[perm] would be one more array of them
-        #: the first event's time, and the number of events
-        self.first, self.n = (int(t[0]) if len(t) else 0), len(t)
-        part = np.repeat(np.arange(len(rows), dtype=np.int8), [len(r) for r in rows])
-        rows, order = np.concatenate(rows), np.concatenate(order)
-        _break_ties(perm, t, lambda at: (order[at], self._sub(part[at], rows[at])))
-        del t
+        t.sort(kind="stable")
+        self.n = len(t)
+        part = np.repeat(np.arange(len(times), dtype=np.int8), [len(x) for x in times])
+        rows = np.concatenate([np.arange(len(x), dtype=np.uint32) for x in times])
+        o, sub = np.concatenate(order), np.concatenate(subs)
+        _break_ties(perm, t, lambda at: (o[at], sub[at]))
         self.part, self.rows = part[perm], rows[perm]
-
-    def _sub(self, part: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The second key at one instant, of a few events: minus the duration
-        of a begin or instant, minus the begin time of an end, 0 for a counter."""
-        sub = np.zeros(len(rows), dtype=np.int64)
-        for k, (values, sign) in enumerate(self._subs):
-            mine = part == k
-            sub[mine] = sign * values[rows[mine]]
-        return sub
 
 
 def _break_ties(perm: np.ndarray, t: np.ndarray, keys: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
@@ -324,7 +347,7 @@ def _encode_group(rows: pl.DataFrame, ph: int) -> tuple[np.ndarray, np.ndarray, 
     return pw.layout(pw.message_field(1, packet, every))
 
 
-def _encode(parts: list[pl.DataFrame], order: _Order, lo: int, hi: int) -> np.ndarray:
+def _encode(parts: list[pl.DataFrame], order: _Window, lo: int, hi: int) -> np.ndarray:
     """Packets of events [lo, hi) of `order`.  Each part's events are
     encoded in groups of one layout, so that each group carries only its own
     fields, then interleaved back into order."""
@@ -366,52 +389,83 @@ def _header(strings: dict[str, list[str]], first_ts: int) -> bytes:
     return snapshot + first
 
 
-def _in_time_order(frame: pl.DataFrame) -> pl.DataFrame:
-    """Rows with a time, sorted by it (stable: rows of one instant keep the frame's order)."""
-    if frame["ts_ns"].null_count():
-        frame = frame.filter(pl.col("ts_ns").is_not_null())  # never drawn
-    return frame if frame["ts_ns"].is_sorted() else frame.sort("ts_ns", maintain_order=True)
-
-
 #: the columns `_encode_group` reads
 _ENCODED = ("track", "ts_ns", "name", "cat", *(name for name, _ in ARGS), "counter_value", "flow_out", "flow_in")
+#: begins of slices (of every frame) a window of the trace holds, about: its events are put in
+#: order and their columns made one window at a time, so that the memory they take is one
+#: window's, and the encoder's threads encode a window while the next one is made
+WINDOW_ROWS = 2_000_000
 
 
-def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS) -> int:
+def _cuts(slices: list[_Slices], counts: np.ndarray, window_rows: int) -> list[int]:
+    """Times that part the trace into windows of about `window_rows` begins."""
+    step = max(1, window_rows // 16)
+    sample = np.sort(np.concatenate([s.ts[::step] for s in slices] + [counts[::step]]))
+    return np.unique(sample[16::16]).tolist()
+
+
+def write(model: TraceModel, out: BinaryIO, chunk_rows: int = CHUNK_ROWS, window_rows: int = WINDOW_ROWS) -> int:
     """Write the trace to `out`, about `chunk_rows` events at a time; returns
     the number of TrackEvents written."""
     descriptors, threads, streams, counters = _tracks(model)
     used = model.api.select("pid", "stack_id").unique() if "stack_id" in model.api.columns else None
     stacks = (_stack_texts(model).join(used, on=["pid", "stack_id"], how="semi", maintain_order="left")
               if used is not None else None)
-    slices, counts = _dressed(model, threads, streams, counters)
-    slices = [_in_time_order(f) for f in slices]
-    counts = _in_time_order(counts)
-    strings = _strings([*slices, *([stacks] if stacks is not None else [])])
-    slices = [_coded(f, strings) for f in slices]
-    if slices[1].height:  # the kernels' one category, as its id: not a string per kernel
-        slices[1] = slices[1].with_columns(cat=pl.lit(strings["categories"].index(_KERNEL) + 1, dtype=pl.UInt32))
-    if stacks is not None:  # the stack's id beside each call: its text on every call would be a string per call
-        ids = _coded(stacks, strings)
-        slices[0] = slices[0].with_columns(
-            slices[0].select("pid", "stack_id").join(ids, on=["pid", "stack_id"], how="left",
-                                                     maintain_order="left")["stack"])
-    order = _Order(slices, counts)
-    parts = []
-    for f in slices:
-        parts += [f.select(*(c for c in _ENCODED if c in f.columns), "layout"), f.select("track", "ts_ns", "dur_ns")]
-    parts.append(counts)
-    out.write(_header(strings, order.first))
+    slices = [_Slices(f) for f in (model.api, model.kernels, model.memops)]
+    tracks = [threads, streams, streams]
+    counts = model.memory.join(counters, on=["pid", "label"], maintain_order="left").select(
+        "track", "ts_ns", counter_value="live_bytes")
+    if counts["ts_ns"].null_count():
+        counts = counts.filter(pl.col("ts_ns").is_not_null())  # never drawn
+    counts = counts if counts["ts_ns"].is_sorted() else counts.sort("ts_ns", maintain_order=True)
+    count_ts = counts["ts_ns"].cast(pl.Int64).to_numpy()
+    strings = _strings([*(_texts(k, s.frame) for k, s in enumerate(slices)), *([stacks] if stacks is not None else [])])
+    kernel_cat = strings["categories"].index(_KERNEL) + 1 if slices[1].frame.height else 0
+    stack_ids = _coded(stacks, strings) if stacks is not None else None
+    firsts = [int(a[0]) for s in slices for a in (s.ts, s.end) if len(a)] + [int(x) for x in count_ts[:1]]
+    out.write(_header(strings, min(firsts, default=0)))
     out.write(b"".join(descriptors))
-    n = order.n
+
+    def window(lo: int | None, hi: int | None) -> _Window:
+        parts, times, order, subs = [], [], [], []
+        for k, s in enumerate(slices):
+            rows, t = s.begins(lo, hi)
+            f = _coded(_dressed(k, rows, tracks[k]), strings)
+            if k == 1 and f.height:  # the kernels' one category, as its id: not a string per kernel
+                f = f.with_columns(cat=pl.lit(kernel_cat, dtype=pl.UInt32))
+            if k == 0 and stack_ids is not None:  # the stack's id beside each call, not its text
+                f = f.with_columns(f.select("pid", "stack_id").join(stack_ids, on=["pid", "stack_id"], how="left",
+                                                                     maintain_order="left")["stack"])
+            has = f.select(_HAS_DUR)["dur_ns"].to_numpy()
+            parts.append(f.select(*(c for c in _ENCODED if c in f.columns), "layout"))
+            times.append(t)
+            order.append(np.where(has, 1, 2).astype(np.int8))
+            subs.append(-f["dur_ns"].cast(pl.Int64).fill_null(0).to_numpy())  # the longer slice first
+            ends, t = s.ends(lo, hi)
+            parts.append(_tracked(k, ends, tracks[k]).select("track", "ts_ns", "dur_ns"))
+            times.append(t)
+            order.append(np.zeros(len(t), dtype=np.int8))
+            subs.append(-ends["ts_ns"].cast(pl.Int64).to_numpy())  # the later-begun (inner) slice first
+        c0, c1 = _span(count_ts, lo, hi)
+        parts.append(counts.slice(c0, c1 - c0))
+        times.append(count_ts[c0:c1])
+        order.append(np.full(c1 - c0, 3, dtype=np.int8))
+        subs.append(np.zeros(c1 - c0, dtype=np.int64))
+        return _Window(parts, times, order, subs)
+
+    bounds = [None, *_cuts(slices, count_ts, window_rows), None]
+    n = 0
     # windows are encoded on several threads (numpy and Polars let go of the GIL) and written in order
     workers = min(MAX_WORKERS, len(os.sched_getaffinity(0)))
     with ThreadPoolExecutor(workers) as pool:
         pending: deque[Future] = deque()
-        for lo in range(0, n, chunk_rows):
-            pending.append(pool.submit(_encode, parts, order, lo, min(n, lo + chunk_rows)))
-            if len(pending) > workers:
-                out.write(pending.popleft().result())  # the bytes as they are: no copy
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            w = window(lo, hi)
+            n += w.n
+            for at in range(0, w.n, chunk_rows):
+                pending.append(pool.submit(_encode, w.parts, w, at, min(w.n, at + chunk_rows)))
+                if len(pending) > workers:
+                    out.write(pending.popleft().result())  # the bytes as they are: no copy
         while pending:
             out.write(pending.popleft().result())
     return n
