@@ -1,11 +1,15 @@
 """When the daemon's main loop wakes, and what it looks at when it does.
 
 The event rings are written without a wake-up (BPF_RB_NO_WAKEUP: one would
-cost every traced call), so the loop drains them on a timer: every
-POLL_INTERVAL_S while events come, and, once a drain finds none, after
-idle_poll_s(): as long as the events ring takes to fill at FLOOD_RATE (47 ms
-with the default 16 MiB ring, at most IDLE_POLL_MAX_S), so that a flood
-starting on an idle daemon still finds room.  What an idle daemon also paid
+cost every traced call), so the loop drains them on a timer, and the timer is
+set by what the events ring holds: the next drain comes before the ring can
+fill at FLOOD_RATE, or at four times the rate of the events just drained if
+that is higher (Pacer.tick): 47 ms with the default 16 MiB ring up to
+500,000 events/s, less above it, never less than POLL_INTERVAL_S (a capture's
+pace) nor more than IDLE_POLL_MAX_S.  A flood that starts on an idle daemon
+finds room, and a steady 100,000 launches/s costs 21 drains a second, not
+100: each drain's fixed cost (numpy calls on its batch, the loop's own turn)
+was most of what the daemon paid at that rate.  What an idle daemon also paid
 for was the rest of each turn, a hundred times a second: the discover watcher
 (a walk of the stops map, its guardians' waits, the other tracers' maps) and
 the `-a` rescan of /proc.  Those now wait for a reason:
@@ -32,7 +36,9 @@ from ..capture.output.drain import POLL_INTERVAL_S
 #: the fastest the probes fill the events ring, events/s: one thread of the stand-in library under a
 #: probe makes ~0.5 M/s on our VM (docs/daemon.md's flood); a few such threads at once
 FLOOD_RATE = 2_000_000
-#: the longest an idle daemon sleeps between drains
+#: the next drain comes before the rate of the events just drained, this many times over, fills the ring
+RATE_MARGIN = 4
+#: the longest the daemon sleeps between drains
 IDLE_POLL_MAX_S = 0.1
 #: the longest a turn without a discover record goes without the watcher
 WATCH_S = 0.1
@@ -40,22 +46,23 @@ WATCH_S = 0.1
 RESCAN_S = 30.0
 
 
-def idle_poll_s(events: RingBuffer) -> float:
-    """How long an idle daemon may sleep: the records the events ring holds last that long at FLOOD_RATE."""
-    held = events.size // record_stride(events.dtype.itemsize)
-    return min(IDLE_POLL_MAX_S, max(POLL_INTERVAL_S, held / FLOOD_RATE))
+def ring_records(events: RingBuffer) -> int:
+    """How many records the events ring holds."""
+    return events.size // record_stride(events.dtype.itemsize)
 
 
 class Pacer:
     """The loop's poll set: ``watch_fd`` (the discover ring) and any others (the control socket, ...)."""
 
-    def __init__(self, watch_fd: int | None, *fds: int, idle_s: float = POLL_INTERVAL_S, clock=time.monotonic):
+    def __init__(self, watch_fd: int | None, *fds: int, held: int = 0, clock=time.monotonic):
+        """``held``: how many records the events ring holds (ring_records)."""
         self._poll = select.poll()
         self._watch_fd = watch_fd
         self._clock = clock
         self._next_watch = 0.0
-        self.idle_s = idle_s
-        self._drained = -1
+        self._held = held
+        self._drained = 0
+        self._ticked: float | None = None
         #: the descriptors found readable by the last wait()
         self.ready: set[int] = set()
         for fd in (watch_fd, *fds):
@@ -71,10 +78,14 @@ class Pacer:
         return self.ready
 
     def tick(self, drained: int) -> float:
-        """The next wait: POLL_INTERVAL_S if the drains' running count of events, ``drained``, moved
-        since the last call, else idle_s."""
-        moved, self._drained = drained != self._drained, drained
-        return POLL_INTERVAL_S if moved else self.idle_s
+        """The next wait, from ``drained``, the drains' running count of events: the ring fills no sooner
+        at FLOOD_RATE, nor at RATE_MARGIN times the rate since the last call."""
+        now = self._clock()
+        rate = 0.0
+        if self._ticked is not None:
+            rate = (drained - self._drained) / max(now - self._ticked, POLL_INTERVAL_S)
+        self._drained, self._ticked = drained, now
+        return min(IDLE_POLL_MAX_S, max(POLL_INTERVAL_S, self._held / max(FLOOD_RATE, RATE_MARGIN * rate)))
 
     def watch_due(self) -> bool:
         """Whether the watcher should run this turn: a discover record is waiting, or WATCH_S has passed."""

@@ -6,7 +6,7 @@ error, a hang suspect, a process killed or exiting non-zero; all through
 Daemon._fire).  Ctrl-C or SIGTERM end it: the probes go, nothing stays
 stopped, and no dump is written unless one was asked for or a trigger fired.
 
-Threads: the main thread drains the rings (every 10 ms while events come: pacing) and takes
+Threads: the main thread drains the rings (as often as their size needs: pacing) and takes
 each dump's snapshot (the window, the process table, the loss counters); a
 dump thread writes the snapshots to disk, so a slow disk never keeps the rings
 from being drained.
@@ -37,7 +37,7 @@ from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
 from .triggers import Debounce, Firing, Triggers
 from .metrics import Metrics, Server
-from .pacing import RESCAN_S, Pacer, idle_poll_s
+from .pacing import RESCAN_S, Pacer, ring_records
 from .stacks import follow, stacks_manifest
 from .window import Snapshot, Window
 
@@ -162,7 +162,7 @@ class Daemon:
         # each drain's records, and each segment the window closes, land in memory freed by the ones before
         # (what it keeps stays bounded by the window's peak): new pages cost more than the rest at 100k/s
         keep_freed_memory()
-        wake = Pacer(session.watch_fd, control.fileno(), idle_s=idle_poll_s(events))
+        wake = Pacer(session.watch_fd, control.fileno(), held=ring_records(events))
         if session.stacks is not None:  # a new stack is read at once, while its code objects exist
             wake.register(session.stacks.fd)
         next_checkpoint = next_forget = 0.0

@@ -10,23 +10,20 @@ import pytest
 
 from pasta_trace import schema
 from pasta_trace.capture.output.drain import POLL_INTERVAL_S
-from pasta_trace.daemon.pacing import FLOOD_RATE, IDLE_POLL_MAX_S, WATCH_S, Pacer, idle_poll_s
+from pasta_trace.daemon.pacing import FLOOD_RATE, IDLE_POLL_MAX_S, RATE_MARGIN, WATCH_S, Pacer, ring_records
 
 STRIDE = 176  # a HOST_EVENT of 168 bytes and its 8-byte ring header
 
 
 def ring(size: int) -> SimpleNamespace:
-    """What idle_poll_s reads of a RingBuffer: its data size and record dtype."""
+    """What ring_records reads of a RingBuffer: its data size and record dtype."""
     return SimpleNamespace(size=size, dtype=schema.HOST_EVENT.dtype)
 
 
-def test_the_idle_sleep_is_what_the_events_ring_holds_at_the_flood_rate():
+def test_the_ring_holds_its_size_in_strides():
     assert schema.HOST_EVENT.dtype.itemsize + 8 == STRIDE
-    assert idle_poll_s(ring(16 << 20)) == (16 << 20) // STRIDE / FLOOD_RATE  # the default ring: 95,325 events
-    assert round(idle_poll_s(ring(16 << 20)), 4) == 0.0477
-    assert idle_poll_s(ring(4 << 20)) == (4 << 20) // STRIDE / FLOOD_RATE
-    assert idle_poll_s(ring(1 << 30)) == IDLE_POLL_MAX_S  # a big ring: the daemon still looks 10 times a second
-    assert idle_poll_s(ring(1 << 20)) == POLL_INTERVAL_S  # a small one: never less than a busy drain's pace
+    assert ring_records(ring(16 << 20)) == 95_325  # the default ring
+    assert ring_records(ring(4 << 20)) == 23_831
 
 
 class Clock:
@@ -81,11 +78,28 @@ def test_a_wait_ends_at_its_timeout_or_at_once_when_a_descriptor_is_readable(pip
     assert p.ready == {control}
 
 
-def test_the_drain_pace_is_fast_while_events_come_and_slow_once_none_did():
-    p = Pacer(None, idle_s=0.047)
-    assert p.tick(0) == POLL_INTERVAL_S  # the first turn: nothing known yet
-    assert p.tick(0) == 0.047  # a drain with no event
-    assert p.tick(0) == 0.047
-    assert p.tick(1000) == POLL_INTERVAL_S  # events came: every POLL_INTERVAL_S
-    assert p.tick(2500) == POLL_INTERVAL_S
-    assert p.tick(2500) == 0.047
+def test_the_next_drain_comes_before_the_ring_can_fill():
+    clock = Clock()
+    held = ring_records(ring(16 << 20))
+    p = Pacer(None, held=held, clock=clock)
+    idle = held / FLOOD_RATE
+    assert round(idle, 4) == 0.0477
+    assert p.tick(0) == idle  # the first turn: no rate known, the ring must last at FLOOD_RATE
+    clock.t += idle
+    assert p.tick(0) == idle  # idle
+    clock.t += idle
+    assert p.tick(4_766) == idle  # 100,000 events/s: FLOOD_RATE is the faster
+    clock.t += 0.02
+    # 1 M/s: a quarter of the ring a drain (the clock's sums are floats)
+    assert p.tick(4_766 + 20_000) == pytest.approx(held / (RATE_MARGIN * 1_000_000), rel=1e-9)
+    clock.t += 0.01
+    assert p.tick(4_766 + 20_000 + 50_000) == POLL_INTERVAL_S  # 5 M/s: never faster than a capture's drain
+    clock.t += 0.001  # a turn woken early (a peer, a stop): its rate over POLL_INTERVAL_S at least
+    assert p.tick(4_766 + 70_000 + 1_000) == idle
+    clock.t += idle
+    assert p.tick(4_766 + 71_000) == idle
+
+
+def test_a_big_ring_is_still_drained_ten_times_a_second_and_a_small_one_at_a_captures_pace():
+    assert Pacer(None, held=ring_records(ring(1 << 30))).tick(0) == IDLE_POLL_MAX_S
+    assert Pacer(None, held=ring_records(ring(1 << 20))).tick(0) == POLL_INTERVAL_S
