@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -361,7 +362,7 @@ def main() -> int:
         for e in engines:
             secs = sorted(r["seconds"] for r in runs[e])
             cpu = sorted(r["cpu"] for r in runs[e])
-            results[e] = {"seconds": secs[len(secs) // 2], "all": secs, "cpu": cpu[len(cpu) // 2],
+            results[e] = {"seconds": statistics.median(secs), "all": secs, "cpu": statistics.median(cpu),
                           "peak_bytes": max(r["peak_bytes"] for r in runs[e])}
         ref = sums["pasta"]
         bad = [e for e in engines if sums[e] != ref]
@@ -393,8 +394,8 @@ def main() -> int:
                 # each round's engines ran one after the other: their ratio shares that round's load
                 ratios = sorted(b["seconds"] / p["seconds"] for p, b in zip(runs["pasta"], runs[o]))
                 cpu = sorted(b["cpu"] / p["cpu"] for p, b in zip(runs["pasta"], runs[o]))
-                print(f"  {o} / pasta per round: seconds median {ratios[len(ratios) // 2]:.2f}x "
-                      f"({ratios[0]:.2f}-{ratios[-1]:.2f}), cpu s median {cpu[len(cpu) // 2]:.2f}x "
+                print(f"  {o} / pasta per round: seconds median {statistics.median(ratios):.2f}x "
+                      f"({ratios[0]:.2f}-{ratios[-1]:.2f}), cpu s median {statistics.median(cpu):.2f}x "
                       f"({cpu[0]:.2f}-{cpu[-1]:.2f})")
     return 0
 
