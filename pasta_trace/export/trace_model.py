@@ -122,12 +122,12 @@ def sorted_by(frame: pl.DataFrame, *keys: str, nulls_last: bool = False) -> pl.D
 COLLECTIVE_FLOW_BASE = 1 << 48
 
 
-def _collective_flows(cap: Capture) -> pl.DataFrame:
+def _collective_flows(cap: Capture, api: pl.DataFrame) -> pl.DataFrame:
     """pid, tid, ts_ns, coll_in, coll_out: each rank's entry into a
     collective (comm_id, seq) linked to the next rank's, in entry order, so
     the arrows run from the first rank in to the last."""
     key = ["comm_id", "seq"]
-    return (
+    flows = (
         merge.collective_entries(cap).select("pid", "tid", "ts_ns", *key)
         .sort(*key, "ts_ns", "pid", "tid")
         .with_row_index("_i")
@@ -136,8 +136,10 @@ def _collective_flows(cap: Capture) -> pl.DataFrame:
                 coll_in=pl.when(pl.col("_i") > pl.col("_first")).then(pl.col("_i") - 1 + COLLECTIVE_FLOW_BASE),
                 coll_out=pl.when(pl.col("_i") < pl.col("_last")).then(pl.col("_i") + COLLECTIVE_FLOW_BASE))
         .unique(["pid", "tid", "ts_ns"], keep="first")
-        .collect()
     )
+    if not (api["kind"] == "collective").any():  # none among the calls: no second read of the events to find none
+        return pl.DataFrame(schema=flows.collect_schema())
+    return flows.collect()
 
 
 #: the columns of merge.kernel_executions the trace draws (the rest, device
@@ -427,7 +429,7 @@ def build(cap: Capture) -> TraceModel:
     # joined on the three key columns only (flows are unique per key: one row per call), and
     # put beside the calls: joining the calls themselves would copy every column of them
     key = ["pid", "tid", "ts_ns"]
-    collectives = _collective_flows(cap)
+    collectives = _collective_flows(cap, api)
     if collectives.height:
         flows = api.select(key).join(collectives, on=key, how="left", maintain_order="left")
         api = api.with_columns(flows["coll_in"], flows["coll_out"])
