@@ -155,9 +155,10 @@ class RunningSums:
     all (10^8 samples: 2*10^7 rows) cost seconds and 1 GB.
 
     The merge writes into the other of two buffers, each kept for the next
-    batches and grown by half again when too small: np.insert made four fresh
-    arrays per batch, each a page fault per 4 KiB of it (at 10^8 samples, 24
-    batches of 2-3*10^6 groups: ~2 GB faulted in for arrays used once)."""
+    batches and grown by half again when too small, where np.insert made four
+    fresh arrays per batch (10^8 samples: 2.0 CPU s and 13,000 page faults
+    before, 1.8 s and 2,600 after; 10 batches of 10^6 at 10^7: 0.59-0.72 s
+    before, 0.45-0.54 after)."""
 
     def __init__(self) -> None:
         self.cols: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.uint64) for _ in range(4))
