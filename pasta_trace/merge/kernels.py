@@ -60,7 +60,10 @@ def kernel_executions(cap: Capture, tolerance_ns: int = TOLERANCE_NS) -> pl.Lazy
     if merged is not None:
         return merged
     rows, absent = _kernel_executions(cap, tolerance_ns)
-    return rows.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items()])
+    # a capture whose kernel summaries leave the counters out (a report's, which reads none)
+    # gives kernels without them: a reader asking for one fails, none reads it as null
+    have = {*rows.columns, *(e.meta.output_name() for e in absent)}
+    return rows.lazy().with_columns(absent).select([pl.col(k).cast(v) for k, v in _SCHEMA.items() if k in have])
 
 
 def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, list[pl.Expr]]:
@@ -95,7 +98,8 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
     )
     dev = device_executions(cap, tolerance_ns).collect()  # held in cap.cache: no copy
     dev_cols = ["pid", "launch_seq", "match", "launch_id", "device", "grid_id", "correlation_id",
-                "gpu_start_ns", "gpu_end_ns", "dev_name", "graph_id", "graph_node_id", *_COUNTERS]
+                "gpu_start_ns", "gpu_end_ns", "dev_name", "graph_id", "graph_node_id",
+                *(c for c in _COUNTERS if c in dev.columns)]
     if dev.height:
         # CUPTI writes 0 for a kernel no graph ran: null on the timeline, as where no CUPTI record is
         dev = dev.with_columns(pl.when(pl.col("graph_id") != 0).then(pl.col(c)).alias(c)
