@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -65,6 +66,9 @@ EVENT_BYTES = 168
 
 
 def pasta() -> list[str]:
+    """PASTA_TRACE_CMD (shell-quoted), as the tests take it: another tree's pasta-trace, for a before-and-after."""
+    if os.environ.get("PASTA_TRACE_CMD"):
+        return shlex.split(os.environ["PASTA_TRACE_CMD"])
     exe = Path(sys.executable).parent / "pasta-trace"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "pasta_trace.cli"]
 
@@ -263,19 +267,21 @@ class Bench:
             before, t0 = cpu_ticks(daemon.pid), time.monotonic()
             w.stdin.write("go\n")
             w.stdin.flush()
-            while w.poll() is None:
-                time.sleep(min(a.sample, max(0.0, t0 + a.soak - time.monotonic())) or 0.1)
+            while w.poll() is None and time.monotonic() < t0 + a.soak:
+                time.sleep(min(a.sample, max(0.01, t0 + a.soak - time.monotonic())))
                 samples.append((time.monotonic() - t0, memory(daemon.pid)["VmRSS"]))
             out = json.loads(w.stdout.readline())
             cpu = used(before, cpu_ticks(daemon.pid)) / TICKS / (time.monotonic() - t0)
-            m = dump(sock)
             hwm = memory(daemon.pid)["VmHWM"]
+            m = dump(sock)
+            hwm_dump = memory(daemon.pid)["VmHWM"]
         finally:
             daemon.stop()
         print(f"soak: {out['launches']:,} launches in {out['seconds']:.0f} s "
               f"({out['launches'] / out['seconds']:,.0f}/s), daemon CPU {100 * cpu:.1f} % of a core, "
               f"lost {lost_of(m)}, window at the end {m['counts']['events']:,} events "
-              f"({m['counts']['events'] * EVENT_BYTES / 2**20:.1f} MiB), VmHWM {hwm / 2**20:.0f} MiB, load {load():.1f}")
+              f"({m['counts']['events'] * EVENT_BYTES / 2**20:.1f} MiB), VmHWM {hwm / 2**20:.0f} MiB "
+              f"({hwm_dump / 2**20:.0f} MiB once that dump was written), load {load():.1f}")
         print("  t (s)  VmRSS (MiB)  events made  (their bytes, MiB)")
         for t, rss in samples:
             made = min(t, out["seconds"]) * a.rate
