@@ -14,7 +14,7 @@ another tracer holds the same thread stopped (that tracer resumes it).
 spends seconds in the kernel releasing the uprobe links (13 s measured with a
 few hundred probes) before its pidfd becomes readable.  PF_EXITING, set in the
 flags of /proc/PID/stat at the very start of do_exit, is polled alongside the
-pidfd, EXIT_POLL_S apart.
+pidfd, GUARDIAN_POLL_S apart.
 
 The tracer and its guardians watch each other: the tracer keeps GUARDIANS of
 them and replaces one that died (LateLoadWatcher), so that a SIGKILL of the
@@ -54,7 +54,7 @@ import time
 
 from . import helper_process, own_process
 from ..bpf.map_fds import Map, MapsByName, map_info
-from .tracer_end import EXIT_POLL_S, SETTLE_S, exiting, open_maps
+from .tracer_end import GUARDIAN_POLL_S, SETTLE_S, exiting, open_maps
 
 STOPS_MAP = "pt_stops"
 ARMED_KEY = (1).to_bytes(4, "little")
@@ -78,7 +78,7 @@ def wait_for_end(pid: int, pidfd: int, stdin: int | None = 0) -> None:
         leaving = exiting(pid)
         if select.select(fds, [], [], 0)[0] or leaving:
             return
-        select.select(fds, [], [], EXIT_POLL_S)
+        select.select(fds, [], [], GUARDIAN_POLL_S)
 
 
 def release(stops: Map, others: MapsByName, key: bytes, tgid: int) -> bool:

@@ -11,8 +11,13 @@ import os
 #: after disarming, stops that raced with it may still land: look again this often (guardian.SETTLE_ROUNDS
 #: times); a ring found empty is looked at again this much later
 SETTLE_S = 0.02
-#: how often the tracer's exit is looked for in /proc/PID/stat (the pidfd wakes us at once anyway)
+#: how often the events writer looks for the tracer's exit in /proc/PID/stat while it writes (the pidfd
+#: wakes it at once anyway)
 EXIT_POLL_S = 0.025
+#: how often a guardian does, all the while the tracer runs: a process held at a library load is resumed
+#: within a second of a SIGKILL of the tracer (tests/live/test_kill_matrix.py), and at 25 ms the reads cost
+#: an idle daemon 0.5 % of a core per guardian on a loaded 2-core machine (docs/performance.md)
+GUARDIAN_POLL_S = 0.2
 #: the flag of a task that has begun to exit (include/linux/sched.h)
 PF_EXITING = 0x4
 
