@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from ..errors import UsageError
+from ..daemon.triggers import KINDS
 from .arg_types import pages, seconds
 
 HELP = "trace every GPU process, keep the last minute in memory, write it out on demand or on a failure"
@@ -23,6 +24,8 @@ EXAMPLES = """\
   sudo pasta-trace daemon -o dumps/ --hang-after 120 --quiet-after 45 --after 10
                          dump on an NCCL call stuck 2 min, a GPU process silent 45 s; keep 10 s after each
   sudo pasta-trace daemon -o dumps/ --hang-after 0 --debounce 3600   no hang trigger; one dump an hour per cause
+  sudo pasta-trace daemon -o dumps/ --triggers oom,cuda_error,nccl_hang   no dump on other failures
+  sudo pasta-trace daemon -o dumps/ --triggers none   dumps only when asked (dump, SIGUSR1)
   sudo pasta-trace daemon -o dumps/ --socket-group gpuops   members of gpuops may ask for dumps too
   sudo pasta-trace daemon -o dumps/ --metrics 0.0.0.0:9464   Prometheus may scrape it from other machines
 contrib/pasta-trace-daemon.service and contrib/pasta-trace-daemonset.yaml run it as a service (docs/daemon.md)
@@ -68,6 +71,18 @@ def seconds_or_zero(text: str) -> float:
     return 0.0 if text.strip() in ("0", "0.0") else seconds(text)
 
 
+def trigger_kinds(text: str) -> frozenset[str]:
+    """--triggers: all, none, or a comma-separated list of KINDS."""
+    words = {w.strip() for w in text.split(",") if w.strip()}
+    if words in ({"all"}, {"none"}):
+        return frozenset(KINDS) if words == {"all"} else frozenset()
+    unknown = sorted(words - set(KINDS))
+    if unknown or not words:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or repr(text)}: not a trigger (all, none, or some "
+                                         f"of {','.join(KINDS)})")
+    return frozenset(words)
+
+
 def count(text: str) -> int:
     """--keep: a number of dumps, 1 or more."""
     if not text.strip().isdigit() or int(text) < 1:
@@ -98,8 +113,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"ring buffer size in pages, a power of two (default {DEFAULT_BUFFER_PAGES}); "
                         "raise it when events are lost")
     g = p.add_argument_group("automatic triggers", "a dump of every process, named by the trigger and its PID, on "
-                             "out of memory,\nan illegal address, a launch failure, cuInit failing, a hang suspect, "
-                             "or a process\nwith GPU calls killed by a signal or exiting non-zero (docs/daemon.md)")
+                             "out of memory,\nan illegal address, a launch failure, cuInit failing, a hang suspect,\n"
+                             "or a process with GPU calls killed by a signal or exiting non-zero\n(docs/daemon.md)")
+    g.add_argument("--triggers", type=trigger_kinds, default=frozenset(KINDS), metavar="LIST",
+                   help=f"the triggers that make a dump: all (the default), none, or some of {','.join(KINDS)}; "
+                        "the others are still counted in the metrics")
     g.add_argument("--hang-after", type=seconds_or_off, default=DEFAULT_HANG_AFTER_S, metavar="SEC",
                    help=f"an NCCL collective (or send/recv, communicator creation) entered and not returned after "
                         f"SEC seconds fires nccl_hang (default {DEFAULT_HANG_AFTER_S:g}; 0: off)")
@@ -140,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
                          keep_bytes=args.keep_bytes, buffer_pages=args.buffer_pages, command_line=sys.argv[:],
                          verbose=args.verbose, bpf_cache=not args.no_bpf_cache,
                          stacks=not args.no_stacks, hang_after_s=args.hang_after, quiet_after_s=args.quiet_after,
-                         debounce_s=args.debounce, after_s=args.after, metrics=args.metrics)
+                         debounce_s=args.debounce, after_s=args.after, metrics=args.metrics,
+                         triggers=args.triggers)
     if opts.quiet_after_s is not None and opts.quiet_after_s >= opts.window_s:
         # its dump keeps the window before it: none of the quiet process's calls would be in it
         raise UsageError(f"--quiet-after {opts.quiet_after_s:g} is not less than --window {opts.window_s:g}",

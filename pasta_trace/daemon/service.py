@@ -35,9 +35,9 @@ from ..runs import distinct
 from ..safe_output import invoking_user
 from .control import ControlSocket, Request
 from .dump import Tables, Trigger, Written, prune, write_dump
-from .triggers import Debounce, Firing, Triggers
 from .metrics import Metrics, Server
 from .pacing import RESCAN_S, Pacer, ring_records
+from .triggers import KINDS, Debounce, Firing, Triggers
 from .stacks import follow, stacks_manifest
 from .window import Snapshot, Window
 
@@ -63,8 +63,6 @@ class DaemonOptions:
     verbose: bool = False
     bpf_cache: bool = True
     stacks: bool = True  # the caller's Python stack on every event, as -a records (--no-stacks: off)
-    #: where /metrics is served (host, port); None: no metrics (daemon.metrics)
-    metrics: tuple[str, int] | None = None
     #: automatic triggers (daemon.triggers): an NCCL call not returned after hang_after_s (None: off), a
     #: process whose calls stop for quiet_after_s (None: off); one dump per cause per process per debounce_s;
     #: a trigger's dump is taken after_s after it fired
@@ -72,6 +70,10 @@ class DaemonOptions:
     quiet_after_s: float | None = None
     debounce_s: float = 300.0
     after_s: float = 5.0
+    #: the trigger kinds that make a dump (--triggers); the others are still counted in the metrics
+    triggers: frozenset[str] = frozenset(KINDS)
+    #: where /metrics is served (host, port); None: no metrics (daemon.metrics)
+    metrics: tuple[str, int] | None = None
 
 
 @dataclass
@@ -120,8 +122,8 @@ class Daemon:
                 server = Server(self.metrics, *o.metrics)
                 self.say(f"Metrics on http://{server.address}/metrics")
             session.setup()
-            self._triggers = Triggers(module_maps(session.bpf)["inflight"][0], hang_after_s=o.hang_after_s,
-                                      quiet_after_s=o.quiet_after_s)
+            self._triggers = Triggers(module_maps(session.bpf)["inflight"][0], hang_after_s=o.hang_after_s if "nccl_hang" in o.triggers else None,
+                                      quiet_after_s=o.quiet_after_s if "quiet" in o.triggers else None)
             events = open_table(session.bpf, "events", schema.HOST_EVENT.dtype)
             names = open_table(session.bpf, "names", schema.HOST_NAME.dtype)
             if session.stacks is not None:
@@ -215,6 +217,10 @@ class Daemon:
         fired = mf.ClockSample.now()
         if self.metrics is not None:  # pasta_triggers_total: every trigger fired, its dump debounced or not
             self.metrics.triggered(firing.kind, firing.pid)
+        if firing.kind not in self.opts.triggers:  # --triggers left it out: counted, never dumped
+            if self.opts.verbose:
+                self.say(f"trigger {firing.kind} (not in --triggers: no dump): {firing.cause}")
+            return
         admitted = self._debounce.admit(firing.kind, firing.pid, fired.mono_before_ns, firing.repeats)
         if self.opts.verbose and (firing.repeats or not admitted):
             again = firing.repeats + (not admitted)

@@ -207,3 +207,41 @@ def test_the_nccl_watch_reads_a_process_s_threads_over_several_checks_within_its
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_a_trigger_left_out_of_triggers_is_counted_and_never_dumped(tmp_path):
+    from pasta_trace.daemon.metrics import Metrics
+    from pasta_trace.daemon.service import Daemon, DaemonOptions
+    from pasta_trace.daemon.triggers import Firing
+    from pasta_trace.probes.catalog import API_NAMES
+
+    said: list[str] = []
+    d = Daemon(DaemonOptions(out_dir=tmp_path, window_s=60, window_bytes=1 << 30, socket=tmp_path / "s",
+                             socket_group=None, keep=None, keep_bytes=None, buffer_pages=64, command_line=[],
+                             verbose=True, after_s=5.0, triggers=frozenset({"oom"})), say=said.append)
+    d.metrics = Metrics(list(API_NAMES))
+    me = os.getpid()
+    d._fire(Firing("exit", me, "exited with status 1"))
+    d._fire(Firing("oom", me, "cuMemAlloc_v2 returned CUDA_ERROR_OUT_OF_MEMORY (2)"))
+    d.metrics.update({})
+    t = d.metrics.published.totals
+    rows = t.filter((t["metric"] == "triggers") & (t["pid"] == me))
+    assert dict(zip(rows["a"].to_list(), rows["value"].to_list())) == {"exit": 1, "oom": 1}
+    assert [f.kind for _, f, _ in d._pending] == ["oom"]
+    assert d._debounce.suppressed == {}
+    assert said[0] == "trigger exit (not in --triggers: no dump): exited with status 1"
+
+
+def test_the_triggers_option_takes_all_none_or_kinds():
+    from pasta_trace.cli import build_parser
+    from pasta_trace.daemon.triggers import KINDS
+
+    parse = build_parser().parse_args
+    assert parse(["daemon", "-o", "d"]).triggers == frozenset(KINDS)
+    assert parse(["daemon", "-o", "d", "--triggers", "none"]).triggers == frozenset()
+    assert parse(["daemon", "-o", "d", "--triggers", "oom, nccl_hang"]).triggers == {"oom", "nccl_hang"}
+    from pasta_trace.errors import UsageError
+
+    with pytest.raises(UsageError) as e:  # exit 2, one line (cli.main prints it)
+        parse(["daemon", "-o", "d", "--triggers", "oom,segfault"])
+    assert "segfault: not a trigger (all, none, or some of oom,cuda_error," in str(e.value)
