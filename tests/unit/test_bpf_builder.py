@@ -31,26 +31,26 @@ BY = {a.symbol: a for a in catalog.APIS}
 #: name -> (how the text is built now, sha256 of the old code path's normalized text)
 CAPTURES = {
     "pid": (dict(buffer_pages=1024, aggregate=False, filter_pids=True),
-            "fc4d2c7658ef15ad9de80cfbadadc4ca713a8dd65bbcbf092660541951e41da7"),
+            "caafd877ecd2bcfc714583b2a251773ddea0f44fd3653156ee713b4eeb87d704"),
     "system": (dict(buffer_pages=1024, aggregate=False, filter_pids=False),
-               "ffb94c64f45ca9d5cde391da3213563537e7c19877ec73694ee2ee8d07c142bc"),
+               "601befafd15592d2ffb6c5faf051ee3dc73b6aafa462486c5d6a01fa65b32c16"),
     "aggregate": (dict(buffer_pages=4096, aggregate=True, filter_pids=True, aggregate_max=4),
-                  "1755be14b9e79e592ce9a5a93432482d698c4e36e8154a54e503f823ce46a1f0"),
+                  "eb9327690c174d10d81d5b5a0a03c8dc7cae7993a7cfbc9c3db280e0eab3676a"),
     "stacks": (dict(buffer_pages=1024, aggregate=False, filter_pids=True, stack_depth=32, stack_pages=128),
-               "5f5910a0485b6dc3fbbf357bce5548c6f4de1aaec70e6002de0104e1074c3b80"),
+               "0ca4eb98e65eac7ed76c6f10e5430bcb663f955c19412f825500ad0345136a4b"),
     "native_default": (dict(buffer_pages=1024, aggregate=False, filter_pids=False, native_stacks="default",
                             native_pages=512),
-                       "0f34fa04e4469545d2b92f569b296f45c8f85e0735641c003aeae95a41c5f645"),
+                       "8b2a6fd692a22a55d643c1b454ea4da5312878526cead285e96df36a02ca138f"),
     "native_all_stacks": (dict(buffer_pages=65536, aggregate=False, filter_pids=True, stack_depth=8,
                                native_stacks="all"),
-                          "bc18cf2336f311d413bfd3f8632394cd2af2b07fcd87da8f5bf97fc562805009"),
+                          "2bdd379be62f83c5416e1c58cfc05720f317c4f3e4eaf47c6bf2d4c4c813601f"),
     "uid": (dict(buffer_pages=1024, aggregate=False, filter_pids=True, allowed_uid=1000),
-            "80382e872ddc9a1c58a51c1b03890831baa391a66d04da202ee50a947648af7f"),
+            "761d261a2776d5b6041184d2eab7dc71af67dfb9fc541aa3d17f0cd9c294b532"),
 }
 #: probes.program.Spec -> sha256, for the texts built without a capture's settings
 SPECS = {
     "capture_floor": (replace(program_spec(buffer_pages=1024, aggregate=False, filter_pids=True), apis=()),
-                      "d668f584c8c06792d241ee5046430d339da2ff1a1368908db9574bb51b19fd04"),
+                      "0d8b1f770b9335a397a4294fd4803c310f3892b62e30afe228c8a440033a4b81"),
     "probes_default": (program.Spec(discover=False),
                        "6b99362b90be0e7361ed51f6d650d872ce27247060a0ae0f239468f6345b1f07"),
     "probes_small": (program.Spec(discover=False, ring_pages=64, names_pages=16,
@@ -59,23 +59,23 @@ SPECS = {
     "probes_agg_filter": (program.Spec(discover=False, aggregate=True, filter_pids=True),
                           "56b3cf57546e5064f59d3f8c0109fe411a7b2125d38785b47b387c3837e90ffa"),
     "probes_with_discover": (program.Spec(ring_pages=256, filter_pids=True),
-                             "cbdcfc9e6637673513647ee3db2f4a21c6da9c7661eff908c2103abee42de5c1"),
+                             "f2c593675194c31c37919c04390f9aeb3182fa2e6b972abb85e03e7566376251"),
     "discover_alone_pid": (program.Spec(probes=False, filter_pids=True),
-                           "651b169876572e025ebaca6053602682a30ab1f7af58f0b96411d93ad6504894"),
+                           "c55985cffd757e8384bed6229ccfca852fdafd6590cd8d2bfdce21a602755188"),
     "discover_alone_system": (program.Spec(probes=False, filter_pids=False),
-                              "8051d6420a69e44a7d841073aebc0f6156808c61ecbd6442c627bb4e2d888078"),
+                              "ae0a6d09800cbe15c43d1cc5621476ee19398895f62c976672c7da547e708ea9"),
     "discover_alone_known": (program.Spec(probes=False, filter_pids=True, known_max=4),
-                             "08567909b584b3f31f0ef1054dcf59802c6b2eda21ab3d54c65ca1106cf29c4e"),
+                             "cae92bf58dda9cbc7bd1ac2e7b081866956a25bcb2a74b6c14da2471dd63141c"),
 }
 #: `pasta-trace record` arguments -> sha256 of what --print-bpf writes
 PRINTED = {
-    "print_bpf": (["--print-bpf"], "f8c4e6e02d1c61632e64f266e157b98b96942c701a12016769d58ddb737263ac"),
+    "print_bpf": (["--print-bpf"], "aebb5eee941074a3e5327a87de9a9d51d5ed8e249d963e90780339bf9b3e6fbe"),
     "print_bpf_system": (["--print-bpf", "-a", "--no-stacks"],
-                         "6de3c60cd534301f766df416cbb0137094e279b7db7b628cd3a25d54066bf4be"),
+                         "e7d1c06f25dc40f10da14f8d4fb4ac52a52a0f05945f35f2b9942baad10e0a63"),
     "print_bpf_agg": (["--print-bpf", "--aggregate"],
-                      "8ae96a77af005b5b25eafcdb05eb174a28a43c99077b7688857d96b4628f4f1e"),
+                      "6808e2b9aa098603b4a6fa4e8ae2032c743b2884f7ebf7163d1e81f2ac4c4a71"),
     "print_bpf_native": (["--print-bpf", "--native-stacks", "all", "-p", "1"],
-                         "41884f521dcc2a423665b359ec48e02af0240b31f306472f5678fb954e73d93a"),
+                         "3cc696304a2361108d0b244ae9d922b06fcc06a574a919e5b95f4842524f8dc6"),
 }
 
 
