@@ -229,6 +229,10 @@ class Metrics:
         for pid, _ in triggers:
             if pid and pid not in self.processes:
                 self._new_process(pid, _comm(self._proc, pid))
+        # idle (nothing drained, fired or gone since the last update), the per-process series stand as
+        # published: only the daemon's own values are new (the frames' rebuild was most of an idle second)
+        changed = bool(self._pending or self._pending_names or triggers)
+        known = len(self.processes)
         self._fold()
         if triggers:
             self._add_totals(pl.DataFrame({"metric": "triggers", "pid": [p for p, _ in triggers],
@@ -241,6 +245,9 @@ class Metrics:
             self._daemon.update({("events", ""): float(window.drained), ("window_dropped_events", ""):
                                  float(window.dropped), ("window_events", ""): float(window.held),
                                  ("window_bytes", ""): float(window.bytes)})
+        if not changed and len(self.processes) == known:
+            self.published = Published(self.published.totals, self.published.processes, dict(self._daemon))
+            return
         live = self._live_rows()
         self.published = Published(pl.concat([self._totals, live]),
                                    {pid: p.labels(pid) for pid, p in self.processes.items()}, dict(self._daemon))
