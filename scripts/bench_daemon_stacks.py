@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import polars as pl
+
+from pasta_trace.daemon.control import request_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
@@ -63,17 +64,6 @@ def wait_for(path: Path, timeout: float, proc: subprocess.Popen) -> str:
     return path.read_text()
 
 
-def ask_dump(sock: Path, pid: int) -> Path:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(120)
-        s.connect(str(sock))
-        s.sendall((json.dumps({"dump": True, "pid": pid}) + "\n").encode())
-        answer = b""
-        while not answer.endswith(b"\n") and (chunk := s.recv(4096)):
-            answer += chunk
-    return Path(json.loads(answer)["dir"])
-
-
 def run(stacks: bool, user: users.User, home: Path, cuda: Path, a: argparse.Namespace) -> float:
     """The daemon's CPU (% of a core) over one paced run."""
     where = Path(tempfile.mkdtemp(prefix="run-", dir=home))
@@ -103,7 +93,7 @@ def run(stacks: bool, user: users.User, home: Path, cuda: Path, a: argparse.Name
             (where / "w" / "go").touch()
             made = len(json.loads(wait_for(where / "w" / "done", a.seconds + 120, w))["before"])
             spent, took = cpu_ticks(daemon.pid) - before, time.monotonic() - t0
-            d = ask_dump(sock, w.pid)
+            d = Path(request_dump(sock, w.pid, 120)["dir"])
             w.kill()
             w.wait()
             ev = pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("api") == "cuLaunchKernel")
