@@ -74,8 +74,7 @@ class SharedRing:
         self._head = np.frombuffer(self._map, np.uint64, count=1)
         self._data = np.frombuffer(self._map, np.uint8, count=self.capacity, offset=HEAD_BYTES)
         self._addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))  # the mapping's start, for madvise
-        self._allocate = True  # the writer's: fallocate(2) makes the memfd's pages here
-        self._populate = True  # the writer's, where it cannot: MADV_POPULATE_WRITE (else pages are read one by one)
+        self._populate = True  # the writer's: MADV_POPULATE_WRITE works here (else pages are read one by one)
         self._end = 0  # the tracer's next position
         self._high = 0  # the tracer's: the furthest offset it wrote to since it last gave pages back
         self._floor = 0  # the tracer's: where it last restarted (all before it is released)
@@ -160,13 +159,10 @@ class SharedRing:
         a cleared page, far more than the copy into it; made here, in the
         writer, that cost is not the drain's, which must not fall behind the
         BPF ring.  The bytes are not touched (the tracer may be writing there
-        already): fallocate(2) gives the memfd the range's pages (0.37-0.69
-        us a page on this project's VM), without mapping them into this
-        process, which reads them through a few faults that map many pages
-        each; MADV_POPULATE_WRITE, which also maps each page for writing, took
-        1.4-2.2 us a page, and a read of each page 3.1-3.7 us.  Either is
-        used where the one before it fails.  A page made before costs little
-        either way."""
+        already): one madvise(MADV_POPULATE_WRITE) call makes the range, 2.2 us
+        a page on this project's VM where a read of each page took 3.1-3.7 us;
+        where the kernel lacks it, each page is read.  A page made before costs
+        little either way."""
         upto = pos + min(PREFAULT_AHEAD_BYTES, self.capacity)
         start = max(self._ready, pos)
         if upto > start:
@@ -178,10 +174,6 @@ class SharedRing:
 
     def _make_pages(self, lo: int, hi: int) -> None:
         """The pages holding ring offsets [lo, hi)."""
-        if self._allocate:
-            if _libc.fallocate(self.fd, 0, HEAD_BYTES + lo, hi - lo) == 0:
-                return
-            self._allocate = False  # a kernel or file system without it: map them instead
         if self._populate:
             first = (HEAD_BYTES + lo) // mmap.PAGESIZE * mmap.PAGESIZE
             if _libc.madvise(ctypes.c_void_p(self._addr + first), ctypes.c_size_t(HEAD_BYTES + hi - first),
