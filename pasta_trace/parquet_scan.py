@@ -173,12 +173,7 @@ class Scanner:
                 continue
             self.files.append(p)
             by_schema.setdefault(tuple(found.items()), []).append(p)  # type: ignore[union-attr]
-        if not by_schema:
-            return pl.DataFrame(schema=sch).lazy()
-        # one scan per distinct file schema: a multi-file scan wants them all alike
-        parts = [_conform(pl.scan_parquet([str(p) for p in ps], glob=False), dict(key), sch)
-                 for key, ps in by_schema.items()]
-        return parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal")
+        return _scan_alike(by_schema, sch)
 
     def optional(self, path: Path, sch: dict[str, pl.DataType]) -> pl.LazyFrame | None:
         """The frame of one file, None when it is absent or left out."""
@@ -234,12 +229,37 @@ def column_ranges(paths: list[Path], columns: list[str]) -> tuple[int, dict[str,
     return rows, out
 
 
+def scan_events(paths: list[Path]) -> pl.LazyFrame:
+    """The events*.parquet files this version wrote, as one lazy frame of
+    schema.EVENTS_SCHEMA: the columns a file leaves out (null in every row of
+    it, capture format 1.12) read as nulls.  For the tracer's own files at the
+    end of a capture (its summary, the names it works out then); a capture of
+    any age or state is read through read.open_capture."""
+    by_schema: dict[tuple, list[Path]] = {}
+    for p in paths:
+        by_schema.setdefault(tuple(pl.read_parquet_schema(p).items()), []).append(p)
+    return _scan_alike(by_schema, schema.EVENTS_SCHEMA)
+
+
+def _scan_alike(by_schema: dict[tuple, list[Path]], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """Files grouped by their schema (its items) as one lazy frame of `sch`:
+    one scan per distinct file schema (a multi-file scan wants them all
+    alike), each conformed to `sch`."""
+    if not by_schema:
+        return pl.DataFrame(schema=sch).lazy()
+    parts = [_conform(pl.scan_parquet([str(p) for p in ps], glob=False), dict(key), sch)
+             for key, ps in by_schema.items()]
+    return parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal")
+
+
 def _conform(lf: pl.LazyFrame, found: dict[str, pl.DataType], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
-    # a column added in a later minor version reads as null from older files
+    # a column added in a later minor version reads as null from older files, as does an events
+    # column that a file leaves out (format 1.12: null in every row of it)
     missing = [pl.lit(None, v).alias(k) for k, v in sch.items() if k not in found]
     # only the columns stored as another type are cast: a cast of every column,
     # even to its own type, stands between the scan and the filters of each reader,
     # so that every row of every column read is decoded before any is dropped
     other = {k: v for k, v in sch.items() if k in found and found[k] != v}
-    lf = lf.with_columns(missing) if missing else lf
+    if missing:  # inserted where `sch` has them, so that every file's frame has one column order
+        lf = lf.with_columns(missing).select(*sch, *(k for k in found if k not in sch))
     return lf.cast(other, strict=False) if other else lf

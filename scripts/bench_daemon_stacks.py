@@ -29,6 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from pasta_trace.daemon.control import request_dump
+from pasta_trace.parquet_scan import scan_events
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
@@ -96,7 +97,7 @@ def run(stacks: bool, user: users.User, home: Path, cuda: Path, a: argparse.Name
             d = Path(request_dump(sock, w.pid, 120)["dir"])
             w.kill()
             w.wait()
-            ev = pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("api") == "cuLaunchKernel")
+            ev = scan_events(sorted(d.glob("events-*.parquet"))).filter(pl.col("api") == "cuLaunchKernel").collect()
             with_stack = ev["stack_id"].is_not_null().sum()
             if ev.height != made or (stacks and with_stack != made) or (not stacks and with_stack):
                 raise SystemExit(f"the dump holds {ev.height} launches ({with_stack} with a stack) of {made}")

@@ -118,6 +118,7 @@ def drain_rate(tracer: list[str], stub: Path, rate: int, seconds: float, procs: 
     import polars as pl
 
     from pasta_trace import schema
+    from pasta_trace.parquet_scan import scan_events
 
     script = tmp / "rate_caller.py"
     script.write_text(RATE_CALLER)
@@ -126,7 +127,7 @@ def drain_rate(tracer: list[str], stub: Path, rate: int, seconds: float, procs: 
     cap = tmp / "cap-rate"
     cmd = [*tracer, "-o", str(cap), "--", "sh", "-c", " & ".join([inner] * procs) + " & wait"]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL, timeout=600)
-    ev = pl.scan_parquet(cap / "events-*.parquet").select(
+    ev = scan_events(sorted(cap.glob("events-*.parquet"))).select(
         n=pl.len(), stacked=(pl.col("stack_id").fill_null(0) != 0).sum(),
         span=pl.col("ts_ns").max() - pl.col("ts_ns").min(),
     ).collect().row(0, named=True)

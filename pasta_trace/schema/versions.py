@@ -10,7 +10,9 @@ from __future__ import annotations
 #: 1.10: the manifest's trigger object (a daemon's dump: its trigger and the window it holds)
 #: 1.11: the trigger object of an automatic trigger (oom, cuda_error, init_failed, nccl_hang, quiet, killed,
 #: exit): fired_ns, after_s and the trigger's own fields (api, error, comm_id, sequence, signal, ...)
-CAPTURE_FORMAT_VERSION = (1, 11)
+#: 1.12: an events file leaves out the columns null in every row of it (a file of launches has no ptr, dst,
+#: NCCL or tensor columns); readers insert them as nulls (parquet_scan)
+CAPTURE_FORMAT_VERSION = (1, 12)
 
 #: Version of the device record file (TLV) format, written in its file header
 #: (1.1: TOOL_STATUS, what the injection library's set-up calls returned;

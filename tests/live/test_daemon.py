@@ -26,6 +26,7 @@ import expect
 import users
 from pasta_run import Tracer, pasta_command, read_report, run_pasta, tracer_env, wait_for_file
 from pasta_trace import schema
+from pasta_trace.parquet_scan import scan_events
 
 pytestmark = [pytest.mark.live, pytest.mark.usefixtures("require_bpf")]
 
@@ -79,7 +80,7 @@ def dump(sock: Path, *args: str) -> Path:
 
 
 def events_of(d: Path, pid: int) -> pl.DataFrame:
-    return pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("pid") == pid)
+    return scan_events(sorted(d.glob("events-*.parquet"))).collect().filter(pl.col("pid") == pid)
 
 
 def test_a_dump_holds_exactly_the_window_and_report_reads_it(cuda_stub, sock, tmp_path):

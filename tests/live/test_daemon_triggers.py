@@ -26,6 +26,7 @@ import pytest
 
 from pasta_run import Tracer, run_pasta, wait_for_file
 from pasta_trace import schema
+from pasta_trace.parquet_scan import scan_events
 
 pytestmark = [pytest.mark.live, pytest.mark.machine_wide, pytest.mark.usefixtures("require_bpf")]
 
@@ -92,7 +93,7 @@ def dumps_of(daemon: Tracer, kind: str, pid: int) -> list[str]:
 
 
 def events_of(d: Path, pid: int) -> pl.DataFrame:
-    return pl.read_parquet(sorted(d.glob("events-*.parquet"))).filter(pl.col("pid") == pid).sort("ts_ns")
+    return scan_events(sorted(d.glob("events-*.parquet"))).collect().filter(pl.col("pid") == pid).sort("ts_ns")
 
 
 def check_error_dump(daemon: Tracer, w: Failing, log: dict, kind: str, error: str, ret: int) -> dict:
@@ -110,7 +111,7 @@ def check_error_dump(daemon: Tracer, w: Failing, log: dict, kind: str, error: st
     # written --after seconds after it fired: the end of the window is that much later
     assert AFTER_S <= t["after_s"] < AFTER_S + 30  # taken when due, by a loop that runs every 10 ms
     assert manifest["clock"]["end_ns"] - t["fired_ns"] >= AFTER_S * 1e9
-    assert manifest["format_version"] == "1.11" and manifest["complete"] is True
+    assert manifest["format_version"] == "1.12" and manifest["complete"] is True
     # every call of the workload, the launches made after the trigger included, and nothing else
     ev = events_of(d, w.pid)
     launches = ev.filter(pl.col("api") == "cuLaunchKernel")

@@ -208,6 +208,37 @@ def test_writer_rotates_one_file_per_flush_and_reader_sees_all(tmp_path):
     assert w.pids_and_comms() == [(100, "train.py")]
 
 
+def test_each_events_file_leaves_out_its_all_null_columns_and_readers_put_them_back(tmp_path):
+    """Format 1.12: a file of launches has no ptr/size/NCCL/tensor columns, one
+    with an allocation has ptr and size too; open_capture and scan_events read
+    both as the frames the writer decoded, every column in schema order."""
+    from pasta_trace.parquet_scan import scan_events
+
+    launches = np.concatenate([_launch(1, 0xA), _launch(2, 0xB)])
+    mixed = np.concatenate([_launch(3, 0xA), _alloc(4, 0x7000, 512)])
+    w = CaptureWriter(OutputDir.claim(tmp_path, force=False), APIS)
+    w.add_events(launches)
+    w.flush()
+    w.add_events(mixed)
+    w.close()
+    files = sorted(tmp_path.glob("events*.parquet"))
+    stored = [list(pl.read_parquet_schema(f)) for f in files]
+    decoded = pl.concat([events_frame(launches, APIS), events_frame(mixed, APIS)])
+    always = ["ts_ns", "pid", "tid", "comm", "api", "kind", "layer"]
+    assert set(always) <= set(stored[0]) and set(always) <= set(stored[1])
+    assert {"ptr", "size", "dur_ns", "ret"}.isdisjoint(stored[0])  # no launch here has a return code
+    assert {"ptr", "size", "dur_ns", "ret"} <= set(stored[1])
+    assert "dst" not in stored[1] and "communicator" not in stored[1] and "at_exit" not in stored[1]
+    # what a file keeps is exactly the columns with a value in some row of it
+    for f, part in zip(files, (launches, mixed)):
+        frame = events_frame(part, APIS)
+        assert pl.read_parquet_schema(f).keys() == {c for c in frame.columns if frame[c].null_count() < frame.height}
+    for lf in (open_capture(tmp_path).events, scan_events(files)):
+        back = lf.sort("ts_ns").collect()
+        assert back.columns == list(schema.EVENTS_SCHEMA)
+        assert back.equals(decoded.sort("ts_ns"))
+
+
 def test_flush_with_nothing_pending_writes_no_file(tmp_path):
     w = CaptureWriter(OutputDir.claim(tmp_path, force=False), APIS)
     w.flush()

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from ... import schema
+from ...parquet_scan import scan_events
 from ...probes.catalog import APIS
 
 
@@ -32,9 +33,7 @@ def nested_launch_names(capture_dir: Path, names: pl.DataFrame) -> pl.DataFrame:
     empty = schema.empty_frame(schema.NAMES_SCHEMA)
     if not files:
         return empty
-    events = pl.scan_parquet([str(f) for f in files])
-    if "outer_ts_ns" not in events.collect_schema().names():
-        return empty  # written before format 1.2: no pairing recorded
+    events = scan_events(files)  # a file written before format 1.2 has no outer_ts_ns: null, no pairing
     api = pl.col("api").cast(pl.String)
     inner = events.filter(
         (pl.col("kind").cast(pl.String) == "nested") & api.is_in(launch_apis(schema.Layer.driver))

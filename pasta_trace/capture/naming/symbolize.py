@@ -29,6 +29,7 @@ from elftools.common.exceptions import ELFError
 
 from ... import schema
 from ...elf_tables import ElfImage
+from ...parquet_scan import scan_events
 from ...probes.fatbin import FatbinError, kernel_names
 from ...regular_file import open_library
 from ..output.manifest import FILE_PROBLEMS
@@ -306,9 +307,8 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.Data
     stubs = name_aliases(aliases, proc, build_ids) if aliases is not None and not aliases.is_empty() else empty
     if not files:
         return stubs
-    events = pl.scan_parquet([str(f) for f in files])
-    cols = events.collect_schema().names()
-    callers = [pl.col(c) if c in cols else pl.lit(None, pl.UInt64).alias(c) for c in ("caller", "caller_fp")]
+    events = scan_events(files)
+    callers = [pl.col("caller"), pl.col("caller_fp")]
     launches = (
         events.filter(pl.col("api").cast(pl.String).is_in(_runtime_launch_apis()) & pl.col("func").is_not_null())
         .group_by("pid", "func", *callers)

@@ -20,6 +20,7 @@ from ...lifetimes import (
     pair,
     totals,
 )
+from ...parquet_scan import scan_events
 
 
 def _human(n: int) -> str:
@@ -191,10 +192,7 @@ def render(out_dir: Path, by_kind: dict[str, int], names: pl.DataFrame, counts: 
            settings: dict[str, int], notes: Sequence[str] = ()) -> str:
     """``counts``: the manifest's; ``settings``: Options.settings (the values
     the loss remedies name); ``notes``: the manifest's warnings."""
-    files = sorted(Path(out_dir).glob("events*.parquet"))
-    events = (
-        pl.scan_parquet([str(f) for f in files]) if files else schema.empty_frame(schema.EVENTS_SCHEMA).lazy()
-    )
+    events = scan_events(sorted(Path(out_dir).glob("events*.parquet")))
     lines = []
     agg_path = Path(out_dir) / "aggregate.parquet"
     aggregate = pl.scan_parquet(agg_path) if agg_path.exists() else None
