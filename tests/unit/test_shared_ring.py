@@ -25,7 +25,7 @@ def _ts(ring: SharedRing, parts) -> list[int]:
     return [t for pos, nbytes in parts for t in ring.view(pos, nbytes, REC)["ts_ns"].tolist()]
 
 
-def test_records_wrap_whole_and_the_bytes_skipped_count_as_used():
+def test_records_wrap_whole_and_the_bytes_skipped_hold_nothing():
     size = REC.itemsize
     ring = SharedRing.create(5 * size + size // 2)  # 5 records fit, and half of one more at the end
     assert ring.put(_recs(0, 4)) == (4, [(0, 4 * size)])
@@ -34,7 +34,7 @@ def test_records_wrap_whole_and_the_bytes_skipped_count_as_used():
     # one record before the end, the half record's bytes skipped, two from the start
     assert n == 3 and parts == [(4 * size, size), (ring.capacity, 2 * size)]
     assert _ts(ring, parts) == [4, 5, 6]
-    assert ring.used == size + size // 2 + 2 * size
+    assert ring.used == 3 * size
 
 
 def test_what_does_not_fit_is_not_put_and_release_makes_room():
@@ -157,3 +157,54 @@ def test_trim_gives_back_the_pages_a_flood_used_once_all_is_written(small_region
     assert ring.trim() == 0  # nothing more to give back
     n, parts = ring.put(_recs(5000, 3))
     assert parts == [(ring.capacity, 3 * size)] and _ts(ring, parts) == [5000, 5001, 5002]
+
+
+def test_a_flood_the_writer_lags_goes_back_to_the_start_and_past_what_waits(small_region):
+    """Behind by a few batches, the writer releases the ring's start: the
+    tracer puts there again (pages that exist), and where it reaches records
+    still waiting, goes on past them; every record is read back as it was put."""
+    size = REC.itemsize
+    tracer = SharedRing.create(4 << 20)
+    writer = SharedRing(os.dup(tracer.fd))
+    batch, lag = 50, 6  # 8,400 bytes a batch; the writer 6 batches behind
+    waiting, first = [], 0
+    for _ in range(400):  # 3.4 MB in all: 52 times the region
+        n, parts = tracer.put(_recs(first, batch))
+        assert n == batch
+        waiting.append((first, parts))
+        first += batch
+        if len(waiting) > lag:
+            at, done = waiting.pop(0)
+            assert _ts(writer, done) == list(range(at, at + batch))  # none overwritten
+            writer.release(done[-1][0] + done[-1][1])
+        assert tracer.used == sum(nbytes for _, p in waiting for _, nbytes in p)
+    # the pages used: about the region and what waits, not the 3.4 MB put
+    assert tracer._high <= small_region.REGION_BYTES + (lag + 2) * batch * size
+    assert os.fstat(tracer.fd).st_blocks * 512 <= HEAD_BYTES + tracer._high + 4096
+
+
+def test_what_waits_is_never_overwritten_whatever_the_writer_releases():
+    """Batches of random sizes, a writer that releases at random, in order:
+    every part the writer reads holds the records put there, and a batch is
+    cut only when no gap in the ring holds its next record."""
+    rng = np.random.default_rng(7)
+    size = REC.itemsize
+    tracer = SharedRing.create(400 * size + 100)
+    writer = SharedRing(os.dup(tracer.fd))
+    waiting, first, cut = [], 0, 0
+    for _ in range(3000):
+        want = int(rng.integers(1, 60))
+        n, parts = tracer.put(_recs(first, want))
+        if n < want:
+            cut += 1
+            # every gap (one after each run of waiting records, one at the ring's end) is under a record
+            assert tracer.capacity - tracer.used < (len(tracer._runs) + 1) * size
+        waiting.extend((first + sum(b for _, b in parts[:i]) // size, p) for i, p in enumerate(parts))
+        first += want
+        for _ in range(int(rng.integers(0, 3))):  # a part a batch on average: behind at times
+            if not waiting:
+                break
+            at, (pos, nbytes) = waiting.pop(0)
+            assert writer.view(pos, nbytes, REC)["ts_ns"].tolist() == list(range(at, at + nbytes // size))
+            writer.release(pos + nbytes)
+    assert cut > 0  # the writer fell behind at times: the test reached a full ring

@@ -18,19 +18,24 @@ holding them is written.
   dropped (``lost_writer_behind``).  Pages are used once they are written
   to, so a ring larger than the flood needs costs nothing.
 
-Positions count bytes from the start of the capture; a batch that does not
-fit in the space left before the ring's end wraps to its start in two parts,
-whole records each (the bytes skipped at the end count as used).
+Positions count bytes from the start of the capture; a record lies at its
+position modulo the ring's size, whole (a batch may be put in several
+parts).  The tracer puts records where there is room: at its offset, until
+the records the writer has not released yet stand in the way; then past
+them; at the ring's end, from its start.  Positions it passes hold nothing
+(the writer is never told of them, and releases past them).
 
-Memory: while the writer keeps up, the tracer starts again at the ring's
-start once past REGION_BYTES (nothing is unwritten then, so the bytes it
-skips need no release), so a steady flow keeps to the first REGION_BYTES and
-their pages; a flood uses more of the ring, and once the writer has caught
-up the tracer gives those pages back (``trim``).
+Memory: past REGION_BYTES, the tracer goes back to the ring's start as soon
+as the writer released room there, so a steady flow keeps to the first
+REGION_BYTES and their pages, and a flood the writer lags behind uses the
+pages of what waits, not of all it put (a new page costs far more than the
+copy into it: see prefault).  Once the writer has caught up, the tracer gives
+back the pages past REGION_BYTES (``trim``).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import os
@@ -77,7 +82,9 @@ class SharedRing:
         self._populate = True  # the writer's: MADV_POPULATE_WRITE works here (else pages are read one by one)
         self._end = 0  # the tracer's next position
         self._high = 0  # the tracer's: the furthest offset it wrote to since it last gave pages back
-        self._floor = 0  # the tracer's: where it last restarted (all before it is released)
+        #: the tracer's: records not yet released, as runs (first position, ring offset, end position)
+        #: of contiguous positions at contiguous offsets, oldest first
+        self._runs: collections.deque[tuple[int, int, int]] = collections.deque()
         self._ready = 0  # the writer's: the pages of the positions below it were made
 
     @classmethod
@@ -89,59 +96,95 @@ class SharedRing:
 
     # -------------------------------------------------------------- the tracer
 
+    def _reap(self) -> int:
+        """Forget the runs the writer released; returns its released position."""
+        head = int(self._head[0])
+        while self._runs and self._runs[0][2] <= head:
+            self._runs.popleft()
+        return head
+
     @property
     def used(self) -> int:
         """Bytes put and not yet released."""
-        return self._end - max(int(self._head[0]), self._floor)
+        head = self._reap()
+        return sum(end - max(start, head) for start, _, end in self._runs)
+
+    def _occupied(self, head: int) -> list[tuple[int, int]]:
+        """The ring offsets holding records not yet released, as [lo, hi) intervals."""
+        return [(off + max(0, head - start), off + (end - start)) for start, off, end in self._runs]
+
+    def _room(self, at: int, held: list[tuple[int, int]]) -> tuple[int, int]:
+        """(the free bytes from offset ``at`` on, where the next held interval
+        after it begins or the ring ends; the end of that interval, or 0)."""
+        nxt = min(((lo, hi) for lo, hi in held if lo >= at), default=(self.capacity, 0))
+        return nxt[0] - at, nxt[1]
+
+    def _move(self, to: int) -> None:
+        """Go on from ring offset ``to``: the next position at that offset (in
+        the next lap for an offset behind).  The positions passed hold
+        nothing: the writer is never told of them, and releases past them."""
+        self._end += (to - self._end) % self.capacity
 
     def put(self, recs: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
         """Copy as many of ``recs`` as fit, the oldest first; returns how
-        many, and the parts written as (position, bytes)."""
+        many, and the parts written as (position, bytes).  Records go at the
+        tracer's offset while there is room before the next records not yet
+        released; past REGION_BYTES, at the ring's start again once the
+        writer released room there (the pages there exist already); where
+        records not yet released stand in the way, past them, into the
+        ring's pages further on.  None is put only when no gap in the ring
+        holds a record."""
         size = recs.dtype.itemsize
         flat = np.ascontiguousarray(recs).view(np.uint8)
-        self._restart()
-        free = self.capacity - self.used
-        done, parts = 0, []
-        while done < recs.size:
+        head = self._reap()
+        held = self._occupied(head)
+        done, parts, moves = 0, [], 0
+        # each move passes a held interval or the ring's end: once past them all, no gap holds a record
+        while done < recs.size and moves <= len(held) + 2:
             at = self._end % self.capacity
-            tail = self.capacity - at
-            if tail < size:  # no whole record before the end: skip to the start
-                if free < tail + size:
-                    break
-                self._end += tail
-                free -= tail
+            room, blocker_end = self._room(at, held)
+            want = (recs.size - done) * size
+            if at >= REGION_BYTES and self.capacity > 2 * REGION_BYTES:
+                start_room, _ = self._room(0, held)
+                if start_room >= min(want, REGION_BYTES // 4) and start_room >= size:
+                    self._move(0)  # the pages at the start exist: use them again
+                    moves += 1
+                    continue
+            if room < size:
+                if blocker_end:  # records not yet written: past them
+                    self._move(blocker_end % self.capacity)
+                else:  # the ring's end: from its start
+                    self._move(0)
+                moves += 1
                 continue
-            k = min(recs.size - done, tail // size, free // size)
-            if k == 0:
-                break
+            k = min(recs.size - done, room // size)
             self._data[at : at + k * size] = flat[done * size : (done + k) * size]
             parts.append((self._end, k * size))
+            if self._runs and self._runs[-1][2] == self._end:
+                first, off, _ = self._runs[-1]
+                self._runs[-1] = (first, off, self._end + k * size)
+            else:
+                self._runs.append((self._end, at, self._end + k * size))
+            held = self._occupied(head)
             self._high = max(self._high, at + k * size)
             self._end += k * size
-            free -= k * size
             done += k
+            moves = 0
         return done, parts
 
-    def _restart(self) -> None:
-        """With nothing unwritten and past REGION_BYTES, go on from the ring's start."""
-        at = self._end % self.capacity
-        if self.used or at < REGION_BYTES or self.capacity <= 2 * REGION_BYTES:
-            return
-        self._end += self.capacity - at
-        self._floor = self._end
-
     def trim(self) -> int:
-        """The tracer's side, with nothing unwritten: restart at the ring's
-        start (see put), and give back the pages a flood used past
-        REGION_BYTES + PREFAULT_AHEAD_BYTES: they would stay resident to the
-        end of the capture.  Safe here only: the tracer is the only one that
-        writes records, none is unwritten, and its next ones go below
-        REGION_BYTES.  Returns the bytes given back."""
+        """The tracer's side, with nothing unwritten: go on from the ring's
+        start, and give back the pages a flood used past REGION_BYTES +
+        PREFAULT_AHEAD_BYTES: they would stay resident to the end of the
+        capture.  Safe here only: the tracer is the only one that writes
+        records, none is unwritten, and its next ones go below REGION_BYTES.
+        Returns the bytes given back."""
         start = REGION_BYTES + PREFAULT_AHEAD_BYTES
         if self.used or self._high <= start or self.capacity <= 2 * REGION_BYTES:
             return 0
-        self._restart()
-        self._high = self._end % self.capacity
+        if self._end % self.capacity:
+            self._move(0)
+        self._high = 0
         if not _punch_hole(self.fd, HEAD_BYTES + start, self.capacity - start):
             return 0
         return self.capacity - start
