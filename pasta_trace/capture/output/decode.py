@@ -142,28 +142,41 @@ def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[st
     parts = [p for p in ([recs] if isinstance(recs, np.ndarray) else recs) if p.size]
     if not parts:
         return schema.empty_frame(schema.EVENTS_SCHEMA)
-    cols = columns(parts, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "copy_kind",
-                          "comm", "stack_id", "outer_ts", *_PAYLOAD_COLUMNS])
+    # the payload fields no record of the batch set are not split out: their columns are null
+    # (a launch flood's ptr, size, dst, src, aux, copy_kind, caller: a fifth of the split)
+    bits = int(np.bitwise_or.reduce([np.bitwise_or.reduce(p["valid"]) for p in parts]))
+
+    def set_somewhere(bit_name: str) -> bool:
+        return bool(bits & (1 << schema.PAYLOAD_BITS[bit_name]))
+
+    nccl_in = {slot for name, slot in schema.NCCL_SLOTS.items() if set_somewhere(name)}
+    fields = [c for c, bit in _PAYLOAD_COLUMNS.items() if set_somewhere(bit) or c in nccl_in]
+    cols = columns(parts, ["ts_ns", "dur_ns", "pid", "tid", "ret", "flags", "valid", "api", "kind", "comm",
+                          "stack_id", "outer_ts", *fields, *(["copy_kind"] if set_somewhere("copy_kind") else [])])
     table = api_table(api_names, int(cols["api"].max()) + 1)
     kinds = schema.kind_index(cols.pop("kind"))
-    copy_kinds = np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown))
     api = cols.pop("api")
     comm = cols.pop("comm")
     cols["ts_ns"] = cols["ts_ns"].view(np.int64)
     cols["dur_ns"] = cols["dur_ns"].view(np.int64)
     cols["outer_ts"] = cols["outer_ts"].view(np.int64)
     cols["_kind"] = kinds.astype(np.uint8)
-    raw = pl.DataFrame(cols).with_columns(
+    lookups = [
         _comm(comm),
         _lookup(api, table, pl.Categorical, "api"),
         _lookup(api, layer_table(table), schema.EVENTS_SCHEMA["layer"], "layer"),
         _lookup(kinds, schema.KIND_NAMES, schema.EVENTS_SCHEMA["kind"], "kind"),
-        _lookup(copy_kinds, schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"),
-        _lookup(np.minimum(cols["grid_x"], len(schema.NCCL_DATATYPE_NAMES) - 1), schema.NCCL_DATATYPE_NAMES,
-                schema.EVENTS_SCHEMA["datatype"], "_datatype"),
-        _lookup(np.minimum(cols["grid_y"], len(schema.NCCL_OP_NAMES) - 1), schema.NCCL_OP_NAMES,
-                schema.EVENTS_SCHEMA["op"], "_op"),
-    )
+    ]
+    if "copy_kind" in cols:
+        lookups.append(_lookup(np.minimum(cols.pop("copy_kind"), int(schema.CopyKind.unknown)),
+                               schema.COPY_KIND_NAMES, schema.EVENTS_SCHEMA["copy_kind"], "copy_kind"))
+    if set_somewhere("datatype"):
+        lookups.append(_lookup(np.minimum(cols["grid_x"], len(schema.NCCL_DATATYPE_NAMES) - 1),
+                               schema.NCCL_DATATYPE_NAMES, schema.EVENTS_SCHEMA["datatype"], "_datatype"))
+    if set_somewhere("op"):
+        lookups.append(_lookup(np.minimum(cols["grid_y"], len(schema.NCCL_OP_NAMES) - 1), schema.NCCL_OP_NAMES,
+                               schema.EVENTS_SCHEMA["op"], "_op"))
+    raw = pl.DataFrame(cols).with_columns(lookups)
 
     def has(bit_name: str) -> pl.Expr:
         return (pl.col("valid") & (1 << schema.PAYLOAD_BITS[bit_name])) != 0
@@ -174,8 +187,12 @@ def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[st
     named, taken = _kind_payload()
 
     def slot(c: str, bit: str) -> pl.Expr:
+        if not set_somewhere(bit):
+            return pl.lit(None)
         own = has(bit) & ~pl.col("_kind").is_in(taken[c]) if c in taken else has(bit)
         return pl.when(own).then(pl.col(c))
+
+    tensors = bool(np.isin(kinds, [int(schema.Kind.tensor_alloc), int(schema.Kind.tensor_free)]).any())
 
     exprs = {
         "ts_ns": pl.col("ts_ns"),
@@ -187,18 +204,20 @@ def events_frame(recs: np.ndarray | Sequence[np.ndarray], api_names: Sequence[st
         "kind": pl.col("kind"),
         "ret": pl.when(flag(schema.FLAG_HAS_RET)).then(pl.col("ret")),
         **{c: slot(c, bit) for c, bit in _PAYLOAD_COLUMNS.items()},
-        "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")),
+        "copy_kind": pl.when(has("copy_kind")).then(pl.col("copy_kind")) if "copy_kind" in raw else pl.lit(None),
         "stack_id": pl.when(pl.col("stack_id") != 0).then(pl.col("stack_id")),
         "layer": pl.col("layer"),
         "outer_ts_ns": pl.when(pl.col("outer_ts") != 0).then(pl.col("outer_ts")),
-        **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) for col, (src, ks) in named.items()},
-        **_nccl_exprs(has),
+        **{col: pl.when(pl.col("_kind").is_in(ks) & has(src)).then(pl.col(src)) if tensors and src in raw
+           else pl.lit(None) for col, (src, ks) in named.items()},
+        **{name: e if set_somewhere(name) else pl.lit(None) for name, e in _nccl_exprs(has).items()},
         "seq": pl.lit(None, pl.Int64),
         # tensor events only: made while the interpreter was finalizing (bpf/c10.bpf.c)
         "at_exit": pl.when(pl.col("_kind").is_in([int(schema.Kind.tensor_alloc), int(schema.Kind.tensor_free)]))
-        .then(flag(schema.FLAG_AT_EXIT)),
+        .then(flag(schema.FLAG_AT_EXIT)) if tensors else pl.lit(None),
     }
-    exprs["device"] = pl.when(exprs["device"].is_not_null()).then(torch_device(pl.col("aux")))
+    if tensors and "aux" in raw:
+        exprs["device"] = pl.when(exprs["device"].is_not_null()).then(torch_device(pl.col("aux")))
     frame = raw.select([exprs[c].cast(dt).alias(c) for c, dt in schema.EVENTS_SCHEMA.items()])
     return (sequencer or Sequencer()).number(frame)
 
