@@ -30,6 +30,7 @@
 
     sudo .venv/bin/python scripts/bench_capture.py                    # (a) and (b), default sizes
     sudo .venv/bin/python scripts/bench_capture.py --fill 200000 --calls 2000000   # quick
+    sudo .venv/bin/python scripts/bench_capture.py --skip-drain --calls 10000000 --threads 2 --runs 5
     sudo .venv/bin/python scripts/bench_capture.py --skip-drain --skip-sustained --kill-after 6
     sudo .venv/bin/python scripts/bench_capture.py --skip-drain --skip-sustained --writer 4000000
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -351,12 +353,13 @@ def writer_alone(n: int, workdir: Path) -> dict:
             "cpu_s": (c1 - c0) / hz, "raw_seconds": raw_s, "disk_bytes": disk, "ring_bytes": recs.dtype.itemsize}
 
 
-def main() -> int:
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fill", type=int, default=1_000_000, help="records pre-filled per drain (default 1e6)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--calls", type=int, default=10_000_000, help="flood calls in (b) (default 1e7)")
     ap.add_argument("--threads", type=int, default=1, help="workload threads in (b)")
+    ap.add_argument("--runs", type=int, default=1, help="floods in (b), one after another: medians and spread")
     ap.add_argument("--skip-drain", action="store_true")
     ap.add_argument("--skip-sustained", action="store_true")
     ap.add_argument("--kill-after", type=float, metavar="S",
@@ -392,20 +395,35 @@ def main() -> int:
         print(f"    ratio drain+decode / BCC callback: {e['mmap_decode'] / e['bcc_callback']:.1f}x; "
               f"drain alone: {e['mmap'] / e['bcc_callback']:.1f}x")
     if not a.skip_sustained:
-        with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
-            s = sustained(a.calls, a.threads, Path(tmp))
-        print(f"(b) sustained: {s['calls_made']:,} cuLaunchKernel calls in {s['flood_seconds']:.2f} s = "
-              f"{s['calls_per_s'] / 1e6:.2f} M calls/s ({a.threads} thread(s)), buffer {s['buffer_pages']} pages")
-        print(f"    captured {s['launch_events']:,} + lost {s['lost_events']:,} + dropped (events writer behind) "
-              f"{s['lost_writer_behind']:,} = {s['launch_events'] + s['lost_events'] + s['lost_writer_behind']:,} "
-              f"(calls made {s['calls_made']:,})")
-        print(f"    drain (tracer process) CPU during the flood: {100 * s['tracer_cpu_fraction']:.1f}% of one core "
-              f"(target <= 25%); events-writer process (decode + Parquet, nice {5}): "
-              f"{100 * s['writer_cpu_fraction']:.1f}% (target <= 40%); its CPU to its exit "
-              f"{s['writer_ns_per_event']:.0f} ns an event")
-        print(f"    tracer memory {s['tracer_rss'][0] / 2**20:.0f} MiB at the start of the flood, at most "
-              f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it, and the ring it shares with the events writer "
-              f"{s['ring_resident'] / 2**20:.0f} MiB; the tracer exited {s['finish_seconds']:.1f} s after it")
+        runs = []
+        for i in range(a.runs):
+            with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
+                s = sustained(a.calls, a.threads, Path(tmp))
+            runs.append(s)
+            print(f"(b) sustained{f' {i + 1}/{a.runs}' if a.runs > 1 else ''}: {s['calls_made']:,} cuLaunchKernel "
+                  f"calls in {s['flood_seconds']:.2f} s = {s['calls_per_s'] / 1e6:.2f} M calls/s ({a.threads} "
+                  f"thread(s)), buffer {s['buffer_pages']} pages, load average {_load()}")
+            print(f"    captured {s['launch_events']:,} + lost {s['lost_events']:,} + dropped (events writer behind) "
+                  f"{s['lost_writer_behind']:,} = {s['launch_events'] + s['lost_events'] + s['lost_writer_behind']:,} "
+                  f"(calls made {s['calls_made']:,})")
+            print(f"    drain (tracer process) CPU during the flood: {100 * s['tracer_cpu_fraction']:.1f}% of one core "
+                  f"(target <= 25%); events-writer process (decode + Parquet, nice {5}): "
+                  f"{100 * s['writer_cpu_fraction']:.1f}% (target <= 40%); its CPU to its exit "
+                  f"{s['writer_ns_per_event']:.0f} ns an event")
+            print(f"    tracer memory {s['tracer_rss'][0] / 2**20:.0f} MiB at the start of the flood, at most "
+                  f"{s['tracer_rss'][1] / 2**20:.0f} MiB during it, and the ring it shares with the events writer "
+                  f"{s['ring_resident'] / 2**20:.0f} MiB; the tracer exited {s['finish_seconds']:.1f} s after it")
+        if len(runs) > 1:
+            def spread(key: str, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+                v = sorted(r[key] * scale for r in runs)
+                return f"{fmt.format(statistics.median(v))} ({fmt.format(v[0])}-{fmt.format(v[-1])})"
+
+            whole = sum(r["lost_events"] + r["lost_writer_behind"] == 0 and
+                        r["launch_events"] == r["calls_made"] for r in runs)
+            print(f"(b) {len(runs)} floods, median (lowest-highest): {spread('calls_per_s', 1e-6, '{:.2f}')} M calls/s; "
+                  f"drain {spread('tracer_cpu_fraction', 100)}% (target <= 25%); writer "
+                  f"{spread('writer_cpu_fraction', 100)}% (target <= 40%), {spread('writer_ns_per_event', 1, '{:.0f}')}"
+                  f" ns an event to its exit; 0 lost and every call captured in {whole} of {len(runs)}")
     if a.kill_after is not None:
         with tempfile.TemporaryDirectory(prefix="pasta-bench-") as tmp:
             k = killed(a.calls, a.kill_after, Path(tmp))
@@ -413,6 +431,20 @@ def main() -> int:
               f"{k['tracer_rss'][0] / 2**20:.0f} -> at most {k['tracer_rss'][1] / 2**20:.0f} MiB): {k['rows']:,} "
               f"events in {k['files']} files; the newest is from {k['gap_s']:.2f} s before the kill")
     return 0
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return ", ".join(f.read().split()[:3])
+
+
+def main() -> int:
+    """_main, with the machine's load average (1, 5, 15 min) before and after."""
+    print(f"load average {_load()} at the start", flush=True)
+    try:
+        return _main()
+    finally:
+        print(f"load average {_load()} at the end", flush=True)
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def run_loop(loop: Path, lib: Path | str, which: str, calls: int) -> tuple[float
     return float(cpu), float(wall)
 
 
-def main() -> int:
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=20_000, help="calls per rep (default 20000)")
     ap.add_argument("--reps", type=int, default=40, help="reps per configuration (default 40); medians are reported")
@@ -512,6 +512,20 @@ def main() -> int:
     attach.detach_all(pasta)
     attach.detach_all(entry_only)
     return 0
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return ", ".join(f.read().split()[:3])
+
+
+def main() -> int:
+    """_main, with the machine's load average (1, 5, 15 min) before and after."""
+    print(f"load average {_load()} at the start", flush=True)
+    try:
+        return _main()
+    finally:
+        print(f"load average {_load()} at the end", flush=True)
 
 
 if __name__ == "__main__":
