@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from pasta_trace import schema  # noqa: E402
 from pasta_trace.capture.output.decode import events_frame  # noqa: E402
 from pasta_trace.capture.bpf.ringbuf import open_table, record_stride  # noqa: E402
+from pasta_trace.testing.bench_load import load_average, with_load  # noqa: E402
 
 SYS_GETPPID = 110
 PER_CALL = 1000
@@ -402,7 +403,7 @@ def _main() -> int:
             runs.append(s)
             print(f"(b) sustained{f' {i + 1}/{a.runs}' if a.runs > 1 else ''}: {s['calls_made']:,} cuLaunchKernel "
                   f"calls in {s['flood_seconds']:.2f} s = {s['calls_per_s'] / 1e6:.2f} M calls/s ({a.threads} "
-                  f"thread(s)), buffer {s['buffer_pages']} pages, load average {_load()}")
+                  f"thread(s)), buffer {s['buffer_pages']} pages, load average {load_average()}")
             print(f"    captured {s['launch_events']:,} + lost {s['lost_events']:,} + dropped (events writer behind) "
                   f"{s['lost_writer_behind']:,} = {s['launch_events'] + s['lost_events'] + s['lost_writer_behind']:,} "
                   f"(calls made {s['calls_made']:,})")
@@ -433,18 +434,8 @@ def _main() -> int:
     return 0
 
 
-def _load() -> str:
-    with open("/proc/loadavg") as f:
-        return ", ".join(f.read().split()[:3])
-
-
 def main() -> int:
-    """_main, with the machine's load average (1, 5, 15 min) before and after."""
-    print(f"load average {_load()} at the start", flush=True)
-    try:
-        return _main()
-    finally:
-        print(f"load average {_load()} at the end", flush=True)
+    return with_load(_main)
 
 
 if __name__ == "__main__":

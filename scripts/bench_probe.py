@@ -514,18 +514,10 @@ def _main() -> int:
     return 0
 
 
-def _load() -> str:
-    with open("/proc/loadavg") as f:
-        return ", ".join(f.read().split()[:3])
-
-
 def main() -> int:
-    """_main, with the machine's load average (1, 5, 15 min) before and after."""
-    print(f"load average {_load()} at the start", flush=True)
-    try:
-        return _main()
-    finally:
-        print(f"load average {_load()} at the end", flush=True)
+    from pasta_trace.testing.bench_load import with_load
+
+    return with_load(_main)
 
 
 if __name__ == "__main__":
