@@ -111,7 +111,8 @@ def check_error_dump(daemon: Tracer, w: Failing, log: dict, kind: str, error: st
     # written --after seconds after it fired: the end of the window is that much later
     assert AFTER_S <= t["after_s"] < AFTER_S + 30  # taken when due, by a loop that runs every 10 ms
     assert manifest["clock"]["end_ns"] - t["fired_ns"] >= AFTER_S * 1e9
-    assert manifest["format_version"] == "1.12" and manifest["complete"] is True
+    assert manifest["format_version"] == "%d.%d" % schema.CAPTURE_FORMAT_VERSION
+    assert manifest["complete"] is True
     # every call of the workload, the launches made after the trigger included, and nothing else
     ev = events_of(d, w.pid)
     launches = ev.filter(pl.col("api") == "cuLaunchKernel")
