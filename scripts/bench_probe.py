@@ -26,7 +26,8 @@ One run measures, on the same functions and interleaved rep by rep:
   each of the two; pasta-trace's runtime and driver launch probes (one launch
   event each; the driver's, nested in it, is written for the first launch of
   the kernel on its thread and folded after: manifest ``folded_launches``).
-  Target: <= 1.3x the two empty uprobes;
+  Target: <= 1.3x the two empty uprobes (+ uretprobes: both launches have
+  their return probe);
 * the same stub's PyTorch tensor entry points (libc10's
   ``c10::reportMemoryUsageToProfiler``, the CUDA caching allocator's path, and
   ``ProfiledCPUMemoryReporter::New`` + ``Delete``, the CPU path with its size
@@ -297,7 +298,8 @@ def _main() -> int:
     empty = BPF(text=EMPTY_BPF)
 
     def empty_probe(lib: str, sym: str, ret: bool, *more: tuple[str, str]):
-        """An empty uprobe (+ uretprobe) on lib:sym, and an empty uprobe on each (lib, sym) of ``more``."""
+        """An empty uprobe (+ uretprobe) on lib:sym, and an empty uprobe on each (lib, sym) of ``more``
+        (+ uretprobe for a (lib, sym, True))."""
         def attach_it() -> None:
             def one(path: str, name: str, with_ret: bool) -> None:
                 sym_ = elf.exported_symbols(path)[name]
@@ -311,8 +313,8 @@ def _main() -> int:
                     empty.attach_uretprobe(name=path.encode(), addr=sym_.vaddr, fn_name=b"empty")
 
             one(lib, sym, ret)
-            for other, osym in more:
-                one(other, osym, False)
+            for other, osym, *other_ret in more:
+                one(other, osym, bool(other_ret and other_ret[0]))
 
         return attach_it, lambda: attach.detach_all(empty)
 
@@ -376,6 +378,9 @@ def _main() -> int:
             "stub rtlaunch untraced": (rt_s, "rtlaunch", none(), False),
             "stub rtlaunch two empty uprobes": (rt_s, "rtlaunch", empty_probe(rt_s, "cudaLaunchKernel", False,
                                                                                (stub_s, "cuLaunchKernel")), False),
+            # both launches have their return probe (the driver's too, where its entry folds)
+            "stub rtlaunch two empty pairs": (rt_s, "rtlaunch", empty_probe(rt_s, "cudaLaunchKernel", True,
+                                                                             (stub_s, "cuLaunchKernel", True)), False),
             # an event per call (the runtime launch), and the driver launch nested in the first
             # (the later ones of the same kernel fold: counted in tally, no event)
             "stub rtlaunch pasta-trace": (rt_s, "rtlaunch", pasta_probe(rt_s, rt_launch, placements,
@@ -462,6 +467,8 @@ def _main() -> int:
          "stub alloc empty uprobe+uretprobe", "<= 1.3"),
         ("stub runtime+driver launch: pasta-trace / two empty", "stub rtlaunch pasta-trace",
          "stub rtlaunch two empty uprobes", "<= 1.3"),
+        ("stub runtime+driver launch: pasta-trace / two empty pairs", "stub rtlaunch pasta-trace",
+         "stub rtlaunch two empty pairs", "<= 1.3"),
         ("stub tensor (report): pasta-trace / empty uprobe", "stub tensor pasta-trace", "stub tensor empty uprobe",
          "<= 1.3"),
         ("stub tensor (New+Delete): pasta-trace / 2 empty", "stub cpu pasta-trace", "stub cpu empty uprobes",
