@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from pasta_trace import schema  # noqa: E402
 from pasta_trace.capture.output.decode import events_frame  # noqa: E402
 from pasta_trace.capture.bpf.ringbuf import open_table, record_stride  # noqa: E402
-from pasta_trace.testing.bench_load import load_average, with_load  # noqa: E402
+from pasta_trace.testing.bench_load import load_average, process_ticks, with_load  # noqa: E402
 
 SYS_GETPPID = 110
 PER_CALL = 1000
@@ -170,11 +170,6 @@ def drain_capacity(fill: int, repeat: int) -> dict:
     return {"fill": fill, "ring_pages": pages, "events_per_s": best, "drained": counts}
 
 
-def _cpu_ticks(pid: int) -> int:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])  # utime + stime, this thread group (threads included)
-
-
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
@@ -233,19 +228,19 @@ def sustained(calls: int, threads: int, workdir: Path) -> dict:
     hz = os.sysconf("SC_CLK_TCK")
     wl_pid = json.loads((out / "manifest.json").read_text())["pids"][0]
     writer = _writer_pid(tracer.pid, wl_pid)
-    c0, w0, t0 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
+    c0, w0, t0 = process_ticks(tracer.pid), process_ticks(writer), time.monotonic()
     rss0 = peak = _rss(tracer.pid)
     ring = 0
     while _running(wl_pid):
         peak = max(peak, _rss(tracer.pid))
         ring = max(ring, _ring_bytes(tracer.pid))
         time.sleep(0.05)
-    c1, w1, t1 = _cpu_ticks(tracer.pid), _cpu_ticks(writer), time.monotonic()
+    c1, w1, t1 = process_ticks(tracer.pid), process_ticks(writer), time.monotonic()
     # the writer's CPU to the end: it writes what the flood left it, then exits (read until then)
     w_end = w1
     while _running(writer):
         try:
-            w_end = max(w_end, _cpu_ticks(writer))
+            w_end = max(w_end, process_ticks(writer))
         except (OSError, IndexError):  # gone meanwhile
             break
         time.sleep(0.02)
@@ -343,11 +338,11 @@ def writer_alone(n: int, workdir: Path) -> dict:
     hz = os.sysconf("SC_CLK_TCK")
     w = CaptureWriter(OutputDir.claim(workdir / "cap", force=False), [a.api_name for a in APIS])
     w.flush()  # the writer process is up and idle
-    c0, t0 = _cpu_ticks(w._proc.pid), time.perf_counter()
+    c0, t0 = process_ticks(w._proc.pid), time.perf_counter()
     for at in range(0, n, 11_000):
         w.add_events(recs[at : at + 11_000])
     w.flush()  # synchronous: everything written
-    c1, t1 = _cpu_ticks(w._proc.pid), time.perf_counter()
+    c1, t1 = process_ticks(w._proc.pid), time.perf_counter()
     w.close()
     disk = sum(f.stat().st_size for f in w.event_files)
     return {"n": n, "written": w.written, "dropped": w.lost_behind, "seconds": t1 - t0,

@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 import users  # noqa: E402 - tests/fixtures: a temporary user, and what sudo sets for one
+from pasta_trace.testing.bench_load import parent_of, process_ticks  # noqa: E402
 from users import User  # noqa: E402
 
 READY = "Ctrl-C to end"
@@ -79,7 +80,7 @@ def tree(pid: int) -> list[int]:
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = parent_of(int(name))
             except (OSError, IndexError):
                 continue
             children.setdefault(ppid, []).append(int(name))
@@ -96,10 +97,9 @@ def cpu_ticks(pid: int) -> dict[int, int]:
     out = {}
     for p in tree(pid):
         try:
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            out[p] = process_ticks(p)
         except OSError:
             continue
-        out[p] = int(f[11]) + int(f[12])
     return out
 
 

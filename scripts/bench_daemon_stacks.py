@@ -30,6 +30,7 @@ import polars as pl
 
 from pasta_trace.daemon.control import request_dump
 from pasta_trace.parquet_scan import scan_events
+from pasta_trace.testing.bench_load import parent_of, process_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
@@ -48,11 +49,10 @@ def cpu_ticks(pid: int) -> int:
         if not d.name.isdigit():
             continue
         try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(d.name) == pid or parent_of(int(d.name)) == pid:
+                total += process_ticks(int(d.name))
         except OSError:
             continue
-        if int(d.name) == pid or int(fields[1]) == pid:  # fields[1]: ppid
-            total += int(fields[11]) + int(fields[12])
     return total
 
 

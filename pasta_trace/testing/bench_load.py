@@ -1,4 +1,5 @@
-"""The machine's load, printed by the benchmarks (scripts/bench_*.py) with their figures."""
+"""What the benchmarks (scripts/bench_*.py) print beside their figures: the machine's load, and the
+CPU time of the processes they measure."""
 
 from __future__ import annotations
 
@@ -18,3 +19,21 @@ def with_load(main: Callable[[], int]) -> int:
         return main()
     finally:
         print(f"load average {load_average()} at the end", flush=True)
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (OSError: gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def process_ticks(pid: int) -> int:
+    """utime + stime of one process, its threads included, in clock ticks
+    (os.sysconf("SC_CLK_TCK") a second).  OSError where it is gone."""
+    f = _stat(pid)
+    return int(f[11]) + int(f[12])
+
+
+def parent_of(pid: int) -> int:
+    """The PID of its parent.  OSError where it is gone."""
+    return int(_stat(pid)[1])
