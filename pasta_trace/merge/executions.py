@@ -91,7 +91,8 @@ def _launch_summaries(d: dict[str, pl.LazyFrame]) -> pl.DataFrame:
         "pid", "launch_id", pl.col("tid").cast(pl.UInt32),
         pl.when(pl.col("host_mono_begin") > 0).then(pl.col("host_mono_begin").cast(pl.Int64)).alias("dev_ts"),
         pl.col("stream").alias("dev_stream"), pl.col("func").alias("dev_func"), "grid_id", "device",
-        "correlation_id", pl.col("name").alias("dev_name"),
+        # a few distinct kernel names for millions of launches: categorical, not 10^7 strings held
+        "correlation_id", pl.col("name").cast(pl.Categorical).alias("dev_name"),
     ).collect()
     summaries = d["kernel_summaries"].collect()
     # both written per process in launch_id order, one record each per launch: then the
@@ -137,7 +138,7 @@ def _device_executions_raw(cap: Capture) -> pl.DataFrame:
     )
     return pl.concat([joined, cupti_only], how="diagonal_relaxed").with_columns(
         pl.coalesce("device", "c_device", pl.lit(0, pl.UInt32)).alias("device"),
-        pl.coalesce("dev_name", "c_name").alias("dev_name"),
+        pl.coalesce("dev_name", pl.col("c_name").cast(pl.Categorical)).alias("dev_name"),
     ).drop("c_device", "c_name", "_cupti_row").collect()
 
 

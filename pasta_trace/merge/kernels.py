@@ -122,11 +122,12 @@ def _kernel_executions(cap: Capture, tolerance_ns: int) -> tuple[pl.DataFrame, l
         absent: list[pl.Expr] = []
     else:  # a host-only capture: nothing to join, and its device columns are null
         dev_schema = dev.select(dev_cols).collect_schema()
-        launches = launches.with_columns(pl.lit(None, pl.String).alias("dev_name"))
+        launches = launches.with_columns(pl.lit(None, pl.Categorical).alias("dev_name"))
         absent = [pl.lit(None, dev_schema[c]).alias(c) for c in dev_cols[2:] if c != "dev_name"]
     # the null columns of a host-only capture stay expressions until a reader selects one
     launches = launches.with_columns(
-        pl.coalesce(pl.col("name").cast(pl.String), "dev_name", pl.col("_unknown").cast(pl.String)).alias("name")
+        # coalesced as categoricals (one mapping for all), made text once
+        pl.coalesce("name", "dev_name", "_unknown").cast(pl.String).alias("name")
     ).drop("_unknown", "dev_name")
     return launches, absent
 

@@ -44,7 +44,7 @@ def launch_times(cap: Capture, keys: pl.LazyFrame, tolerance_ns: int = TOLERANCE
         seqs, on=["pid", "launch_seq"], how="semi")
     out = dev.lazy().join(host, on=["pid", "launch_seq"], how="left").select(
         "pid", "launch_id", pl.coalesce("host_ts", "dev_ts", "gpu_start_ns").alias("t"),
-        "launch_seq", pl.col("dev_name").alias("name"),
+        "launch_seq", pl.col("dev_name").cast(pl.String).alias("name"),
     )
     if names:
         by_seq = kernel_executions(cap, tolerance_ns).select("pid", "launch_seq", pl.col("name").alias("h_name")).join(
