@@ -214,7 +214,7 @@ def _kernels(api: pl.DataFrame, ex: pl.DataFrame) -> tuple[pl.DataFrame, pl.Data
         "pid",
         label=pl.col("label").fill_null(pl.lit("GPU stream (unknown)")),
         stream="stream",
-        name="name",
+        name=pl.col("name").cast(pl.Categorical),  # as _kernel_rows gives it
         ts_ns=pl.when(has_gpu).then(pl.col("gpu_start_ns")).otherwise(pl.col("ts_ns")),
         dur_ns=pl.when(has_gpu).then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns")),
         corr="corr",
@@ -269,12 +269,13 @@ def _kernel_rows(cap: Capture, launches: pl.DataFrame, first_corr: int) -> pl.Da
     names them, numbered from `first_corr` + 1."""
     named = merge.kernel_names(cap, launches.lazy().select("pid", "func", "ts_ns").with_row_index("_i")).sort(
         "_i").collect()["name"]
-    name = named.fill_null(hex_series(launches["func"], "unknown@")) if named.null_count() else named
+    name = named.fill_null(hex_series(launches["func"], "unknown@").cast(pl.Categorical)) if named.null_count() \
+        else named
     return launches.select(
         "pid",
         label=hex_series(launches["stream"], "GPU stream ").fill_null("GPU stream (unknown)"),
         stream="stream",
-        name=name.cast(pl.String),
+        name=name,  # a categorical: 10^7 launches share a few names (the encoders look each up once)
         ts_ns="ts_ns",
         dur_ns=pl.lit(None, dtype=pl.Int64),
         corr=pl.int_range(first_corr + 1, first_corr + 1 + pl.len(), dtype=pl.UInt32),

@@ -25,14 +25,15 @@ def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
     """`launches` (pid, func, ts_ns, ...) with the kernel `name` of each: the
     latest handle->name seen before the launch, else any name of that handle
     (names found offline carry no time); null when none was seen.  Rows come
-    back in another order."""
-    names = cap.names.select("pid", pl.col("handle").alias("func"), "name",
+    back in another order.  `name` is a categorical: a few names for millions
+    of launches, gathered as codes rather than copied as text."""
+    names = cap.names.select("pid", pl.col("handle").alias("func"), pl.col("name").cast(pl.Categorical),
                              pl.col("ts_ns").fill_null(0).alias("name_ts")).drop_nulls(["func", "name"])
     graphs = unknown_graph_names(cap)
     if graphs.height:  # the launches of a graph whose kernels were not seen: graph@0x<exec>
         names = pl.concat([names, graphs.lazy().select(
-            "pid", pl.col("handle").alias("func"), "name", pl.lit(0, pl.Int64).alias("name_ts"))],
-            how="vertical_relaxed")
+            "pid", pl.col("handle").alias("func"), pl.col("name").cast(pl.Categorical),
+            pl.lit(0, pl.Int64).alias("name_ts"))], how="vertical_relaxed")
     per_handle = names.sort("name_ts").group_by(["pid", "func"]).agg(
         pl.len().alias("_names"), pl.col("name").first().alias("_any_name"))
     launches = launches.join(per_handle, on=["pid", "func"], how="left")
@@ -44,7 +45,7 @@ def kernel_names(cap: Capture, launches: pl.LazyFrame) -> pl.LazyFrame:
         names.sort(["pid", "func", "name_ts"]), left_on="ts_ns", right_on="name_ts",
         by=["pid", "func"], strategy="backward", check_sortedness=False,
     ).drop("name_ts")
-    once = launches.filter(renamed.not_()).with_columns(pl.lit(None, pl.String).alias("name"))
+    once = launches.filter(renamed.not_()).with_columns(pl.lit(None, pl.Categorical).alias("name"))
     return pl.concat([once, timed], how="vertical").with_columns(
         pl.coalesce("name", "_any_name").alias("name")
     ).drop("_any_name", "_names")
