@@ -233,7 +233,9 @@ def alloc_hotness(cap: Capture) -> pl.DataFrame:
         .with_columns((pl.col("pages_touched") / pl.col("pages_spanned")).alias("touched_share"))
         .select("pid", "alloc_base", "alloc_size", "alloc_api", "accesses", "accessed_bytes",
                 "pages_touched", "pages_spanned", "touched_share", "launches")
-        .sort(["accesses", "pid", "alloc_base"], descending=[True, False, False])
+        # then every other column: instances at one reused address, in one order from run to run
+        .sort(["accesses", "pid", "alloc_base", "alloc_size", "alloc_api", "accessed_bytes", "pages_touched",
+               "launches"], descending=[True] + [False] * 7, nulls_last=True)
         .collect(engine="streaming")
     )
 
@@ -251,7 +253,9 @@ def page_hotness(cap: Capture) -> pl.DataFrame:
             pl.col("launch_id").n_unique().alias("launches"),
             pl.col("launch_id").min().alias("first_launch_id"),
         )
-        .sort(["accesses", "pid", "page"], descending=[True, False, False])
+        # then every other column: a page of two allocations (or none), in one order from run to run
+        .sort(["accesses", "pid", "page", "alloc_base", "accessed_bytes", "launches", "first_launch_id"],
+              descending=[True] + [False] * 6, nulls_last=True)
         .collect(engine="streaming")
     )
 

@@ -124,3 +124,34 @@ def test_page_launch_matrix_takes_launches_in_time_order(cap) -> None:
     assert rows(m.select("pid", "page", "launch_id", "name", "count", "launch_ts_ns")) == [
         (100, 16, 1, "axpy", 100, T0 + 5000),
     ]
+
+
+def test_hotness_ties_come_in_one_order_whatever_the_order_of_the_pages(cap) -> None:
+    """Two instances at one reused address with the same accesses, and a page
+    of an allocation and of none with the same accesses: the tables give them
+    in one order, however the attributed pages come (a hash group-by gives
+    its groups in any order)."""
+    import dataclasses
+
+    from pasta_trace import schema
+
+    row = dict(pid=100, name="k", page_shift=12, bytes=None, alloc_api="cuMemAlloc_v2")
+    pages = pl.DataFrame([
+        # alloc_id 1 and 2: the same base, one after the other; 7 accesses each
+        {**row, "launch_id": 1, "alloc_id": 1, "alloc_base": 0x40000, "alloc_size": 4096, "page": 64, "count": 7},
+        {**row, "launch_id": 2, "alloc_id": 2, "alloc_base": 0x40000, "alloc_size": 8192, "page": 64, "count": 7},
+        # page 80: 3 accesses inside an allocation, 3 outside any
+        {**row, "launch_id": 3, "alloc_id": 3, "alloc_base": 0x50000, "alloc_size": 4096, "page": 80, "count": 3},
+        {**row, "launch_id": 4, "alloc_id": None, "alloc_base": None, "alloc_size": None, "page": 80, "count": 3},
+    ], schema=schema.TIMELINE_FRAMES["pages"])
+    seen = {"alloc_hotness": set(), "page_hotness": set()}
+    for seed in range(8):
+        shuffled = pages.sample(fraction=1.0, shuffle=True, seed=seed)
+        held = dataclasses.replace(cap, merged={**cap.merged, "pages": shuffled.lazy()})
+        for name in seen:
+            seen[name].add(tuple(rows(REGISTRY[name].compute(held))))
+    assert [len(s) for s in seen.values()] == [1, 1]
+    alloc_rows = next(iter(seen["alloc_hotness"]))
+    assert [(r[1], r[2]) for r in alloc_rows] == [(0x40000, 4096), (0x40000, 8192), (0x50000, 4096)]
+    page_rows = next(iter(seen["page_hotness"]))
+    assert [(r[1], r[2]) for r in page_rows] == [(64, 0x40000), (80, 0x50000), (80, None)]
