@@ -27,8 +27,7 @@ from ..errors import UsageError
 from ..capture.output import manifest as mf
 from ..capture.output.collectives import CommunicatorTable, Sequencer
 from ..capture.output.decode import events_frame
-from ..capture.output.event_writer import (COMMUNICATORS, FILE_BYTES, kind_counts, without_null_columns,
-                                           write_atomic)
+from ..capture.output.event_writer import COMMUNICATORS, FILE_BYTES, kind_counts, write_atomic, write_events
 from ..capture.session.finish import complete_manifest
 from ..capture.output.tensor_sizes import TensorSizes
 from ..safe_output import OutputDir
@@ -196,7 +195,7 @@ def _write_events(out: OutputDir, parts: list[np.ndarray],
             n += 1
         taken, parts = parts[:n], parts[n:]
         data = sizes.fill(events_frame(taken, api_names, sequencer))
-        write_atomic(out, f"events-{files:05d}.parquet", without_null_columns(data))
+        write_events(out, f"events-{files:05d}.parquet", data)
         files += 1
         events += data.height
         by_kind += kind_counts(data)

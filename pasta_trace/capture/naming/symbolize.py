@@ -308,10 +308,9 @@ def name_capture(capture_dir: Path, proc: Path = Path("/proc"), aliases: pl.Data
     if not files:
         return stubs
     events = scan_events(files)
-    callers = [pl.col("caller"), pl.col("caller_fp")]
     launches = (
         events.filter(pl.col("api").cast(pl.String).is_in(_runtime_launch_apis()) & pl.col("func").is_not_null())
-        .group_by("pid", "func", *callers)
+        .group_by("pid", "func", "caller", "caller_fp")
         .agg(pl.col("ts_ns").min(), pl.col("api").first().cast(pl.String))
         .sort("ts_ns")
         .collect()

@@ -101,17 +101,16 @@ def parquet_bytes(data: pl.DataFrame) -> io.BytesIO:
     return buf
 
 
-def without_null_columns(events: pl.DataFrame) -> pl.DataFrame:
-    """An events file's rows without the columns that are null in every one
-    of them (capture format 1.12): a file of launches has no `ptr`, `dst`,
-    NCCL or tensor columns.  Arrow's writer spends about 4 ns a row on each
-    all-null column (24 of a launch's 42: about 90 ns an event, a third of
-    the encoding); readers insert them as nulls (parquet_scan).  An empty
-    frame keeps every column, so that an empty file still shows the schema."""
-    if events.is_empty():
-        return events
+def write_events(out: OutputDir, name: str, events: pl.DataFrame) -> None:
+    """An events file, as write_atomic writes it, without the columns that
+    are null in every row of it (capture format 1.12): a file of launches has
+    no `ptr`, `dst`, NCCL or tensor columns.  Arrow's writer spends about 4 ns
+    a row on each all-null column (24 of a launch's 42: about 90 ns an event,
+    a third of the encoding); readers insert them as nulls (parquet_scan).
+    An empty frame keeps every column, so that an empty file still shows the
+    schema."""
     null = [c for c, n in zip(events.columns, events.null_count().row(0)) if n == events.height]
-    return events.drop(null) if null else events
+    write_atomic(out, name, events.drop(null) if null and events.height else events)
 
 
 def write_atomic(out: OutputDir, name: str, data: pl.DataFrame) -> None:
@@ -254,7 +253,7 @@ class EventFiles:
                 self.comms.setdefault(pid, comm)
             name = f"events-{len(self.files):05d}.parquet"
             try:
-                write_atomic(self._out, name, without_null_columns(data))
+                write_events(self._out, name, data)
             except OSError as e:  # a full disk: keep the files written so far, count these
                 self.unwritten += records
                 if self._ledger is not None:
