@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,12 +64,12 @@ def type_fits(found: pl.DataType, want: pl.DataType) -> bool:
     return _strings(want) and _strings(found) and found.base_type() is not pl.Enum
 
 
-def parquet_problem(path: Path, sch: dict[str, pl.DataType],
-                    nulls: dict[str, int] | None = None) -> tuple[dict | None, str | None]:
+def parquet_problem(path: Path, sch: dict[str, pl.DataType], nulls: dict[str, int] | None = None,
+                    data: bool = True) -> tuple[dict | None, str | None]:
     """(the file's schema, None), or (None, what is wrong with it): not a
     regular file, not Parquet, cut short, a damaged footer, a column of
-    another type, or damaged data.  `nulls`, when given, gets each column's
-    count of nulls, counted as the data is decoded."""
+    another type, or (with `data`) damaged data.  `nulls`, when given, gets
+    each column's count of nulls, counted as the data is decoded."""
     try:
         fd = open_regular(path)
     except FormatError as e:
@@ -91,7 +92,25 @@ def parquet_problem(path: Path, sch: dict[str, pl.DataType],
                  if k in found and not type_fits(found[k], t)]
         if wrong:
             return None, wrong[0]
+        if not data:
+            return found, None
         return (found, None) if (why := _data_problem(path, arrow, size, nulls)) is None else (None, why)
+
+
+def data_problem(path: Path, nulls: dict[str, int]) -> str | None:
+    """The data check of a file whose footer and types passed parquet_problem
+    (with data=False) earlier: None when every page decodes, with each
+    column's nulls put in `nulls`; else what is wrong."""
+    try:
+        fd = open_regular(path)
+    except FormatError as e:
+        return str(e).removeprefix(f"{path}: ")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            arrow = pq.ParquetFile(f)
+        except ARROW_ERRORS as e:  # changed since it was opened
+            return f"damaged Parquet footer ({first_line(e)})"
+        return _data_problem(path, arrow, os.fstat(fd).st_size, nulls)
 
 
 #: Above this size a file's row groups are decoded on several threads; below, threads cost more than they save.
@@ -101,6 +120,14 @@ CHECK_THREADS = 4
 #: rows per batch, and bytes read at a time per column, of the check
 CHECK_BATCH_ROWS = 1 << 16
 CHECK_BUFFER = 1 << 20
+
+
+def row_group_batches(f: pq.ParquetFile, group: int, rows: int) -> Iterator[pa.RecordBatch]:
+    """The batches of one row group.  A reader of several row groups holds
+    what it decoded of each until it ends (12 MB a row group of 10^6 access
+    samples: 1.2 GB for 10^8, two readers); one reader per row group holds
+    one row group's."""
+    yield from f.iter_batches(batch_size=rows, row_groups=[group], use_threads=False)
 
 
 def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int] | None = None) -> str | None:
@@ -117,7 +144,7 @@ def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int
     CHECK_BUFFER bytes reuse the same few MB (10^7 samples on a loaded 2-CPU
     machine: 0.57 CPU s against 0.90, medians of 6).  Each batch's nulls are
     counted on the way (from its validity bitmaps: microseconds), so that
-    rows without their keys are known without a second read (read.keyed)."""
+    rows without their keys are known without a second read (keyed)."""
     n = f.num_row_groups
     threads = min(os.cpu_count() or 1, CHECK_THREADS, n) if size > THREADED_BYTES else 1
     names = f.schema_arrow.names
@@ -125,9 +152,8 @@ def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int
     def part(k: int) -> list[int]:
         counts = [0] * len(names)
         r = f if threads < 2 else pq.ParquetFile(path, buffer_size=CHECK_BUFFER)
-        groups = list(range(k, n, threads))
-        if groups:  # iter_batches reads every row group when given none
-            for batch in r.iter_batches(batch_size=CHECK_BATCH_ROWS, row_groups=groups, use_threads=False):
+        for g in range(k, n, threads):
+            for batch in row_group_batches(r, g, CHECK_BATCH_ROWS):
                 for i, col in enumerate(batch.columns):
                     counts[i] += col.null_count
         return counts
@@ -141,12 +167,37 @@ def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int
     except ARROW_ERRORS as e:
         return f"damaged Parquet data ({first_line(e)})"
     finally:
-        # Arrow's allocator keeps what the decoded batches freed: 1.3 GB resident after
-        # the check of 10^8 access samples, held through the merge that follows (its peak)
+        # Arrow's allocator keeps what the decoded batches freed, held through the
+        # merge that follows unless handed back
         pa.default_memory_pool().release_unused()
     if nulls is not None:
         nulls.update({name: sum(c) for name, c in zip(names, zip(*parts))})
     return None
+
+
+#: the columns without which a row of a frame means nothing (its time, its process and thread)
+KEYS = {"events": ("ts_ns", "pid", "tid"), "processes": ("pid",), "device": ("pid",)}
+
+
+def keyed(lf: pl.LazyFrame, nulls: list[dict[str, int]], keys: tuple[str, ...], what: str,
+          problems: list[str]) -> pl.LazyFrame:
+    """`lf` without the rows that have a null in one of `keys` (no tracer
+    writes one: damage), said in `problems`.  `nulls` are the null counts of
+    the files `lf` scans, counted when they were checked at open: a frame
+    without such rows (every capture a tracer wrote) pays for no filter."""
+    counts = [f"{n:,} without {k}" for k in keys if (n := sum(c.get(k, 0) for c in nulls))]
+    if not counts:
+        return lf
+    problems.append(f"{what}: rows left out ({', '.join(counts)})")
+    return lf.filter(pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
+
+
+#: Device frames whose pages are not decoded at open: the access samples,
+#: the one input that grows to 10^8 rows and more.  The merge's pass over
+#: them decodes every page with Arrow's reader, which is the check; any
+#: other reader gets the check first (device_frames.DeviceFrames).  Checked
+#: at open, 10^8 samples were decoded twice, a fifth of the merge's time.
+DEFERRED = ("access_samples",)
 
 
 @dataclass
@@ -160,14 +211,18 @@ class Scanner:
     device_files: dict[str, list[Path]] = field(default_factory=dict)
     #: each file read -> column -> its nulls (counted by the check at open)
     nulls: dict[Path, dict[str, int]] = field(default_factory=dict)
+    #: device frame name -> its file, whose data check waits for the first reader (DEFERRED)
+    deferred: dict[str, Path] = field(default_factory=dict)
 
-    def frames(self, paths: list[Path], sch: dict[str, pl.DataType]) -> pl.LazyFrame:
-        """One lazy frame of the schema `sch` over the files that pass."""
+    def frames(self, paths: list[Path], sch: dict[str, pl.DataType], data: bool = True) -> pl.LazyFrame:
+        """One lazy frame of the schema `sch` over the files that pass (their
+        footers and types only, without `data`)."""
         by_schema: dict[tuple, list[Path]] = {}
         for p in paths:
             counts: dict[str, int] = {}
-            found, why = parquet_problem(p, sch, counts)
-            self.nulls[p] = counts
+            found, why = parquet_problem(p, sch, counts, data)
+            if data:
+                self.nulls[p] = counts
             if why is not None:
                 self.damaged.append(f"{p}: {why}")
                 continue
@@ -175,12 +230,12 @@ class Scanner:
             by_schema.setdefault(tuple(found.items()), []).append(p)  # type: ignore[union-attr]
         return _scan_alike(by_schema, sch)
 
-    def optional(self, path: Path, sch: dict[str, pl.DataType]) -> pl.LazyFrame | None:
+    def optional(self, path: Path, sch: dict[str, pl.DataType], data: bool = True) -> pl.LazyFrame | None:
         """The frame of one file, None when it is absent or left out."""
         if not os.path.lexists(path):
             return None
         n = len(self.damaged)
-        lf = self.frames([path], sch)
+        lf = self.frames([path], sch, data)
         return None if len(self.damaged) > n else lf
 
     def one(self, path: Path, sch: dict[str, pl.DataType]) -> pl.LazyFrame:
@@ -189,13 +244,18 @@ class Scanner:
         return pl.DataFrame(schema=sch).lazy() if lf is None else lf
 
     def device(self, d: Path) -> dict[str, pl.LazyFrame]:
-        """Decoded device frames stored as d/<frame>.parquet, scanned lazily."""
+        """Decoded device frames stored as d/<frame>.parquet, scanned lazily.
+        The data check of a DEFERRED frame's file waits (`deferred`):
+        device_frames.DeviceFrames runs it before the frame is first read."""
         out = {}
         for name, sch in schema.DEVICE_FRAMES.items():
-            lf = self.optional(d / f"{name}.parquet", sch)
+            path = d / f"{name}.parquet"
+            lf = self.optional(path, sch, data=name not in DEFERRED)
             if lf is not None:
                 out[name] = lf
-                self.device_files[name] = [d / f"{name}.parquet"]
+                self.device_files[name] = [path]
+                if name in DEFERRED:
+                    self.deferred[name] = path
         return out
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,8 @@ import polars as pl
 from . import schema
 from .errors import FormatError
 from .json_shape import check_shape, load_json
-from .parquet_scan import Scanner
+from .device_frames import DeviceFrames
+from .parquet_scan import KEYS, Scanner, keyed
 
 
 @dataclass
@@ -49,8 +51,10 @@ class Capture:
     processes: pl.LazyFrame
     libraries: pl.LazyFrame
     aggregate: pl.LazyFrame | None
-    #: schema.DEVICE_FRAMES name -> frame; empty frames where there is no device data
-    device: dict[str, pl.LazyFrame] = field(default_factory=dict)
+    #: schema.DEVICE_FRAMES name -> frame; empty frames where there is no device data.
+    #: From open_capture and load, a DeviceFrames: the access samples' file is
+    #: checked when first read (device_frames.py)
+    device: MutableMapping[str, pl.LazyFrame] = field(default_factory=dict)
     #: problems met while reading (damaged device files, an incomplete capture, ...)
     problems: list[str] = field(default_factory=list)
     #: schema.TIMELINE_FRAMES name -> frame, when read from a merged timeline
@@ -93,9 +97,8 @@ class Capture:
     @property
     def has_device_data(self) -> bool:
         return any(
-            f.select(pl.len()).collect().item() > 0
-            for name, f in self.device.items()
-            if name in ("kernel_summaries", "cupti_kernels", "launches")
+            self.device[name].select(pl.len()).collect().item() > 0
+            for name in ("kernel_summaries", "cupti_kernels", "launches") if name in self.device
         )
 
 
@@ -162,6 +165,15 @@ def _device_dir(p: Path, entries: dict[str, os.DirEntry], scan: Scanner) -> tupl
     return p / "device", [p / "device" / n for n in names if n.endswith(".bin")]
 
 
+def device_frames(scan: Scanner, d: Path | None) -> DeviceFrames:
+    """Every device frame: those stored in `d` (a device directory, when
+    there is one) as `scan` scans them, the others empty."""
+    frames = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
+    if d is not None:
+        frames.update(scan.device(d))
+    return DeviceFrames(frames, scan.deferred)
+
+
 def open_capture(path: str | Path) -> Capture:
     """Open a capture directory.  Raises FormatError with a one-line reason
     when it is no capture; a damaged file in it is left out and said in
@@ -182,12 +194,8 @@ def open_capture(path: str | Path) -> Capture:
         if not manifest.get("complete"):
             problems.append("manifest says the capture is incomplete")
     scan = Scanner()
-    device: dict[str, pl.LazyFrame] = {
-        k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()
-    }
     ddir, dev_files = _device_dir(p, entries, scan)
-    if ddir is not None:
-        device.update(scan.device(ddir))
+    device = device_frames(scan, ddir)
     if dev_files:
         frames, dev_problems = read_device(dev_files)
         device.update(frames)
@@ -210,23 +218,6 @@ def open_capture(path: str | Path) -> Capture:
     return with_scan(drop_unkeyed(cap, scan), scan)
 
 
-#: the columns without which a row of a frame means nothing (its time, its process and thread)
-KEYS = {"events": ("ts_ns", "pid", "tid"), "processes": ("pid",), "device": ("pid",)}
-
-
-def keyed(lf: pl.LazyFrame, nulls: list[dict[str, int]], keys: tuple[str, ...], what: str,
-          problems: list[str]) -> pl.LazyFrame:
-    """`lf` without the rows that have a null in one of `keys` (no tracer
-    writes one: damage), said in `problems`.  `nulls` are the null counts of
-    the files `lf` scans, counted when they were checked at open: a frame
-    without such rows (every capture a tracer wrote) pays for no filter."""
-    counts = [f"{n:,} without {k}" for k in keys if (n := sum(c.get(k, 0) for c in nulls))]
-    if not counts:
-        return lf
-    problems.append(f"{what}: rows left out ({', '.join(counts)})")
-    return lf.filter(pl.all_horizontal(pl.col(k).is_not_null() for k in keys))
-
-
 def drop_unkeyed(cap: Capture, scan: Scanner) -> Capture:
     """keyed() of the capture's events, processes and device frames, as `scan` read them."""
     def of(name: str) -> list[dict[str, int]]:
@@ -236,6 +227,8 @@ def drop_unkeyed(cap: Capture, scan: Scanner) -> Capture:
     cap.events = keyed(cap.events, of("events"), KEYS["events"], "events", cap.problems)
     cap.processes = keyed(cap.processes, of("processes"), KEYS["processes"], "processes", cap.problems)
     for name, paths in scan.device_files.items():
+        if name in scan.deferred:  # counted by the check, when it runs (device_frames.py)
+            continue
         cap.device[name] = keyed(cap.device[name], [scan.nulls.get(p, {}) for p in paths], KEYS["device"],
                                  f"device {name}", cap.problems)
     return cap
@@ -247,4 +240,6 @@ def with_scan(cap: Capture, scan: Scanner) -> Capture:
     cap.problems.extend(scan.damaged)
     cap.files.extend(scan.files)
     cap.device_files.update(scan.device_files)
+    if isinstance(cap.device, DeviceFrames):
+        cap.device.attach(cap.problems, cap.damaged, cap.files)
     return cap

@@ -15,7 +15,8 @@ fresh subprocess:
   hotness              per allocation instance: samples, accesses, bytes, launches
 
   pasta   pasta_trace.merge: kernel_executions, working_set, hotness (lazy Polars, streaming
-          sinks, one query per output as `pasta-trace merge` runs them)
+          sinks, one query per output as `pasta-trace merge` runs them; the capture opened
+          as every verb opens it, every file checked, the samples' by the pass that reads them)
   duckdb  SQL with ASOF JOINs (SET asof_loop_join_threshold=0), the reference engine
   numpy   pyarrow row-group batches + np.searchsorted / np.unique, one core: the floor
 

@@ -63,13 +63,15 @@ class Segments:
         np.minimum(p, np.uint64(self.pids.size), out=p)
         return self.lookup_parts(p.view(np.int64), key & np.uint64((1 << ADDRESS_BITS) - 1))
 
-    def lookup_parts(self, p: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    def lookup_parts(self, p: np.ndarray, addr: np.ndarray, split: bool = True) -> np.ndarray:
         """Segment index of each (pid index, address < 2^48), as `lookup` of
         p << 48 | addr: pid index pids.size stands for no process's (the last
-        gap).  With the pid index at hand, no key of 64 bits is made per row."""
+        gap).  With the pid index at hand, no key of 64 bits is made per row.
+        Split across the cores with `split` (a caller on one thread of
+        several does not)."""
         if self.kstart.size == 0:
             return np.full(p.shape, -1, dtype=np.int64)
-        parts = min(self.threads, p.size // SPLIT_ROWS)
+        parts = min(self.threads, p.size // SPLIT_ROWS) if split else 1
         if parts < 2:
             return self.buckets.lookup(self.kstart, p, addr)
         return np.concatenate(list(self.pool.map(lambda pa: self.buckets.lookup(self.kstart, *pa),

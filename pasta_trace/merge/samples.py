@@ -31,18 +31,22 @@ nulls), pages.py groups with Polars instead.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from .. import schema
+from ..device_frames import DeviceFrames
 from ..parquet_scan import column_ranges
 from ..read import Capture
 from .attribution import Segments
 from .numpy_pages import ordinary_pages
-from .sort_reduce import VALUE_BITS, DistinctKeys, RunningSums, Scratch, group_sums
+from .sample_batches import Damaged, Keys, key_batches, values
+from .sort_reduce import VALUE_BITS, DistinctKeys, KeyColumn, RunningSums, Scratch, group_sums
 
 #: rows per batch handed from the streaming scan to the reduction
 BATCH_ROWS = 1 << 22
@@ -86,12 +90,32 @@ class Packing:
     def check(self, pidx: pl.Series, launch_id: pl.Series, address: pl.Series) -> None:
         """Raise unless every row fits the widths (statistics can be wrong)."""
         if pidx.null_count() or launch_id.null_count() or address.null_count():
-            raise pl.exceptions.ComputeError("access samples: a null or unexpected pid, launch_id or address "
-                                             "(the file's statistics do not match its data)")
-        if pidx.len() and (int(pidx.max()) >= self.pids.size or int(launch_id.max()) >> self.launch_bits
-                           or int(address.max()) >> (self.page_shift + self.page_bits)):
+            raise _unexpected()
+        if pidx.len():
+            self.check_max(int(pidx.max()), int(launch_id.max()), int(address.max()))
+
+    def check_max(self, pidx: int, launch_id: int, address: int) -> None:
+        if pidx >= self.pids.size or launch_id >> self.launch_bits or address >> (self.page_shift + self.page_bits):
             raise pl.exceptions.ComputeError("access samples: a pid, launch_id or address beyond the file's "
                                              "statistics")
+
+    def pid_index_of(self, pid: np.ndarray) -> np.ndarray:
+        """pid_index over numpy: the index in `pids` (UInt64) of each pid; raises for another pid."""
+        p = pid.astype(np.int64)
+        if int(self.pids[-1] - self.pids[0]) == self.pids.size - 1:
+            p -= self.pids[0]
+            if p.size and int(p.min()) < 0:
+                raise _unexpected()
+            return p.view(np.uint64)
+        at = np.searchsorted(self.pids, p)
+        if not np.array_equal(self.pids[np.minimum(at, self.pids.size - 1)], p):
+            raise _unexpected()
+        return at.astype(np.uint64)
+
+
+def _unexpected() -> pl.exceptions.ComputeError:
+    return pl.exceptions.ComputeError("access samples: a null or unexpected pid, launch_id or address "
+                                      "(the file's statistics do not match its data)")
 
 
 def packing(cap: Capture, page_shift: int) -> Packing | None:
@@ -143,8 +167,30 @@ def sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> S
     key = ("sample_sums", page_shift)
     if key not in cap.cache:
         with ordinary_pages():
-            cap.cache[key] = _sample_sums(cap, segs, pk, page_shift)
+            try:
+                cap.cache[key] = _sample_sums(cap, segs, pk, page_shift)
+            except Damaged as e:  # left out, as the check at open left damaged files out: sums of none
+                cap.device.leave_out("access_samples", e.why)  # type: ignore[attr-defined]
+                cap.cache[key] = _sample_sums(cap, segs, replace(pk, rows=0), page_shift)
     return cap.cache[key]
+
+
+def _batches(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> Iterator[tuple[KeyColumn, KeyColumn, Callable[[], None]]]:
+    """(hk, wk) of every sample, a batch at a time: read by Arrow's reader
+    when the file's check still waits (sample_batches.py: this pass is the
+    check), else by the streaming query of `keys`."""
+    path = cap.device.unchecked("access_samples") if isinstance(cap.device, DeviceFrames) else None
+    if path is None:
+        for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):
+            yield batch["hk"], batch["wk"], _nothing
+        return
+    nulls: dict[str, int] = {}
+    yield from key_batches(path, BATCH_ROWS, numpy_keys(segs, pk, page_shift), nulls, MAX_WAITING + 1)
+    cap.device.checked("access_samples", nulls)
+
+
+def _nothing() -> None:
+    pass
 
 
 def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyFrame:
@@ -156,11 +202,7 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
     lk = pidx * (1 << pk.launch_bits) + pl.col("launch_id")
     value = (pl.col("lanes").bitwise_count_ones().fill_null(0).cast(pl.UInt64)
              + pl.col("size").fill_null(0).cast(pl.UInt64) * (1 << 6))
-    # the segments' pid index of each of the packing's (pids.size: no allocation there)
-    at = np.searchsorted(segs.pids, pk.pids)
-    known = at < segs.pids.size
-    known[known] = segs.pids[at[known]] == pk.pids[known]
-    seg_pid = np.where(known, at, segs.pids.size).astype(np.int64)
+    seg_pid = _seg_pids(segs, pk)
 
     def hk(cols: list[pl.Series]) -> pl.Series:
         pi, lid, val, addr = cols
@@ -184,6 +226,44 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
     )
 
 
+def numpy_keys(segs: Segments, pk: Packing, page_shift: int) -> Keys:
+    """`keys` over the columns of an Arrow batch, in numpy: (hk, wk)."""
+    launch_bits, page_bits = np.uint64(pk.launch_bits), np.uint64(pk.page_bits)
+    hk_shift = np.uint64(segment_bits(segs) + VALUE_BITS)
+    seg_pid = _seg_pids(segs, pk)
+
+    def hk_wk(cols: dict[str, pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+        pid, lid, addr = cols["pid"], cols["launch_id"], cols["address"]
+        if pid.null_count or lid.null_count or addr.null_count:
+            raise _unexpected()
+        pi = pk.pid_index_of(pid.to_numpy())
+        lid_, addr_ = lid.to_numpy(), addr.to_numpy()
+        if pi.size:
+            pk.check_max(int(pi.max()), int(lid_.max()), int(addr_.max()))
+        seg = segs.lookup_parts(seg_pid[pi.view(np.int64)], addr_, split=False).view(np.uint64)
+        seg += np.uint64(1)
+        seg <<= np.uint64(VALUE_BITS)
+        lk = pi << launch_bits
+        lk |= lid_
+        wk = lk << page_bits
+        wk += addr_ >> np.uint64(page_shift)
+        lk <<= hk_shift
+        seg |= lk
+        seg |= np.bitwise_count(values(cols["lanes"])).astype(np.uint64)
+        seg |= values(cols["size"]).astype(np.uint64) << np.uint64(6)
+        return seg, wk
+
+    return hk_wk
+
+
+def _seg_pids(segs: Segments, pk: Packing) -> np.ndarray:
+    """The segments' pid index of each of the packing's pids (pids.size: no allocation there)."""
+    at = np.searchsorted(segs.pids, pk.pids)
+    known = at < segs.pids.size
+    known[known] = segs.pids[at[known]] == pk.pids[known]
+    return np.where(known, at, segs.pids.size).astype(np.int64)
+
+
 def segment_bits(segs: Segments) -> int:
     """Bits of segment + 1 in hk (0 .. number of segments)."""
     return int(segs.kstart.size).bit_length()
@@ -201,15 +281,15 @@ def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> 
     # scan done at 1.13 s, the reductions at 1.83 s).
     sums_scratch, pages_scratch = Scratch(), Scratch()
 
-    def add_sums(hk: pl.Series) -> None:
+    def add_sums(hk: KeyColumn) -> None:
         running.add(*group_sums(hk, sums_scratch))
 
     with ThreadPoolExecutor(1) as sums_lane, ThreadPoolExecutor(1) as pages_lane:
-        waiting: deque[tuple[Future, Future]] = deque()
-        for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):
-            seen += batch.height
-            waiting.append((sums_lane.submit(add_sums, batch["hk"]),
-                             pages_lane.submit(pages.append, batch["wk"], pages_scratch)))
+        waiting: deque[tuple[Future, Future, Callable[[], None]]] = deque()
+        for hk, wk, done in _batches(cap, segs, pk, page_shift):
+            seen += len(hk)
+            waiting.append((sums_lane.submit(add_sums, hk), pages_lane.submit(pages.append, wk, pages_scratch),
+                            done))
             if len(waiting) > MAX_WAITING:  # the batches held bound the memory
                 _done(waiting.popleft())
         # the count (a sort of every distinct page) follows the last append, beside the last sums
@@ -242,9 +322,10 @@ def _sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> 
     return SampleSums(per_launch, per_segment)
 
 
-def _done(lanes: tuple[Future, Future]) -> None:
-    for f in lanes:
+def _done(lanes: tuple[Future, Future, Callable[[], None]]) -> None:
+    for f in lanes[:2]:
         f.result()  # raises what the lane raised
+    lanes[2]()  # the batch's arrays may be reused
 
 
 def _launch_ids(lk: np.ndarray, pk: Packing) -> dict[str, pl.Series]:

@@ -20,6 +20,10 @@ _LANES = np.arange(1 << VALUE_BITS, dtype=np.uint64) & np.uint64(63)
 _ACCESSES, _BYTES = _LANES, _LANES * (np.arange(1 << VALUE_BITS, dtype=np.uint64) >> np.uint64(6))
 
 
+#: a batch's keys: a Polars column (the streaming query's) or a numpy array (Arrow's reader's)
+KeyColumn = pl.Series | np.ndarray
+
+
 class Scratch:
     """Work arrays of one batch, made once and reused for every batch: a
     fresh 32 MiB numpy temporary is a fresh mapping whose first touch faults
@@ -66,10 +70,10 @@ class DistinctKeys:
         self.n = 0
         self.dedup = True
 
-    def append(self, wk: pl.Series, scratch: Scratch) -> None:
+    def append(self, wk: KeyColumn, scratch: Scratch) -> None:
         """Add the keys of `wk` at the buffer's end: sorted and distinct while
         batches shrink by deduplication, as they come after one that did not."""
-        part = self.buf[self.n:self.n + wk.len()]
+        part = self.buf[self.n:self.n + len(wk)]
         fill(part, wk)
         if not self.dedup:
             self.n += part.size
@@ -110,10 +114,13 @@ class DistinctKeys:
         return np.concatenate(highs), np.concatenate(counts)
 
 
-def fill(out: np.ndarray, col: pl.Series) -> None:
+def fill(out: np.ndarray, col: KeyColumn) -> None:
     """`col` copied into `out` a chunk at a time: a batch holds one chunk per
     morsel, and Series.to_numpy would first join them in fresh memory (32 MiB
     a batch, ~60 ms of page faults here)."""
+    if isinstance(col, np.ndarray):
+        out[:] = col
+        return
     at = 0
     for c in col.get_chunks():
         a = c.to_numpy()
@@ -121,11 +128,15 @@ def fill(out: np.ndarray, col: pl.Series) -> None:
         at += a.size
 
 
-def group_sums(hk: pl.Series, scratch: Scratch) -> tuple[np.ndarray, ...]:
-    """(group, rows, accesses, bytes) per distinct hk >> VALUE_BITS, sorted."""
-    rows = hk.len()
-    s = scratch.words(0, rows)
-    fill(s, hk)
+def group_sums(hk: KeyColumn, scratch: Scratch) -> tuple[np.ndarray, ...]:
+    """(group, rows, accesses, bytes) per distinct hk >> VALUE_BITS, sorted.
+    A numpy `hk` is overwritten."""
+    rows = len(hk)
+    if isinstance(hk, np.ndarray):  # the caller's own array (sample_batches): sorted and reused in place
+        s = hk
+    else:
+        s = scratch.words(0, rows)
+        fill(s, hk)
     s.sort()
     g = scratch.words(1, rows)
     np.right_shift(s, np.uint64(VALUE_BITS), out=g)

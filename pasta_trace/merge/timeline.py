@@ -22,7 +22,7 @@ import polars as pl
 from .. import __version__, schema
 from ..errors import FormatError
 from ..parquet_scan import Scanner
-from ..read import Capture, drop_unkeyed, open_capture, read_json, with_scan
+from ..read import Capture, device_frames, drop_unkeyed, open_capture, read_json, with_scan
 from ..safe_output import StagedDir
 from .allocations import allocations
 from .cluster import load_cluster
@@ -57,9 +57,7 @@ def load(path: str | Path) -> Capture:
         raise FormatError(f"{p / MARKER}: not a pasta-trace timeline header (merge_stats: not the merge's counts)")
     scan = Scanner()
     one = lambda n, sch: scan.one(p / f"{n}.parquet", sch)  # noqa: E731
-    device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
-    if os.path.isdir(p / "device"):
-        device.update(scan.device(p / "device"))
+    device = device_frames(scan, p / "device" if os.path.isdir(p / "device") else None)
     manifest = dict(meta.get("capture_manifest") or {})
     manifest["merge_stats"], notes = saved_stats(saved)
     if notes:
@@ -155,8 +153,7 @@ def _write(cap: Capture, tmp: Path, step: Callable[[str], None], tolerance_ns: i
 def load_partial(cap: Capture, d: Path) -> Capture:
     """The capture as re-read from the host and device copies in `d`."""
     scan = Scanner()
-    device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
-    device.update(scan.device(d / "device"))
+    device = device_frames(scan, d / "device")
     partial = Capture(
         path=cap.path, manifest=cap.manifest,
         **{k: scan.one(d / f"{k}.parquet", v) for k, v in _HOST.items()},
@@ -165,4 +162,5 @@ def load_partial(cap: Capture, d: Path) -> Capture:
     if scan.damaged:  # written a moment ago by this merge: not the input's fault
         raise FormatError(f"cannot read back what the merge wrote: {scan.damaged[0]}")
     partial.device_files.update(scan.device_files)
+    device.attach(partial.problems, partial.damaged, partial.files)
     return partial

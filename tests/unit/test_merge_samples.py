@@ -1,9 +1,12 @@
 """The one sorting pass over access samples (merge/samples.py) against the
-hash group-bys it replaces, which stay for keys too wide to pack."""
+hash group-bys it replaces, which stay for keys too wide to pack.  The pass
+reads the samples with Arrow's reader when their file's check still waits
+(merge/sample_batches.py), else through Polars: both are run."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import polars as pl
@@ -11,7 +14,7 @@ import pytest
 
 from pasta_trace import merge, schema
 from pasta_trace.testing import synthetic
-from pasta_trace.merge import pages, samples
+from pasta_trace.merge import pages, sample_batches, samples
 from pasta_trace.read import open_capture
 
 SPEC = synthetic.Spec(seed=7, accesses=30_000, launches=400, allocations=80, page_hist=False)
@@ -24,17 +27,39 @@ def cap_dir(tmp_path_factory) -> Path:
     return d
 
 
-def frames(cap_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    cap = open_capture(cap_dir)
+@pytest.fixture(params=["arrow", "polars"])
+def reader(request) -> str:
+    return request.param
+
+
+def frames(cap_dir: Path, reader: str = "arrow") -> tuple[pl.DataFrame, pl.DataFrame]:
+    cap = opened(cap_dir, reader)
     return (merge.working_set(cap).collect().sort("pid", "launch_id"),
             merge.hotness(cap).collect().sort("alloc_id"))
 
 
-def test_sorting_pass_equals_the_hash_group_bys(cap_dir: Path, monkeypatch) -> None:
+def opened(cap_dir: Path, reader: str):
+    """The capture, its samples' file checked first ("polars": the pass reads
+    through Polars) or not (the pass reads with Arrow's reader, the check)."""
+    cap = open_capture(cap_dir)
+    assert cap.device.pending == ["access_samples"]
+    if reader == "polars":
+        cap.device["access_samples"]
+        assert cap.device.pending == []
+    return cap
+
+
+def test_both_readers_give_one_result(cap_dir: Path) -> None:
+    arrow, polars = frames(cap_dir, "arrow"), frames(cap_dir, "polars")
+    assert arrow[0].height == 400 and arrow[1].height == 80
+    assert arrow[0].equals(polars[0]) and arrow[1].equals(polars[1])
+
+
+def test_sorting_pass_equals_the_hash_group_bys(cap_dir: Path, monkeypatch, reader: str) -> None:
     cap = open_capture(cap_dir)
     pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
     assert pk is not None and pk.rows == 30_000 and pk.fits(merge.segments(merge.allocations(cap).collect()))
-    ws, hot = frames(cap_dir)
+    ws, hot = frames(cap_dir, reader)
     assert (ws.height, int(ws["samples"].sum()), hot.height) == (400, 30_000, 80)
     monkeypatch.setattr(pages, "packing", lambda *_: None)
     ws_hash, hot_hash = frames(cap_dir)
@@ -42,11 +67,13 @@ def test_sorting_pass_equals_the_hash_group_bys(cap_dir: Path, monkeypatch) -> N
     assert hot.equals(hot_hash)
 
 
-def test_many_batches_add_up_to_one(cap_dir: Path, monkeypatch) -> None:
-    ws, hot = frames(cap_dir)
-    # 30 batches, and the distinct pages read back 1,000 at a time
+def test_many_batches_add_up_to_one(cap_dir: Path, monkeypatch, reader: str) -> None:
+    ws, hot = frames(cap_dir, reader)
+    # 30 batches, and the distinct pages read back 1,000 at a time; Arrow's batches of 700
+    # rows, each split over two of the pass's
     monkeypatch.setattr(samples, "BATCH_ROWS", 1_000)
-    ws_small, hot_small = frames(cap_dir)
+    monkeypatch.setattr(sample_batches, "READ_ROWS", 700)
+    ws_small, hot_small = frames(cap_dir, reader)
     assert ws.equals(ws_small)
     assert hot.equals(hot_small)
 
@@ -75,7 +102,7 @@ def fx_capture(tmp_path: Path) -> Path:
     return tmp_path / "cap"
 
 
-def test_addresses_beyond_48_bits_are_in_no_allocation(tmp_path: Path, monkeypatch) -> None:
+def test_addresses_beyond_48_bits_are_in_no_allocation(tmp_path: Path, monkeypatch, reader: str) -> None:
     """Keys that fit 64 bits with addresses of 48 bits or more (segments key on 48): those samples count
     in their launch's working set and in no allocation, as in the hash group-bys."""
     d = tmp_path / "cap"
@@ -87,7 +114,7 @@ def test_addresses_beyond_48_bits_are_in_no_allocation(tmp_path: Path, monkeypat
     cap = open_capture(d)
     pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
     assert pk.page_shift + pk.page_bits > 48 and pk.fits(merge.segments(merge.allocations(cap).collect()))
-    ws, hot = frames(d)
+    ws, hot = frames(d, reader)
     assert int(ws["samples"].sum()) == 3_040 and int(hot["samples"].sum()) < 3_000
     monkeypatch.setattr(pages, "packing", lambda *_: None)
     ws_hash, hot_hash = frames(d)
@@ -95,19 +122,20 @@ def test_addresses_beyond_48_bits_are_in_no_allocation(tmp_path: Path, monkeypat
     assert hot.equals(hot_hash)
 
 
-def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path) -> None:
+def test_a_short_read_is_an_error_not_a_smaller_result(cap_dir: Path, reader: str) -> None:
     # the streaming engine's batches end quietly when its decoder panics: rows are counted
-    cap = open_capture(cap_dir)
+    cap = opened(cap_dir, reader)
     pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
     segs = merge.segments(merge.allocations(cap).collect())
     with pytest.raises(pl.exceptions.ComputeError, match="read 30000 of 30001 rows"):
         samples.sample_sums(cap, segs, dataclasses.replace(pk, rows=30_001), merge.WS_PAGE_SHIFT)
 
 
-def test_an_error_in_a_reduction_lane_ends_the_pass_with_it(cap_dir: Path, monkeypatch) -> None:
+def test_an_error_in_a_reduction_lane_ends_the_pass_with_it(cap_dir: Path, monkeypatch, reader: str) -> None:
     """The sums and the distinct pages are reduced on threads of their own: what one raises, mid-input,
-    is the pass's error (not a hang, not a smaller result)."""
-    cap = open_capture(cap_dir)
+    is the pass's error (not a hang, not a smaller result), and Arrow's reading threads stop."""
+    threads = threading.active_count()
+    cap = opened(cap_dir, reader)
     pk = samples.packing(cap, merge.WS_PAGE_SHIFT)
     segs = merge.segments(merge.allocations(cap).collect())
     monkeypatch.setattr(samples, "BATCH_ROWS", 1_000)
@@ -115,7 +143,7 @@ def test_an_error_in_a_reduction_lane_ends_the_pass_with_it(cap_dir: Path, monke
     real = samples.group_sums
 
     def fails_at_the_fifth(hk, scratch):
-        calls.append(hk.len())
+        calls.append(len(hk))
         if len(calls) == 5:
             raise MemoryError("fifth batch")
         return real(hk, scratch)
@@ -125,6 +153,8 @@ def test_an_error_in_a_reduction_lane_ends_the_pass_with_it(cap_dir: Path, monke
         samples.sample_sums(cap, segs, pk, merge.WS_PAGE_SHIFT)
     # the batches after it were not reduced, but for those already waiting in the lane (a race: at most these)
     assert 5 <= len(calls) <= 5 + samples.MAX_WAITING + 1
+    assert threading.active_count() == threads
+    assert cap.device.pending == (["access_samples"] if reader == "arrow" else [])  # still to be checked
 
 
 def test_key_widths_come_from_the_footers_without_a_pass(cap_dir: Path, monkeypatch) -> None:

@@ -1,0 +1,108 @@
+"""A capture's device frames, each file checked before Polars first reads it.
+
+Every Parquet file is checked at open (parquet_scan) except the access
+samples' (parquet_scan.DEFERRED), whose pages are decoded once, by whoever
+reads them first:
+
+- a reader through Polars (`frames[name]`, `.items()`, ...) gets the frame
+  after the check, as open would have checked it: a damaged file left out
+  and said, rows without a pid dropped (parquet_scan.keyed);
+- the merge's pass over the samples (merge/sample_batches.py) decodes every
+  page with Arrow's reader itself, which is the check: it takes the file
+  with `unchecked`, and says how it went with `checked` or `leave_out`.
+
+A verb that never reads the samples has them checked at its end
+(damage.left_out), so that a damaged file is always said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+
+import polars as pl
+
+from . import schema
+from .parquet_scan import KEYS, data_problem, keyed
+
+
+class DeviceFrames(MutableMapping):
+    """schema.DEVICE_FRAMES name -> lazy frame, with the data checks that wait."""
+
+    def __init__(self, frames: dict[str, pl.LazyFrame], pending: dict[str, Path] | None = None) -> None:
+        self._frames = dict(frames)
+        self._pending = dict(pending or {})
+        self.problems: list[str] = []
+        self.damaged: list[str] = []
+        self.files: list[Path] = []
+
+    def attach(self, problems: list[str], damaged: list[str], files: list[Path]) -> None:
+        """Say what the checks find in these lists (the Capture's own)."""
+        self.problems, self.damaged, self.files = problems, damaged, files
+
+    def __getitem__(self, name: str) -> pl.LazyFrame:
+        if name in self._pending:
+            self._check(name)
+        return self._frames[name]
+
+    def __setitem__(self, name: str, lf: pl.LazyFrame) -> None:
+        self._pending.pop(name, None)
+        self._frames[name] = lf
+
+    def __delitem__(self, name: str) -> None:
+        self._pending.pop(name, None)
+        del self._frames[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._frames)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    @property
+    def pending(self) -> list[str]:
+        """The frames whose file no reader has checked yet."""
+        return list(self._pending)
+
+    def unchecked(self, name: str) -> Path | None:
+        """The file of `name` when its check still waits: for a reader that
+        decodes every page with Arrow's reader (the check) and then says
+        `checked` or `leave_out`."""
+        return self._pending.get(name)
+
+    def rows(self, name: str) -> int:
+        """The frame's rows, from the Parquet footer when the check waits
+        (that footer was checked at open): no page is decoded."""
+        path = self._pending.get(name)
+        if path is None:
+            return self[name].select(pl.len()).collect().item()
+        return pl.scan_parquet(str(path), glob=False).select(pl.len()).collect().item()
+
+    def checked(self, name: str, nulls: dict[str, int]) -> None:
+        """Every page of `name`'s file decoded: `nulls` per column."""
+        self._pending.pop(name)
+        self._frames[name] = keyed(self._frames[name], [nulls], KEYS["device"], f"device {name}", self.problems)
+
+    def leave_out(self, name: str, why: str) -> None:
+        """`name`'s file is damaged (`why`: its path, what is wrong): the
+        frame is empty from now on, the file said in the damaged ones."""
+        path = self._pending.pop(name, None)
+        self._frames[name] = schema.empty_frame(schema.DEVICE_FRAMES[name]).lazy()
+        self.damaged.append(why)
+        self.problems.append(why)
+        if path in self.files:
+            self.files.remove(path)
+
+    def check_all(self) -> None:
+        """Run every check that still waits."""
+        for name in self.pending:
+            self._check(name)
+
+    def _check(self, name: str) -> None:
+        path = self._pending[name]
+        nulls: dict[str, int] = {}
+        why = data_problem(path, nulls)
+        if why is None:
+            self.checked(name, nulls)
+        else:
+            self.leave_out(name, f"{path}: {why}")
