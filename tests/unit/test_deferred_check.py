@@ -6,6 +6,7 @@ as when every file was checked at open."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -156,3 +157,17 @@ def test_an_error_on_a_reading_thread_ends_the_pass_with_it(tmp_path: Path, monk
         merge.working_set(cap).collect()
     assert threading.active_count() == threads
     assert cap.device.pending == ["access_samples"] and cap.damaged == []  # no damage: still to be checked
+
+
+def test_pages_from_a_histogram_leave_the_samples_unread(tmp_path: Path) -> None:
+    """With a page histogram the pages come from it: the samples' file is not decoded for them."""
+    d = tmp_path / "c"
+    synthetic.write_capture(d, dataclasses.replace(SPEC, page_hist=True))
+    cap = open_capture(d)
+    assert merge.attributed_pages(cap).collect().height > 0
+    assert cap.device.pending == ["access_samples"]
+    nohist = tmp_path / "n"
+    synthetic.write_capture(nohist, SPEC)
+    cap = open_capture(nohist)
+    assert merge.attributed_pages(cap).collect().height > 0  # folded from the samples by Polars: checked first
+    assert cap.device.pending == []
