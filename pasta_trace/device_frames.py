@@ -35,6 +35,18 @@ class DeviceFrames(MutableMapping):
         self.problems: list[str] = []
         self.damaged: list[str] = []
         self.files: list[Path] = []
+        #: the copies made by `replaced`, this one among them: a check any of them runs is theirs too
+        self._peers = [self]
+
+    def replaced(self, name: str, lf: pl.LazyFrame) -> DeviceFrames:
+        """A copy with frame `name` replaced by `lf` (not waiting for a check),
+        sharing the others' checks with this one: what either checks, both
+        read checked, once."""
+        other = DeviceFrames.__new__(DeviceFrames)
+        other.__dict__.update(self.__dict__)
+        other._frames = {**self._frames, name: lf}
+        self._peers.append(other)
+        return other
 
     def attach(self, problems: list[str], damaged: list[str], files: list[Path]) -> None:
         """Say what the checks find in these lists (the Capture's own)."""
@@ -81,13 +93,16 @@ class DeviceFrames(MutableMapping):
     def checked(self, name: str, nulls: dict[str, int]) -> None:
         """Every page of `name`'s file decoded: `nulls` per column."""
         self._pending.pop(name)
-        self._frames[name] = keyed(self._frames[name], [nulls], KEYS["device"], f"device {name}", self.problems)
+        for peer in self._peers:
+            peer._frames[name] = keyed(peer._frames[name], [nulls], KEYS["device"], f"device {name}",
+                                       self.problems if peer is self else [])
 
     def leave_out(self, name: str, why: str) -> None:
         """`name`'s file is damaged (`why`: its path, what is wrong): the
         frame is empty from now on, the file said in the damaged ones."""
         path = self._pending.pop(name, None)
-        self._frames[name] = schema.empty_frame(schema.DEVICE_FRAMES[name]).lazy()
+        for peer in self._peers:
+            peer._frames[name] = schema.empty_frame(schema.DEVICE_FRAMES[name]).lazy()
         self.damaged.append(why)
         self.problems.append(why)
         if path in self.files:

@@ -171,3 +171,20 @@ def test_pages_from_a_histogram_leave_the_samples_unread(tmp_path: Path) -> None
     cap = open_capture(nohist)
     assert merge.attributed_pages(cap).collect().height > 0  # folded from the samples by Polars: checked first
     assert cap.device.pending == []
+
+
+def test_the_report_s_lean_copy_shares_the_check(tmp_path: Path, monkeypatch) -> None:
+    """The report reads a copy of the capture without the kernel counters: the samples' file is still
+    checked once, by whichever of the two reads it first."""
+    from pasta_trace.reporters.results import without_counters
+
+    cap = open_capture(capture(tmp_path / "c"))
+    lean = without_counters(cap)
+    assert lean.device.pending == cap.device.pending == ["access_samples"]
+    assert "gld" not in lean.device["kernel_summaries"].collect_schema()
+    assert "gld" in cap.device["kernel_summaries"].collect_schema()
+    assert merge.working_set(lean).collect().height == 300  # the pass: the check
+    assert cap.device.pending == [] and lean.device.pending == []
+    monkeypatch.setattr(parquet_scan, "_data_problem", lambda *_: pytest.fail("decoded a second time"))
+    assert cap.device["access_samples"].collect().height == 40_000
+    left_out(cap)
