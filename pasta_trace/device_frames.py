@@ -2,16 +2,18 @@
 
 Every Parquet file is checked at open (parquet_scan) except the access
 samples' (parquet_scan.DEFERRED), whose pages are decoded once, by whoever
-reads them first:
+reads them first, a column at a time:
 
-- a reader through Polars (`frames[name]`, `.items()`, ...) gets the frame
-  after the check, as open would have checked it: a damaged file left out
-  and said, rows without a pid dropped (parquet_scan.keyed);
-- the merge's pass over the samples (merge/sample_batches.py) decodes every
-  page with Arrow's reader itself, which is the check: it takes the file
-  with `unchecked`, and says how it went with `checked` or `leave_out`.
+- the merge's pass over the samples (merge/sample_batches.py) decodes the
+  pages of the five columns it reads with Arrow's reader itself, which is
+  their check: it takes the file with `unchecked`, and says how it went
+  with `checked` (those columns) or `leave_out`;
+- a reader through Polars (`frames[name]`, `.items()`, ...), which may read
+  any column, gets the frame after the check of every column not checked
+  yet, as open would have checked it: a damaged file left out and said,
+  rows without a pid dropped (parquet_scan.keyed).
 
-A verb that never reads the samples has them checked at its end
+A verb has the columns no reader checked checked at its end
 (damage.left_out), so that a damaged file is always said.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from . import schema
-from .parquet_scan import KEYS, data_problem, keyed
+from .parquet_scan import KEYS, POLARS_ERRORS, data_problem, keyed
 
 
 class DeviceFrames(MutableMapping):
@@ -35,6 +37,8 @@ class DeviceFrames(MutableMapping):
         self.problems: list[str] = []
         self.damaged: list[str] = []
         self.files: list[Path] = []
+        #: frame -> column -> its nulls, for the columns of a waiting file checked so far
+        self._done: dict[str, dict[str, int]] = {}
         #: the copies made by `replaced`, this one among them: a check any of them runs is theirs too
         self._peers = [self]
 
@@ -78,8 +82,8 @@ class DeviceFrames(MutableMapping):
 
     def unchecked(self, name: str) -> Path | None:
         """The file of `name` when its check still waits: for a reader that
-        decodes every page with Arrow's reader (the check) and then says
-        `checked` or `leave_out`."""
+        decodes the pages of the columns it reads with Arrow's reader (their
+        check) and then says `checked` or `leave_out`."""
         return self._pending.get(name)
 
     def rows(self, name: str) -> int:
@@ -91,7 +95,13 @@ class DeviceFrames(MutableMapping):
         return pl.scan_parquet(str(path), glob=False).select(pl.len()).collect().item()
 
     def checked(self, name: str, nulls: dict[str, int]) -> None:
-        """Every page of `name`'s file decoded: `nulls` per column."""
+        """Every page of the columns `nulls` names decoded, with these nulls;
+        once every column of the file is, the file is checked."""
+        done = self._done.setdefault(name, {})
+        done.update(nulls)
+        if self._unchecked_columns(name) != []:
+            return
+        nulls = self._done.pop(name)
         self._pending.pop(name)
         for peer in self._peers:
             peer._frames[name] = keyed(peer._frames[name], [nulls], KEYS["device"], f"device {name}",
@@ -101,6 +111,7 @@ class DeviceFrames(MutableMapping):
         """`name`'s file is damaged (`why`: its path, what is wrong): the
         frame is empty from now on, the file said in the damaged ones."""
         path = self._pending.pop(name, None)
+        self._done.pop(name, None)
         for peer in self._peers:
             peer._frames[name] = schema.empty_frame(schema.DEVICE_FRAMES[name]).lazy()
         self.damaged.append(why)
@@ -113,10 +124,19 @@ class DeviceFrames(MutableMapping):
         for name in self.pending:
             self._check(name)
 
+    def _unchecked_columns(self, name: str) -> list[str] | None:
+        """The file's columns not checked yet; None (every one) when its
+        footer cannot be read now (changed since open: the check says how)."""
+        done = self._done.get(name, {})
+        try:
+            return [c for c in pl.read_parquet_schema(self._pending[name]) if c not in done]
+        except (*POLARS_ERRORS, OSError):
+            return None
+
     def _check(self, name: str) -> None:
         path = self._pending[name]
         nulls: dict[str, int] = {}
-        why = data_problem(path, nulls)
+        why = data_problem(path, nulls, self._unchecked_columns(name))
         if why is None:
             self.checked(name, nulls)
         else:

@@ -97,10 +97,11 @@ def parquet_problem(path: Path, sch: dict[str, pl.DataType], nulls: dict[str, in
         return (found, None) if (why := _data_problem(path, arrow, size, nulls)) is None else (None, why)
 
 
-def data_problem(path: Path, nulls: dict[str, int]) -> str | None:
+def data_problem(path: Path, nulls: dict[str, int], columns: list[str] | None = None) -> str | None:
     """The data check of a file whose footer and types passed parquet_problem
-    (with data=False) earlier: None when every page decodes, with each
-    column's nulls put in `nulls`; else what is wrong."""
+    (with data=False) earlier, of its `columns` (every one when None): None
+    when every page of them decodes, with each one's nulls put in `nulls`;
+    else what is wrong."""
     try:
         fd = open_regular(path)
     except FormatError as e:
@@ -110,7 +111,7 @@ def data_problem(path: Path, nulls: dict[str, int]) -> str | None:
             arrow = pq.ParquetFile(f)
         except ARROW_ERRORS as e:  # changed since it was opened
             return f"damaged Parquet footer ({first_line(e)})"
-        return _data_problem(path, arrow, os.fstat(fd).st_size, nulls)
+        return _data_problem(path, arrow, os.fstat(fd).st_size, nulls, columns)
 
 
 #: Above this size a file's row groups are decoded on several threads; below, threads cost more than they save.
@@ -122,15 +123,17 @@ CHECK_BATCH_ROWS = 1 << 16
 CHECK_BUFFER = 1 << 20
 
 
-def row_group_batches(f: pq.ParquetFile, group: int, rows: int) -> Iterator[pa.RecordBatch]:
-    """The batches of one row group.  A reader of several row groups holds
-    what it decoded of each until it ends (12 MB a row group of 10^6 access
-    samples: 1.2 GB for 10^8, two readers); one reader per row group holds
-    one row group's."""
-    yield from f.iter_batches(batch_size=rows, row_groups=[group], use_threads=False)
+def row_group_batches(f: pq.ParquetFile, group: int, rows: int,
+                      columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The batches of one row group (its `columns`, every one when None).  A
+    reader of several row groups holds what it decoded of each until it ends
+    (12 MB a row group of 10^6 access samples: 1.2 GB for 10^8, two
+    readers); one reader per row group holds one row group's."""
+    yield from f.iter_batches(batch_size=rows, row_groups=[group], columns=columns, use_threads=False)
 
 
-def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int] | None = None) -> str | None:
+def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int] | None = None,
+                  columns: list[str] | None = None) -> str | None:
     """Every page decoded once by Arrow's reader, in small batches (the
     memory of one batch per thread).  Polars trusts what a page header says: a
     damaged one can make it panic, or abort the process on an allocation of
@@ -147,13 +150,13 @@ def _data_problem(path: Path, f: pq.ParquetFile, size: int, nulls: dict[str, int
     rows without their keys are known without a second read (keyed)."""
     n = f.num_row_groups
     threads = min(os.cpu_count() or 1, CHECK_THREADS, n) if size > THREADED_BYTES else 1
-    names = f.schema_arrow.names
+    names = f.schema_arrow.names if columns is None else columns
 
     def part(k: int) -> list[int]:
         counts = [0] * len(names)
         r = f if threads < 2 else pq.ParquetFile(path, buffer_size=CHECK_BUFFER)
         for g in range(k, n, threads):
-            for batch in row_group_batches(r, g, CHECK_BATCH_ROWS):
+            for batch in row_group_batches(r, g, CHECK_BATCH_ROWS, columns):
                 for i, col in enumerate(batch.columns):
                     counts[i] += col.null_count
         return counts
@@ -194,9 +197,10 @@ def keyed(lf: pl.LazyFrame, nulls: list[dict[str, int]], keys: tuple[str, ...], 
 
 #: Device frames whose pages are not decoded at open: the access samples,
 #: the one input that grows to 10^8 rows and more.  The merge's pass over
-#: them decodes every page with Arrow's reader, which is the check; any
-#: other reader gets the check first (device_frames.DeviceFrames).  Checked
-#: at open, 10^8 samples were decoded twice, a fifth of the merge's time.
+#: them decodes the pages of the columns it reads with Arrow's reader, which
+#: is their check; any other reader gets the check first
+#: (device_frames.DeviceFrames).  Checked at open, 10^8 samples were decoded
+#: twice, a fifth of the merge's time.
 DEFERRED = ("access_samples",)
 
 

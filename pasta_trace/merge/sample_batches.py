@@ -1,11 +1,12 @@
-"""The access samples read by Arrow's reader: the merge's pass that is also the file's check.
+"""The access samples read by Arrow's reader: the merge's pass that is also their check.
 
 The samples' file is the one whose pages are not decoded at open
 (parquet_scan.DEFERRED): Polars trusts what a page header says, Arrow's
-reader checks it, so this pass decodes *every* column with Arrow's reader,
-counting each column's nulls on the way, and once every page has decoded the
-file counts as checked (device_frames.DeviceFrames.checked).  The merge
-then decodes the samples once, not twice (the check at open, then the pass).
+reader checks it, so this pass decodes the columns it reads with Arrow's
+reader, counting each one's nulls on the way, and once every page of them
+has decoded they count as checked (device_frames.DeviceFrames.checked).
+The merge then decodes the samples once, not twice (the check at open,
+then the pass), and the columns it does not read not at all.
 
 Row groups are shared out among READ_THREADS threads, each with a reader of
 its own (one reader serializes its reads), as the check at open does; each
@@ -115,13 +116,13 @@ class _Batches:
         return self.hand_on((hk[:n], wk[:n], lambda: self.free.put((hk, wk))))
 
 
-def key_batches(path: Path, batch_rows: int, keys: Keys, nulls: dict[str, int],
+def key_batches(path: Path, columns: list[str], batch_rows: int, keys: Keys, nulls: dict[str, int],
                 held: int) -> Iterator[tuple[np.ndarray, np.ndarray, Callable[[], None]]]:
     """(hk, wk, done) of each batch of `batch_rows` rows (the last one
     fewer) of `path`, in no set order, where `keys(columns)` gives a
-    batch's hk and wk; `done()` says the caller is through with the two
-    arrays, at most `held` batches at a time.  `nulls` gets each column's
-    nulls once every page decoded.  Raises Damaged for a page that does not
+    batch's hk and wk from its `columns`; `done()` says the caller is
+    through with the two arrays, at most `held` batches at a time.  `nulls`
+    gets each of `columns`' nulls once every page of them decoded.  Raises Damaged for a page that does not
     decode; what `keys` raises passes.
 
     Arrow's batches are small (READ_ROWS: their columns and keys stay in the
@@ -149,10 +150,9 @@ def key_batches(path: Path, batch_rows: int, keys: Keys, nulls: dict[str, int],
     def read(k: int) -> None:
         try:
             r = pq.ParquetFile(path, buffer_size=CHECK_BUFFER)
-            names = r.schema_arrow.names
             for g in range(k, groups, threads):
-                for b in row_group_batches(r, g, READ_ROWS):
-                    cols = dict(zip(names, b.columns))
+                for b in row_group_batches(r, g, READ_ROWS, columns):
+                    cols = dict(zip(columns, b.columns))
                     for name, col in cols.items():
                         counts[k][name] = counts[k].get(name, 0) + col.null_count
                     if not batches.add(*keys(cols)):

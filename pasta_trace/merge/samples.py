@@ -52,6 +52,8 @@ from .sort_reduce import VALUE_BITS, DistinctKeys, KeyColumn, RunningSums, Scrat
 BATCH_ROWS = 1 << 22
 #: batches whose reductions may wait behind the one running (each holds its two key columns)
 MAX_WAITING = 1
+#: the columns the pass reads
+KEY_COLUMNS = ("pid", "launch_id", "address", "lanes", "size")
 #: a pid span up to this wide (from the footers' min and max) is indexed as pid - min
 PID_SPAN = 1 << 16
 
@@ -185,7 +187,8 @@ def _batches(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> Iter
             yield batch["hk"], batch["wk"], _nothing
         return
     nulls: dict[str, int] = {}
-    yield from key_batches(path, BATCH_ROWS, numpy_keys(segs, pk, page_shift), nulls, MAX_WAITING + 1)
+    yield from key_batches(path, list(KEY_COLUMNS), BATCH_ROWS, numpy_keys(segs, pk, page_shift), nulls,
+                           MAX_WAITING + 1)
     cap.device.checked("access_samples", nulls)
 
 

@@ -60,17 +60,42 @@ def test_the_samples_file_is_not_decoded_at_open(tmp_path: Path, monkeypatch) ->
     assert checked[-1] == samples_file(cap_dir) and cap.device.pending == []
 
 
-def test_the_merge_pass_is_the_check(tmp_path: Path, monkeypatch) -> None:
-    """The pass decodes every column with Arrow's reader: the file counts as checked, and Polars
-    reads it later with no second decode."""
+def test_the_merge_pass_is_the_check_of_what_it_reads(tmp_path: Path, monkeypatch) -> None:
+    """The pass decodes its five columns with Arrow's reader: their check.  A Polars reader later
+    has the other four checked, and none of the five a second time; then nothing is left to check."""
     cap_dir = capture(tmp_path / "c")
     cap = open_capture(cap_dir)
     ws = merge.working_set(cap).collect()
     assert ws.height == 300 and int(ws["samples"].sum()) == 40_000
-    assert cap.device.pending == [] and cap.problems == [] and cap.damaged == []
-    monkeypatch.setattr(parquet_scan, "_data_problem", lambda *_: pytest.fail("decoded a second time"))
+    assert cap.device.pending == ["access_samples"] and cap.problems == [] and cap.damaged == []
+    decoded: list[list[str] | None] = []
+    real = parquet_scan._data_problem
+    monkeypatch.setattr(parquet_scan, "_data_problem",
+                        lambda path, f, size, nulls, columns=None: decoded.append(columns) or real(
+                            path, f, size, nulls, columns))
     assert cap.device["access_samples"].select(pl.len()).collect().item() == 40_000
+    assert decoded == [["gpu_time", "block", "warp", "flags"]] and cap.device.pending == []
     left_out(cap)  # nothing damaged, nothing left to check
+    assert len(decoded) == 1
+
+
+def test_a_verb_s_end_checks_the_columns_no_reader_checked(tmp_path: Path) -> None:
+    """Damage in a column the merge does not read: its sums stand, and the verb's end says the file."""
+    cap_dir = capture(tmp_path / "c")
+    f = samples_file(cap_dir)
+    meta = pq.ParquetFile(f).metadata
+    gpu_time = [meta.schema.column(i).name for i in range(meta.num_columns)].index("gpu_time")
+    chunk = meta.row_group(1).column(gpu_time)
+    data = bytearray(f.read_bytes())
+    data[chunk.data_page_offset:chunk.data_page_offset + chunk.total_compressed_size] = bytes(
+        chunk.total_compressed_size)
+    f.write_bytes(bytes(data))
+    cap = open_capture(cap_dir)
+    assert int(merge.working_set(cap).collect()["samples"].sum()) == 40_000 and cap.damaged == []
+    with pytest.raises(FormatError) as e:
+        left_out(cap)
+    assert str(e.value).startswith(f"{f}: damaged Parquet data (")
+    assert str(e.value).endswith("(left out; the rest was read)")
 
 
 @pytest.mark.parametrize("group", [0, 3])
@@ -183,7 +208,8 @@ def test_the_report_s_lean_copy_shares_the_check(tmp_path: Path, monkeypatch) ->
     assert lean.device.pending == cap.device.pending == ["access_samples"]
     assert "gld" not in lean.device["kernel_summaries"].collect_schema()
     assert "gld" in cap.device["kernel_summaries"].collect_schema()
-    assert merge.working_set(lean).collect().height == 300  # the pass: the check
+    assert merge.working_set(lean).collect().height == 300  # the pass: the check of its columns
+    assert lean.device["access_samples"].collect().height == 40_000  # the check of the others
     assert cap.device.pending == [] and lean.device.pending == []
     monkeypatch.setattr(parquet_scan, "_data_problem", lambda *_: pytest.fail("decoded a second time"))
     assert cap.device["access_samples"].collect().height == 40_000

@@ -196,3 +196,25 @@ def test_the_merge_command_reads_key_widths_from_its_copy(cap_dir: Path, tmp_pat
     merge.write_timeline(open_capture(cap_dir), tmp_path / "tl")
     got = pl.read_parquet(tmp_path / "tl" / "working_set.parquet").sort("pid", "launch_id")
     assert got.equals(ws.select(got.columns)) and got.height == 400
+
+
+def test_sorting_in_two_halves_sorts(monkeypatch) -> None:
+    import numpy as np
+
+    from pasta_trace.merge import sort_reduce
+
+    monkeypatch.setattr(sort_reduce, "HALVES_FROM", 1_000)
+    rng = np.random.default_rng(5)
+    for n in (999, 1_000, 1_001, 50_000):
+        a = rng.integers(0, 1_000, n).astype(np.uint64)  # many equal keys, across the middle too
+        want = np.sort(a)
+        sort_reduce.sort_halves(a)
+        assert np.array_equal(a, want)
+
+
+def test_the_count_sorting_in_halves_gives_the_same_pages(cap_dir: Path, monkeypatch) -> None:
+    from pasta_trace.merge import sort_reduce
+
+    ws, _ = frames(cap_dir)
+    monkeypatch.setattr(sort_reduce, "HALVES_FROM", 100)
+    assert frames(cap_dir)[0].equals(ws)
