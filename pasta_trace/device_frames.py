@@ -43,9 +43,8 @@ class DeviceFrames(MutableMapping):
         self._peers = [self]
 
     def replaced(self, name: str, lf: pl.LazyFrame) -> DeviceFrames:
-        """A copy with frame `name` replaced by `lf` (not waiting for a check),
-        sharing the others' checks with this one: what either checks, both
-        read checked, once."""
+        """A copy with frame `name` replaced by `lf`, sharing this one's
+        checks: what either checks, both read checked, once."""
         other = DeviceFrames.__new__(DeviceFrames)
         other.__dict__.update(self.__dict__)
         other._frames = {**self._frames, name: lf}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -202,6 +203,13 @@ def keyed(lf: pl.LazyFrame, nulls: list[dict[str, int]], keys: tuple[str, ...], 
 #: (device_frames.DeviceFrames).  Checked at open, 10^8 samples were decoded
 #: twice, a fifth of the merge's time.
 DEFERRED = ("access_samples",)
+#: ... when their file is at least this large: a smaller one is checked at open
+#: like every other file (10^6 samples are about 12 MB).  Once in a test run,
+#: a verb whose check ran at its end aborted at the interpreter's exit
+#: (std::terminate: a native thread alive into the exit, as Arrow's issue
+#: 34314 reports of Parquet readers); small captures, the common case, keep
+#: the check where it always was, long before the exit
+DEFER_BYTES = 64 << 20
 
 
 @dataclass
@@ -254,13 +262,23 @@ class Scanner:
         out = {}
         for name, sch in schema.DEVICE_FRAMES.items():
             path = d / f"{name}.parquet"
-            lf = self.optional(path, sch, data=name not in DEFERRED)
+            defer = name in DEFERRED and _size(path) >= DEFER_BYTES
+            lf = self.optional(path, sch, data=not defer)
             if lf is not None:
                 out[name] = lf
                 self.device_files[name] = [path]
-                if name in DEFERRED:
+                if defer:
                     self.deferred[name] = path
         return out
+
+
+def _size(path: Path) -> int:
+    """A regular file's size; 0 for anything else (checked, and said, by parquet_problem)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return 0
+    return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
 
 def column_ranges(paths: list[Path], columns: list[str]) -> tuple[int, dict[str, tuple[int, int, int]]] | None:

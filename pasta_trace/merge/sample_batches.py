@@ -60,7 +60,7 @@ class _Batches:
     being filled, copies its keys there outside the lock, and whoever
     completes the batch hands it on: the first batch is out when `rows`
     samples are read, whichever threads read them.  At most `most` pairs of
-    arrays are made; then `reserve` waits for one given back."""
+    arrays are made; then `add` waits for one given back."""
 
     def __init__(self, rows: int, most: int, hand_on: Callable[[tuple], bool], stop: threading.Event) -> None:
         self.rows, self.most, self.made = rows, most, 0
@@ -122,8 +122,8 @@ def key_batches(path: Path, columns: list[str], batch_rows: int, keys: Keys, nul
     fewer) of `path`, in no set order, where `keys(columns)` gives a
     batch's hk and wk from its `columns`; `done()` says the caller is
     through with the two arrays, at most `held` batches at a time.  `nulls`
-    gets each of `columns`' nulls once every page of them decoded.  Raises Damaged for a page that does not
-    decode; what `keys` raises passes.
+    gets each of `columns`' nulls once every page of them decoded.  Raises
+    Damaged for a page that does not decode; what `keys` raises passes.
 
     Arrow's batches are small (READ_ROWS: their columns and keys stay in the
     caches, 0.4 CPU s less than batches of 4 M rows for 10^7 samples); their

@@ -177,10 +177,12 @@ def sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> S
     return cap.cache[key]
 
 
-def _batches(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> Iterator[tuple[KeyColumn, KeyColumn, Callable[[], None]]]:
-    """(hk, wk) of every sample, a batch at a time: read by Arrow's reader
-    when the file's check still waits (sample_batches.py: this pass is the
-    check), else by the streaming query of `keys`."""
+def _batches(cap: Capture, segs: Segments, pk: Packing,
+             page_shift: int) -> Iterator[tuple[KeyColumn, KeyColumn, Callable[[], None]]]:
+    """(hk, wk, done) of every sample, a batch at a time (done(): the
+    batch's arrays may be reused): read by Arrow's reader while the file's
+    check waits (sample_batches.py: this pass is the check of the columns
+    it reads), else by the streaming query of `keys`."""
     path = cap.device.unchecked("access_samples") if isinstance(cap.device, DeviceFrames) else None
     if path is None:
         for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):

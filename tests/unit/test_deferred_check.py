@@ -25,6 +25,12 @@ from pasta_trace.testing import synthetic
 SPEC = synthetic.Spec(seed=3, accesses=40_000, launches=300, allocations=60, page_hist=False)
 
 
+@pytest.fixture(autouse=True)
+def deferred_at_any_size(monkeypatch) -> None:
+    """These small files stand for large ones: their check waits for their first reader."""
+    monkeypatch.setattr(parquet_scan, "DEFER_BYTES", 0)
+
+
 def capture(d: Path, row_group_rows: int = 10_000) -> Path:
     """A capture whose samples are in row groups of `row_group_rows`."""
     synthetic.write_capture(d, SPEC)
@@ -214,3 +220,13 @@ def test_the_report_s_lean_copy_shares_the_check(tmp_path: Path, monkeypatch) ->
     monkeypatch.setattr(parquet_scan, "_data_problem", lambda *_: pytest.fail("decoded a second time"))
     assert cap.device["access_samples"].collect().height == 40_000
     left_out(cap)
+
+
+def test_a_small_samples_file_is_checked_at_open(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(parquet_scan, "DEFER_BYTES", 64 << 20)
+    cap_dir = capture(tmp_path / "c")
+    assert samples_file(cap_dir).stat().st_size < 64 << 20
+    cap = open_capture(cap_dir)
+    assert cap.device.pending == [] and cap.device["access_samples"].collect().height == 40_000
+    monkeypatch.setattr(parquet_scan, "DEFER_BYTES", samples_file(cap_dir).stat().st_size)
+    assert open_capture(cap_dir).device.pending == ["access_samples"]

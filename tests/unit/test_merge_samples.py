@@ -12,12 +12,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pasta_trace import merge, schema
+from pasta_trace import merge, parquet_scan, schema
 from pasta_trace.testing import synthetic
 from pasta_trace.merge import pages, sample_batches, samples
 from pasta_trace.read import open_capture
 
 SPEC = synthetic.Spec(seed=7, accesses=30_000, launches=400, allocations=80, page_hist=False)
+
+
+@pytest.fixture(autouse=True)
+def deferred_at_any_size(monkeypatch) -> None:
+    """These small files stand for large ones: their check waits for their first reader."""
+    monkeypatch.setattr(parquet_scan, "DEFER_BYTES", 0)
 
 
 @pytest.fixture(scope="module")
