@@ -26,7 +26,6 @@ from typing import Callable, Iterator
 
 import polars as pl
 
-from .device_frames import DeviceFrames
 from .errors import FormatError
 from .parquet_scan import POLARS_ERRORS, first_line
 from .read import Capture
@@ -63,11 +62,10 @@ def reading_all(load: Callable[[], list[Capture]], *, verbose: bool = False) -> 
 
 def _damaged_file(caps: list[Capture], err: BaseException) -> str:
     for cap in caps:  # a file not checked yet is checked by Arrow's reader before Polars decodes it
-        if isinstance(cap.device, DeviceFrames):
-            n = len(cap.damaged)
-            cap.device.check_all()
-            if len(cap.damaged) > n:
-                return cap.damaged[n]
+        n = len(cap.damaged)
+        cap.device.check_all()
+        if len(cap.damaged) > n:
+            return cap.damaged[n]
     for f in (f for cap in caps for f in cap.files):
         try:
             # every value decoded (hashed) by the streaming engine, in bounded memory;
@@ -86,8 +84,7 @@ def left_out(*caps: Capture) -> None:
     """After a verb did what it could: FormatError (exit 1) naming each file
     of `caps` that was left out, when there is one."""
     for cap in caps:  # a file whose check waited for a reader that never came is said too
-        if isinstance(cap.device, DeviceFrames):
-            cap.device.check_all()
+        cap.device.check_all()
     damaged = [d for cap in caps for d in cap.damaged]
     n = len(damaged)
     if n == 1:

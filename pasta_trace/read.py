@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from . import schema
+from .device_frames import DeviceFrames
 from .errors import FormatError
 from .json_shape import check_shape, load_json
-from .device_frames import DeviceFrames
 from .parquet_scan import KEYS, Scanner, keyed
 
 
@@ -52,9 +51,9 @@ class Capture:
     libraries: pl.LazyFrame
     aggregate: pl.LazyFrame | None
     #: schema.DEVICE_FRAMES name -> frame; empty frames where there is no device data.
-    #: From open_capture and load, a DeviceFrames: the access samples' file is
-    #: checked when first read (device_frames.py)
-    device: MutableMapping[str, pl.LazyFrame] = field(default_factory=dict)
+    #: Always a DeviceFrames (a plain dict given is made one): a large access
+    #: samples file is checked when first read (device_frames.py)
+    device: DeviceFrames = field(default_factory=lambda: DeviceFrames({}))
     #: problems met while reading (damaged device files, an incomplete capture, ...)
     problems: list[str] = field(default_factory=list)
     #: schema.TIMELINE_FRAMES name -> frame, when read from a merged timeline
@@ -77,6 +76,11 @@ class Capture:
     files: list[Path] = field(default_factory=list)
     #: device frame name -> the Parquet files it scans (none for frames decoded from record files)
     device_files: dict[str, list[Path]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, DeviceFrames):
+            self.device = DeviceFrames(dict(self.device))
+        self.device.attach(self.problems, self.damaged, self.files)
 
     @property
     def complete(self) -> bool:
@@ -240,6 +244,4 @@ def with_scan(cap: Capture, scan: Scanner) -> Capture:
     cap.problems.extend(scan.damaged)
     cap.files.extend(scan.files)
     cap.device_files.update(scan.device_files)
-    if isinstance(cap.device, DeviceFrames):
-        cap.device.attach(cap.problems, cap.damaged, cap.files)
     return cap

@@ -149,8 +149,8 @@ def load_cluster(p: Path, meta: dict) -> Capture:
             {"comm_rank": "rank"}),
         **{k: scan.one(p / f"{k}.parquet", v) for k, v in sch.items()},
         aggregate=None, problems=list(meta.get("problems") or []),
+        device={k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()},
     )
-    cap.device = {k: pl.DataFrame(schema=v).lazy() for k, v in schema.DEVICE_FRAMES.items()}
     cap.cluster = {"clocks": scan.one(p / "clocks.parquet", schema.CLOCK_OFFSETS_SCHEMA),
                    "ranks": scan.one(p / "ranks.parquet", schema.CLUSTER_RANKS_SCHEMA)}
     return with_scan(cap, scan)

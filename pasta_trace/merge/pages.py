@@ -6,7 +6,6 @@ from __future__ import annotations
 import polars as pl
 
 from .. import schema
-from ..device_frames import DeviceFrames
 from ..lifetimes import ADDRESS_BITS, has_address
 from ..read import Capture
 from .allocations import allocations
@@ -25,12 +24,6 @@ WS_PAGE_SHIFT = 12
 
 def _is_empty(lf: pl.LazyFrame) -> bool:
     return lf.select(pl.len()).collect().item() == 0
-
-
-def _rows(cap: Capture, name: str) -> int:
-    """A device frame's rows, with no page decoded where its file's check waits (device_frames.py)."""
-    return cap.device.rows(name) if isinstance(cap.device, DeviceFrames) else cap.device[name].select(
-        pl.len()).collect().item()
 
 
 def launch_times(cap: Capture, keys: pl.LazyFrame, tolerance_ns: int = TOLERANCE_NS,
@@ -95,7 +88,7 @@ def attributed_pages(cap: Capture, page_shift: int | None = None,
     cols = schema.TIMELINE_FRAMES["pages"]
     hist = cap.device["page_hist"]
     from_hist = not _is_empty(hist)
-    if not from_hist and _rows(cap, "access_samples") == 0:
+    if not from_hist and cap.device.rows("access_samples") == 0:
         # no device pages: nothing to attribute (and no segments or launch times to build)
         return schema.empty_frame(cols).lazy()
     segs, allocs = _segments(cap)

@@ -11,8 +11,8 @@ then the pass), and the columns it does not read not at all.
 Row groups are shared out among READ_THREADS threads, each with a reader of
 its own (one reader serializes its reads), as the check at open does; each
 thread turns its batches into the pass's keys (`keys`, numpy, most of it
-outside the GIL) and hands them on through a queue that holds at most one
-batch per thread.
+outside the GIL) and copies them into the batch all the threads fill
+together (`_Batches`), handed on through a queue of one.
 """
 
 from __future__ import annotations

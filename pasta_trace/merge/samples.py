@@ -40,7 +40,6 @@ import polars as pl
 import pyarrow as pa
 
 from .. import schema
-from ..device_frames import DeviceFrames
 from ..parquet_scan import column_ranges
 from ..read import Capture
 from .attribution import Segments
@@ -172,7 +171,7 @@ def sample_sums(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> S
             try:
                 cap.cache[key] = _sample_sums(cap, segs, pk, page_shift)
             except Damaged as e:  # left out, as the check at open left damaged files out: sums of none
-                cap.device.leave_out("access_samples", e.why)  # type: ignore[attr-defined]
+                cap.device.leave_out("access_samples", e.why)
                 cap.cache[key] = _sample_sums(cap, segs, replace(pk, rows=0), page_shift)
     return cap.cache[key]
 
@@ -183,7 +182,7 @@ def _batches(cap: Capture, segs: Segments, pk: Packing,
     batch's arrays may be reused): read by Arrow's reader while the file's
     check waits (sample_batches.py: this pass is the check of the columns
     it reads), else by the streaming query of `keys`."""
-    path = cap.device.unchecked("access_samples") if isinstance(cap.device, DeviceFrames) else None
+    path = cap.device.unchecked("access_samples")
     if path is None:
         for batch in keys(cap, segs, pk, page_shift).collect_batches(chunk_size=BATCH_ROWS, maintain_order=False):
             yield batch["hk"], batch["wk"], _nothing
@@ -202,7 +201,6 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
     """The streaming query of step 1: hk and wk of every sample, computed
     elementwise (no sort, no whole-column node: tests check its plan)."""
     launch_bits = np.uint64(pk.launch_bits)
-    seg_bits = np.uint64(segment_bits(segs))
     pidx = pk.pid_index()
     lk = pidx * (1 << pk.launch_bits) + pl.col("launch_id")
     value = (pl.col("lanes").bitwise_count_ones().fill_null(0).cast(pl.UInt64)
@@ -212,17 +210,9 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
     def hk(cols: list[pl.Series]) -> pl.Series:
         pi, lid, val, addr = cols
         pk.check(pi, lid, addr)
-        # segment + 1 (0 below every segment) in place: lookup's array is this call's own.  An
-        # address of 48 bits or more lands in a gap beside its process's allocations: no instance's
-        seg = segs.lookup_parts(seg_pid[pi.to_numpy()], addr.to_numpy()).view(np.uint64)
-        seg += np.uint64(1)
-        seg <<= np.uint64(VALUE_BITS)
         lk = pi.to_numpy() << launch_bits
         lk |= lid.to_numpy()
-        lk <<= seg_bits + np.uint64(VALUE_BITS)
-        seg |= lk
-        seg |= val.to_numpy()
-        return pl.Series(seg)
+        return pl.Series(_packed(segs, seg_pid, pi.to_numpy(), lk, addr.to_numpy(), val.to_numpy()))
 
     return cap.device["access_samples"].select(
         pl.map_batches([pidx, pl.col("launch_id"), value, pl.col("address")], hk, return_dtype=pl.UInt64,
@@ -234,7 +224,6 @@ def keys(cap: Capture, segs: Segments, pk: Packing, page_shift: int) -> pl.LazyF
 def numpy_keys(segs: Segments, pk: Packing, page_shift: int) -> Keys:
     """`keys` over the columns of an Arrow batch, in numpy: (hk, wk)."""
     launch_bits, page_bits = np.uint64(pk.launch_bits), np.uint64(pk.page_bits)
-    hk_shift = np.uint64(segment_bits(segs) + VALUE_BITS)
     seg_pid = _seg_pids(segs, pk)
 
     def hk_wk(cols: dict[str, pa.Array]) -> tuple[np.ndarray, np.ndarray]:
@@ -245,20 +234,30 @@ def numpy_keys(segs: Segments, pk: Packing, page_shift: int) -> Keys:
         lid_, addr_ = lid.to_numpy(), addr.to_numpy()
         if pi.size:
             pk.check_max(int(pi.max()), int(lid_.max()), int(addr_.max()))
-        seg = segs.lookup_parts(seg_pid[pi.view(np.int64)], addr_, split=False).view(np.uint64)
-        seg += np.uint64(1)
-        seg <<= np.uint64(VALUE_BITS)
         lk = pi << launch_bits
         lk |= lid_
         wk = lk << page_bits
         wk += addr_ >> np.uint64(page_shift)
-        lk <<= hk_shift
-        seg |= lk
-        seg |= np.bitwise_count(values(cols["lanes"])).astype(np.uint64)
-        seg |= values(cols["size"]).astype(np.uint64) << np.uint64(6)
-        return seg, wk
+        value = np.bitwise_count(values(cols["lanes"])).astype(np.uint64)
+        value |= values(cols["size"]).astype(np.uint64) << np.uint64(6)
+        return _packed(segs, seg_pid, pi, lk, addr_, value, split=False), wk
 
     return hk_wk
+
+
+def _packed(segs: Segments, seg_pid: np.ndarray, pi: np.ndarray, lk: np.ndarray, addr: np.ndarray,
+            value: np.ndarray, split: bool = True) -> np.ndarray:
+    """hk of each row: lk (pid index, launch id; overwritten here), segment + 1
+    (0 below every segment) and the row's value packed in one UInt64.  An
+    address of 48 bits or more lands in a gap beside its process's
+    allocations: no instance's.  `split`: the lookup split across the cores."""
+    seg = segs.lookup_parts(seg_pid[pi.view(np.int64)], addr, split=split).view(np.uint64)
+    seg += np.uint64(1)  # in place: lookup's array is this call's own
+    seg <<= np.uint64(VALUE_BITS)
+    lk <<= np.uint64(segment_bits(segs) + VALUE_BITS)
+    seg |= lk
+    seg |= value
+    return seg
 
 
 def _seg_pids(segs: Segments, pk: Packing) -> np.ndarray:

@@ -162,5 +162,4 @@ def load_partial(cap: Capture, d: Path) -> Capture:
     if scan.damaged:  # written a moment ago by this merge: not the input's fault
         raise FormatError(f"cannot read back what the merge wrote: {scan.damaged[0]}")
     partial.device_files.update(scan.device_files)
-    device.attach(partial.problems, partial.damaged, partial.files)
     return partial

@@ -9,7 +9,6 @@ from functools import cached_property
 from typing import Callable
 
 from .. import schema
-from ..device_frames import DeviceFrames
 from ..merge.held import with_merged
 from ..read import Capture
 from ..tools.findings import Finding, key_findings
@@ -53,6 +52,4 @@ def without_counters(cap: Capture) -> Capture:
     if cap.merged or "kernel_summaries" not in cap.device:
         return cap
     lean = cap.device["kernel_summaries"].drop(COUNTERS, strict=False)
-    device = (cap.device.replaced("kernel_summaries", lean) if isinstance(cap.device, DeviceFrames)
-              else {**cap.device, "kernel_summaries": lean})
-    return dataclasses.replace(cap, device=device, cache=dict(cap.cache))
+    return dataclasses.replace(cap, device=cap.device.replaced("kernel_summaries", lean), cache=dict(cap.cache))
